@@ -1,0 +1,88 @@
+"""Causal ALiBi attention: the slopes, and the two kernels that apply them.
+
+ALiBi adds ``slope_h * (j - i)`` to the score of query i on key j (≤ 0 for the causal
+past), so the model needs no position embedding and a KV cache needs no positions
+beyond the offset of the first new query.
+
+Kernels: SDPA with an additive float mask works everywhere (and is the only one with a
+backward on CPU); FlexAttention with an ALiBi ``score_mod`` never materialises the
+H×S×S bias and is the fast path on CUDA. ``auto`` picks Flex on CUDA without a cache.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Geometric slopes 2^(-8(i+1)/n); for n not a power of two, the slopes of the
+    nearest lower power of two, then every other slope of the next power of two."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if n_heads & (n_heads - 1) == 0:
+        return torch.tensor(power_of_two(n_heads))
+    lower = 2 ** math.floor(math.log2(n_heads))
+    extra = power_of_two(2 * lower)[0::2][: n_heads - lower]
+    return torch.tensor(power_of_two(lower) + extra)
+
+
+def alibi_causal_bias(slopes: torch.Tensor, q_len: int, k_len: int, *, dtype: torch.dtype,
+                      device: torch.device) -> torch.Tensor:
+    """Additive [1, H, q_len, k_len] mask; queries are the last q_len of k_len positions."""
+    q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    k_pos = torch.arange(k_len, device=device)[None, :]
+    distance = (k_pos - q_pos).to(torch.float32)  # ≤ 0 in the causal past
+    bias = slopes.to(device=device, dtype=torch.float32)[:, None, None] * distance
+    bias = bias.masked_fill(k_pos > q_pos, float("-inf"))
+    return bias.unsqueeze(0).to(dtype)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   bias: torch.Tensor) -> torch.Tensor:
+    """q [B, H, T, D], k/v [B, H, K, D], bias [1, H, T, K] -> [B, H, T, D]."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+@lru_cache(maxsize=None)
+def _flex_kernel(compiled: bool):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # Eager Flex materialises the scores; compiled it is a fused kernel. Compile only
+    # where Triton exists (CUDA); the CPU path is for tests of the forward.
+    return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+
+
+@lru_cache(maxsize=16)
+def causal_block_mask(q_len: int, k_len: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset = k_len - q_len
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx + offset >= kv_idx
+
+    return create_block_mask(causal, B=None, H=None, Q_LEN=q_len, KV_LEN=k_len, device=device)
+
+
+def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   slopes: torch.Tensor) -> torch.Tensor:
+    """FlexAttention with the ALiBi bias computed inside the kernel."""
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    if q.shape[0] == 0:  # no kept rows: nothing to attend, the caller still ran its linears
+        return q.new_zeros(q.shape)
+    offset = k_len - q_len
+    slopes = slopes.to(device=q.device, dtype=torch.float32)
+
+    def alibi(score, b, h, q_idx, kv_idx):
+        return score + slopes[h] * (kv_idx - q_idx - offset)
+
+    block_mask = causal_block_mask(q_len, k_len, str(q.device))
+    return _flex_kernel(q.is_cuda)(q, k, v, score_mod=alibi, block_mask=block_mask)
+

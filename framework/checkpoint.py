@@ -1,0 +1,105 @@
+"""The on-disk forms of a trained decoder, and the one loader every eval command uses.
+
+Two forms:
+- a Lightning ``.ckpt`` written by ``layerdrop pretrain``: the module's weights under
+  ``state_dict`` with the prefix ``model.``, and the ModelConfig as a plain dict under
+  ``checkpoint["layerdrop"]["model_config"]``;
+- an exported folder: ``model.safetensors`` + ``config.json`` (``{"model": {...}}``),
+  written by ``layerdrop export``.
+
+Loading reads tensors and plain containers only (``weights_only=True`` / safetensors):
+a checkpoint handed over by someone else must never be able to run code.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from framework.config import ModelConfig
+from framework.model import Decoder
+
+CKPT_KEY = "layerdrop"
+MODEL_PREFIX = "model."
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint path or content that cannot be loaded; the message says why."""
+
+
+def load_decoder(path: str | Path, *, map_location: str | torch.device = "cpu") -> tuple[Decoder, ModelConfig]:
+    """Load a Decoder (eval mode) and its config from a ``.ckpt`` or an exported folder."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    if path.is_dir():
+        model_cfg, state = _read_exported(path)
+    else:
+        model_cfg, state = _read_lightning(path)
+    with torch.device("meta"):
+        decoder = Decoder(model_cfg)
+    decoder = decoder.to_empty(device=map_location)
+    decoder.init_weights()  # restores non-persistent buffers (ALiBi slopes)
+    missing, unexpected = decoder.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {str(path)!r} does not match its config: "
+                              f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return decoder.eval(), model_cfg
+
+
+def read_model_config(path: str | Path) -> ModelConfig:
+    """Only the config of a checkpoint (no weights materialised for exported folders)."""
+    path = Path(path)
+    if path.is_dir():
+        return _config_from(json.loads((path / CONFIG_FILE).read_text()), path)
+    return _read_lightning(path)[0]
+
+
+def _read_lightning(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # an unpickling refusal or a corrupt file
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded safely: {reason}") from None
+    if not isinstance(ckpt, dict) or CKPT_KEY not in ckpt or "state_dict" not in ckpt:
+        raise CheckpointError(f"checkpoint {str(path)!r} is not a layerdrop checkpoint "
+                              f"(no {CKPT_KEY!r} / 'state_dict' entries)")
+    model_cfg = _config_from({"model": ckpt[CKPT_KEY]["model_config"]}, path)
+    state = {k[len(MODEL_PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(MODEL_PREFIX)}
+    return model_cfg, state
+
+
+def _read_exported(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    for name in (WEIGHTS_FILE, CONFIG_FILE):
+        if not (path / name).is_file():
+            raise CheckpointError(f"exported model folder {str(path)!r} has no {name}")
+    model_cfg = _config_from(json.loads((path / CONFIG_FILE).read_text()), path)
+    return model_cfg, load_file(str(path / WEIGHTS_FILE))
+
+
+def _config_from(data: dict, path: Path) -> ModelConfig:
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise CheckpointError(f"{str(path)!r}: config has no 'model' section")
+    try:
+        return ModelConfig.from_dict(data["model"])
+    except ValueError as err:
+        raise CheckpointError(f"{str(path)!r}: {err}") from None
+
+
+def export_decoder(decoder: Decoder, out_dir: str | Path, *, extra: dict | None = None,
+                   overwrite: bool = False) -> Path:
+    """Write ``model.safetensors`` + ``config.json``; refuses to replace an export."""
+    out_dir = Path(out_dir)
+    if (out_dir / WEIGHTS_FILE).exists() and not overwrite:
+        raise CheckpointError(f"{str(out_dir)!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in decoder.state_dict().items()}
+    save_file(state, str(out_dir / WEIGHTS_FILE))
+    config = {"model": decoder.config.to_dict(), **(extra or {})}
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir

@@ -1,0 +1,75 @@
+"""The `layerdrop` front door: the composition root of all commands.
+
+Each command lives in its own module with a ``main(argv) -> int`` function; this file
+only routes to it, importing lazily so `layerdrop --help` stays instant and
+``framework``'s library code never imports ``eval`` or ``data_prep``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from framework import __version__
+
+# command -> (module:function, one-line help). Two-word commands are groups.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "prepare": ("data_prep.prepare:main", "corpus -> tokenizer -> litdata token chunks (+ manifest.json)"),
+    "pretrain": ("framework.pretrain:main", "pretrain with layer dropout (LightningCLI fit)"),
+    "export": ("framework.checkpoint:export_main", "checkpoint -> model.safetensors + config.json"),
+    "eval exits": ("eval.exits:exits_main", "validation loss at every early-exit layer (one pass)"),
+    "eval skip": ("eval.exits:skip_main", "loss vs parameters kept when skipping layer sets"),
+    "eval coord-check": ("eval.coord_check:main", "the paper's coordinate check (Fig. 2)"),
+    "eval downstream": ("eval.downstream:main", "downstream benchmarks through lm-eval"),
+    "adapters fit": ("eval.adapters:fit_main", "train exit adapters on a frozen backbone"),
+    "adapters eval": ("eval.adapters:eval_main", "per-exit loss with adapters vs plain early exit"),
+    "speculate search": ("eval.search:main", "search the draft's skip set for the fastest lossless draft"),
+    "speculate run": ("eval.speculative:main", "self-speculative decoding with a skip-set draft"),
+}
+
+
+def _usage() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = [f"layerdrop {__version__}: LLM pretraining with layer dropout, and the inference it enables",
+             "", "usage: layerdrop <command> [<subcommand>] [options]   (each command has --help)", "",
+             "commands:"]
+    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def _resolve(argv: list[str]) -> tuple[str, list[str]] | None:
+    if len(argv) >= 2 and f"{argv[0]} {argv[1]}" in COMMANDS:
+        return f"{argv[0]} {argv[1]}", argv[2:]
+    if argv and argv[0] in COMMANDS:
+        return argv[0], argv[1:]
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version", "version"):
+        print(f"layerdrop {__version__}")
+        return 0
+    resolved = _resolve(argv)
+    if resolved is None:
+        groups = sorted({name.split()[0] for name in COMMANDS})
+        group = argv[0]
+        if group in groups:
+            subs = [name.split()[1] for name in COMMANDS if name.startswith(group + " ")]
+            given = argv[1] if len(argv) > 1 else "(none)"
+            print(f"layerdrop {group}: unknown subcommand {given!r}; allowed: {', '.join(subs)}", file=sys.stderr)
+        else:
+            print(f"layerdrop: unknown command {group!r}; allowed: {', '.join(groups)}", file=sys.stderr)
+        return 2
+    name, rest = resolved
+    target, _ = COMMANDS[name]
+    module_name, func_name = target.split(":")
+    func = getattr(importlib.import_module(module_name), func_name)
+    return int(func(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

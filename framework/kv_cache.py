@@ -1,0 +1,42 @@
+"""Preallocated per-layer key/value cache for incremental decoding.
+
+One shared ``length`` for all layers: a forward writes positions
+[length, length + T) of every layer it runs, and the decoder advances ``length``
+once the forward is done. A layer that the forward skipped keeps stale entries at
+those positions; self-speculative decoding relies on the verify pass, which runs
+every layer from the pre-draft length, to overwrite them, and on ``crop`` to drop
+rejected draft positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    def __init__(self, n_layers: int, batch_size: int, n_heads: int, head_dim: int,
+                 max_len: int, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        shape = (batch_size, n_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.max_len = max_len
+        self.length = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k/v [B, H, T, D] at the current position; return the layer's [0, length+T)."""
+        end = self.length + k.shape[2]
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: length {end} > max_len={self.max_len}")
+        self.keys[layer][:, :, self.length:end] = k
+        self.values[layer][:, :, self.length:end] = v
+        return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
+
+    def advance(self, num_tokens: int) -> None:
+        self.length += num_tokens
+
+    def crop(self, length: int) -> None:
+        """Forget every position from ``length`` on (rejected draft tokens)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"crop length={length} is invalid: must be in [0, {self.length}]")
+        self.length = length

@@ -1,0 +1,163 @@
+"""The Celerity-style decoder: pre-LN blocks of ALiBi attention and a squared-ReLU FFN.
+
+Single-device and unaware of ranks: data/tensor parallelism, activation checkpointing
+and compilation are applied from outside (framework/strategies.py).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from framework.attention import alibi_causal_bias, alibi_slopes, flex_attention, sdpa_attention
+from framework.config import ModelConfig
+from framework.kv_cache import KVCache
+from framework.layer_dropout import DropPlan, LayerDrop, residual_update
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.attn_dim, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.attn_dim, cfg.d_model, bias=cfg.bias)
+        self.backend = cfg.attention
+        self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if cache is not None:
+            k, v = cache.update(self.layer_index, k, v)
+        if bias is None:
+            out = flex_attention(q, k, v, self.slopes)
+        else:
+            out = sdpa_attention(q, k, v, bias)
+        return self.proj(out.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
+        self.down = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.relu(self.up(x)).square())
+
+
+class Block(nn.Module):
+    """Pre-LN block. With a ``LayerDrop`` each branch runs on its kept rows only."""
+
+    def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = Attention(cfg, layer_index)
+        self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.ffn = FeedForward(cfg)
+        # CompleteP's 1/m_L; the layer-density part (1/ρ) comes with the drop plan.
+        self.residual_multiplier = cfg.residual_multiplier
+
+    def forward(self, h: torch.Tensor, bias: torch.Tensor | None, drop: LayerDrop | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        drop = drop or LayerDrop(None, None, 1.0)
+        scale = self.residual_multiplier * drop.scale
+        h = residual_update(h, lambda x: self.attn(self.attn_norm(x), bias, cache), drop.attn_rows, scale)
+        return residual_update(h, lambda x: self.ffn(self.ffn_norm(x)), drop.ffn_rows, scale)
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, std: float | None = None) -> None:
+        """Plain N(0, std²) init; framework.parametrization re-initialises per Table A.2."""
+        std = self.config.init_std if std is None else std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+            if isinstance(module, Attention):  # buffers are not parameters: meta -> real
+                module.slopes = alibi_slopes(module.n_heads).to(module.qkv.weight.device)
+
+    def forward(self, tokens: torch.Tensor, *, plan: DropPlan | None = None, exit_layer: int | None = None,
+                skip_layers: Iterable[int] = (), cache: KVCache | None = None) -> torch.Tensor:
+        """Logits [B, T, V]. ``plan`` only in training; ``exit_layer=k`` runs blocks
+        0..k-1; ``skip_layers`` are passed through by the residual; ``cache`` decodes."""
+        return self.logits(self.hidden(tokens, plan=plan, exit_layer=exit_layer,
+                                       skip_layers=skip_layers, cache=cache))
+
+    def hidden(self, tokens: torch.Tensor, *, plan: DropPlan | None = None, exit_layer: int | None = None,
+               skip_layers: Iterable[int] = (), cache: KVCache | None = None,
+               all_layers: bool = False) -> torch.Tensor | list[torch.Tensor]:
+        """Residual stream before the final norm; with ``all_layers`` the stream after
+        every block that ran (the early-exit points), in order."""
+        active = self.active_layers(exit_layer, skip_layers)
+        if plan is not None and len(plan) != len(self.blocks):
+            raise ValueError(f"plan has {len(plan)} layers; the model has {len(self.blocks)}")
+        h = self.embed(tokens)
+        bias = self.attention_bias(tokens.shape[1], cache)
+        states = []
+        for index in active:
+            drop = plan.layers[index] if plan is not None else None
+            h = self.blocks[index](h, bias, drop, cache)
+            states.append(h)
+        if cache is not None:
+            cache.advance(tokens.shape[1])
+        return states if all_layers else h
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and unembedding (with µP's 1/m_d forward multiplier)."""
+        return self.head(self.norm(h)) * self.config.logit_multiplier
+
+    def active_layers(self, exit_layer: int | None = None, skip_layers: Iterable[int] = ()) -> list[int]:
+        n = len(self.blocks)
+        if exit_layer is not None and not (isinstance(exit_layer, int) and 1 <= exit_layer <= n):
+            raise ValueError(f"exit_layer={exit_layer!r} is invalid: must be an integer in 1..{n}")
+        skip = set(skip_layers)
+        outside = sorted(i for i in skip if not (isinstance(i, int) and 0 <= i < n))
+        if outside:
+            raise ValueError(f"skip_layers={sorted(skip, key=str)} is invalid: layers must be in 0..{n - 1}")
+        return [i for i in range(exit_layer or n) if i not in skip]
+
+    def attention_bias(self, q_len: int, cache: KVCache | None) -> torch.Tensor | None:
+        """The SDPA mask shared by all blocks, or None when FlexAttention computes it."""
+        device = self.embed.weight.device
+        if self.use_flex(cache):
+            return None
+        k_len = q_len + (cache.length if cache is not None else 0)
+        return alibi_causal_bias(self.blocks[0].attn.slopes if len(self.blocks) else alibi_slopes(1),
+                                 q_len, k_len, dtype=self.embed.weight.dtype, device=device)
+
+    def use_flex(self, cache: KVCache | None) -> bool:
+        backend = self.config.attention
+        if backend == "auto":
+            return self.embed.weight.is_cuda and cache is None
+        return backend == "flex"
+
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        cfg = self.config
+        weight = self.embed.weight
+        return KVCache(cfg.n_layers, batch_size, cfg.n_heads, cfg.head_dim, max_len or cfg.max_seq_len,
+                       dtype=weight.dtype, device=weight.device)
+
+    def num_parameters(self, *, non_embedding: bool = False) -> int:
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            total -= self.embed.weight.numel() + self.head.weight.numel()
+        return total
