@@ -54,7 +54,8 @@ _GROUP_PATTERNS = [
     (re.compile(r"head\.weight"), UNEMBEDDING),
 ]
 # Name segments that wrappers insert (torch.compile, activation checkpointing).
-_WRAPPER_SEGMENT = re.compile(r"(^|\.)(_orig_mod|_checkpoint_wrapped_module|_fsdp_wrapped_module)(?=\.)")
+_WRAPPER_SEGMENT = re.compile(
+    r"(^|\.)(_orig_mod|_checkpoint_wrapped_module|_fsdp_wrapped_module)(?=\.)")
 
 
 def width_depth_multipliers(pcfg: ParametrizationConfig, d_model: int,

@@ -170,6 +170,9 @@ def test_wrapper_prefixes_are_understood():
     assert group_of("_orig_mod.blocks.3.ffn.up.weight") == "hidden"
     assert group_of("blocks.0._checkpoint_wrapped_module.attn.qkv.bias") == "norms_and_biases"
     assert group_of("_orig_mod.head.weight") == "unembedding"
+    compiled = torch.compile(decoder(32, 2, pcfg()))  # compiles lazily: nothing runs here
+    groups = groups_by_name(compiled, pcfg())
+    assert len(groups["hidden"]["params"]) == 8
 
 
 @pytest.mark.parametrize("name", ["blocks.0.attn.rotary.weight", "lm_head.weight", "head.bias",
