@@ -1,1 +1,1 @@
-"""data_prep."""
+"""Corpora -> tokenizer -> litdata token chunks (+ manifest.json): `layerdrop prepare`."""

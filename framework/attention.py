@@ -77,12 +77,15 @@ def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q_len, k_len = q.shape[-2], k.shape[-2]
     if q.shape[0] == 0:  # no kept rows: nothing to attend, the caller still ran its linears
         return q.new_zeros(q.shape)
-    offset = k_len - q_len
+    # A tensor, not a Python int: a compiled kernel takes it as an input instead of
+    # recompiling for every cache length.
+    offset = torch.tensor(k_len - q_len, device=q.device)
     slopes = slopes.to(device=q.device, dtype=torch.float32)
 
     def alibi(score, b, h, q_idx, kv_idx):
         return score + slopes[h] * (kv_idx - q_idx - offset)
 
-    block_mask = causal_block_mask(q_len, k_len, str(q.device))
+    # One new query (a decoding step) sees every cached key: nothing to mask.
+    block_mask = None if q_len == 1 else causal_block_mask(q_len, k_len, str(q.device))
     return _flex_kernel(q.is_cuda)(q, k, v, score_mod=alibi, block_mask=block_mask)
 

@@ -21,10 +21,13 @@ class KVCache:
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.max_len = max_len
+        self.batch_size = batch_size
         self.length = 0
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k/v [B, H, T, D] at the current position; return the layer's [0, length+T)."""
+        if k.shape[0] != self.batch_size:
+            raise ValueError(f"KV cache batch size mismatch: got {k.shape[0]} rows, the cache holds {self.batch_size}")
         end = self.length + k.shape[2]
         if end > self.max_len:
             raise ValueError(f"KV cache overflow: length {end} > max_len={self.max_len}")
@@ -33,6 +36,8 @@ class KVCache:
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
     def advance(self, num_tokens: int) -> None:
+        if not 0 <= self.length + num_tokens <= self.max_len:
+            raise ValueError(f"KV cache overflow: length {self.length + num_tokens} > max_len={self.max_len}")
         self.length += num_tokens
 
     def crop(self, length: int) -> None:

@@ -15,6 +15,7 @@ every device and a resumed run draws the same ones without saved RNG state.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -58,8 +59,15 @@ class DropPlan:
         if not (len(attn_masks) == len(ffn_masks) == len(scales)):
             raise ValueError(f"masks and scales need one entry per layer: got {len(attn_masks)}, "
                              f"{len(ffn_masks)} and {len(scales)}")
+        batch_size = int(attn_masks[0].numel()) if len(attn_masks) else 0
+        for index, (a, f, s) in enumerate(zip(attn_masks, ffn_masks, scales)):
+            if a.dim() != 1 or f.dim() != 1 or a.numel() != batch_size or f.numel() != batch_size:
+                raise ValueError(f"masks of layer {index} are invalid: need 1-D masks of the batch size "
+                                 f"{batch_size}, got {tuple(a.shape)} and {tuple(f.shape)}")
+            if not (math.isfinite(s) and s > 0):
+                raise ValueError(f"scales[{index}]={s!r} is invalid: must be a positive number")
         layers = [LayerDrop(_rows(a), _rows(f), float(s)) for a, f, s in zip(attn_masks, ffn_masks, scales)]
-        return cls(layers, batch_size=int(attn_masks[0].numel()) if len(attn_masks) else 0)
+        return cls(layers, batch_size=batch_size)
 
 
 @dataclass(frozen=True)
@@ -125,7 +133,7 @@ def residual_update(h: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tens
                     rows: torch.Tensor | None, scale: float) -> torch.Tensor:
     """h + scale·branch(h) on the kept rows only: gather -> branch -> scatter-add."""
     if rows is None:
-        return h + scale * branch(h)
+        return torch.add(h, branch(h), alpha=scale)  # one fused pass, not a mul then an add
     rows = rows.to(h.device, non_blocking=True)
     out = branch(h.index_select(0, rows))  # runs on zero rows too: see the module docstring
     return h.index_add(0, rows, out, alpha=scale)

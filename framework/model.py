@@ -6,6 +6,7 @@ and compilation are applied from outside (framework/strategies.py).
 
 from __future__ import annotations
 
+import numbers
 from typing import Iterable
 
 import torch
@@ -25,7 +26,6 @@ class Attention(nn.Module):
         self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.attn_dim, bias=cfg.bias)
         self.proj = nn.Linear(cfg.attn_dim, cfg.d_model, bias=cfg.bias)
-        self.backend = cfg.attention
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
@@ -108,8 +108,8 @@ class Decoder(nn.Module):
         """Residual stream before the final norm; with ``all_layers`` the stream after
         every block that ran (the early-exit points), in order."""
         active = self.active_layers(exit_layer, skip_layers)
-        if plan is not None and len(plan) != len(self.blocks):
-            raise ValueError(f"plan has {len(plan)} layers; the model has {len(self.blocks)}")
+        if plan is not None:
+            self.check_plan(plan, tokens.shape[0], cache)
         h = self.embed(tokens)
         bias = self.attention_bias(tokens.shape[1], cache)
         states = []
@@ -121,16 +121,24 @@ class Decoder(nn.Module):
             cache.advance(tokens.shape[1])
         return states if all_layers else h
 
+    def check_plan(self, plan: DropPlan, batch_size: int, cache: KVCache | None) -> None:
+        if len(plan) != len(self.blocks):
+            raise ValueError(f"plan has {len(plan)} layers; the model has {len(self.blocks)}")
+        if plan.batch_size != batch_size:
+            raise ValueError(f"plan.batch_size={plan.batch_size} is invalid: the tokens have {batch_size} rows")
+        if cache is not None:  # a cache holds every row; dropped rows would leave stale K/V
+            raise ValueError("plan and cache are exclusive: a drop plan is for training, a cache for decoding")
+
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and unembedding (with µP's 1/m_d forward multiplier)."""
         return self.head(self.norm(h)) * self.config.logit_multiplier
 
     def active_layers(self, exit_layer: int | None = None, skip_layers: Iterable[int] = ()) -> list[int]:
         n = len(self.blocks)
-        if exit_layer is not None and not (isinstance(exit_layer, int) and 1 <= exit_layer <= n):
+        if exit_layer is not None and not (_is_int(exit_layer) and 1 <= exit_layer <= n):
             raise ValueError(f"exit_layer={exit_layer!r} is invalid: must be an integer in 1..{n}")
         skip = set(skip_layers)
-        outside = sorted(i for i in skip if not (isinstance(i, int) and 0 <= i < n))
+        outside = sorted((i for i in skip if not (_is_int(i) and 0 <= i < n)), key=str)
         if outside:
             raise ValueError(f"skip_layers={sorted(skip, key=str)} is invalid: layers must be in 0..{n - 1}")
         return [i for i in range(exit_layer or n) if i not in skip]
@@ -161,3 +169,7 @@ class Decoder(nn.Module):
         if non_embedding:
             total -= self.embed.weight.numel() + self.head.weight.numel()
         return total
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # numpy ints too

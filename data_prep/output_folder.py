@@ -1,0 +1,53 @@
+"""The output folder: refuse to clobber data, build beside it, swap in at the very end.
+
+Everything is written into a hidden staging sibling (``.NAME.staging-PID``); only a
+run that finished moves it into place. A failed or interrupted run removes its own
+staging folder and leaves whatever was at ``--out`` untouched. With ``--overwrite``
+the old folder is moved aside first and deleted only after the new one is in place.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from data_prep.errors import PrepareError
+
+
+def check_output_folder(path: str, overwrite: bool) -> None:
+    """Refuse (before any work) a file in the way, or a folder holding data without --overwrite."""
+    if "://" in path:
+        raise PrepareError(f"--out {path!r}: give a local folder (copy it to object storage afterwards)")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise PrepareError(f"--out {path!r} is a file, not a folder")
+    if os.path.isdir(path) and os.listdir(path) and not overwrite:
+        raise PrepareError(f"--out {path!r} already holds data ({len(os.listdir(path))} entries); "
+                           "pass --overwrite to replace it")
+
+
+class StagingFolder:
+    """Context manager: yields the staging path; ``commit()`` swaps it into ``path``."""
+
+    def __init__(self, path: str) -> None:
+        self.path = os.path.abspath(path)
+        parent, name = os.path.split(self.path)
+        self.staging = os.path.join(parent, f".{name}.staging-{os.getpid()}")
+        self._retired = os.path.join(parent, f".{name}.replaced-{os.getpid()}")
+        self.committed = False
+
+    def __enter__(self) -> str:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        shutil.rmtree(self.staging, ignore_errors=True)  # a leftover of a killed run with our pid
+        os.makedirs(self.staging)
+        return self.staging
+
+    def commit(self) -> None:
+        if os.path.exists(self.path):
+            os.rename(self.path, self._retired)
+        os.rename(self.staging, self.path)
+        self.committed = True
+        shutil.rmtree(self._retired, ignore_errors=True)
+
+    def __exit__(self, *exc_info) -> None:
+        if not self.committed:
+            shutil.rmtree(self.staging, ignore_errors=True)

@@ -1,0 +1,317 @@
+"""Early-exit and layer-skip validation losses: `layerdrop eval exits` / `eval skip`.
+
+Early exit at layer k runs blocks 0..k-1, then the final norm and unembedding (paper
+§8.1.1). All L exits come from ONE pass over the data: the blocks run once, and the
+residual stream after every block goes through the shared norm + head. The head is the
+expensive part with a big vocabulary (128,256 × d per token), so it runs a chunk of
+tokens at a time and only the summed cross-entropy survives each chunk.
+
+Layer skipping removes a set of blocks (the residual passes through). A set's forward
+equals the full model's up to its first skipped block, so each batch runs the full
+model once, keeping every block's output, and each set resumes from the state just
+before its first skipped block.
+
+Reports (keys fixed in DESIGN.md; one checkpoint -> these keys at the top level,
+several -> the first model's keys at the top level and every model under "models"):
+    exits: {"num_layers": L, "exit_loss": {"1": …, "L": …}, "tokens": n}
+    skip:  {"results": [{"skip_layers": [...], "loss": …, "params_kept": …}, ...]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from eval import skip_sets as sets
+from framework.checkpoint import CheckpointError, load_decoder, read_model_config
+from framework.model import Decoder
+
+IGNORE_INDEX = -100
+# One chunk's float32 logits stay under 2^26 entries (256 MB): 8192 tokens at a vocab
+# of 8192, 523 at the Llama-3 vocabulary.
+LOGIT_BUDGET = 2**26
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+# --------------------------------------------------------------------------- losses
+def default_chunk_tokens(vocab_size: int) -> int:
+    return max(1, LOGIT_BUDGET // vocab_size)
+
+
+def summed_cross_entropy(decoder: Decoder, hidden: torch.Tensor, targets: torch.Tensor,
+                         chunk_tokens: int) -> torch.Tensor:
+    """Σ cross-entropy (float64 accumulator) of the logits of ``hidden`` [B, S, d]."""
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    labels = targets.reshape(-1).to(rows.device)
+    total = torch.zeros((), dtype=torch.float64, device=rows.device)
+    for start in range(0, rows.shape[0], chunk_tokens):
+        logits = decoder.logits(rows[start:start + chunk_tokens]).float()
+        total += F.cross_entropy(logits, labels[start:start + chunk_tokens], ignore_index=IGNORE_INDEX,
+                                 reduction="sum").double()
+    return total
+
+
+def counted_tokens(targets: torch.Tensor) -> int:
+    return int((targets != IGNORE_INDEX).sum())
+
+
+@torch.inference_mode()
+def exit_losses(decoder: Decoder, batches: Iterable[Batch], *, chunk_tokens: int | None = None) -> dict:
+    """Mean validation loss at every exit layer 1..L, from one pass over ``batches``."""
+    chunk_tokens = chunk_tokens or default_chunk_tokens(decoder.config.vocab_size)
+    device = decoder.embed.weight.device
+    num_layers = len(decoder.blocks)
+    sums = torch.zeros(num_layers, dtype=torch.float64, device=device)
+    tokens = 0
+    for inputs, targets in batches:
+        states = decoder.hidden(inputs.to(device), all_layers=True)
+        for layer, state in enumerate(states):
+            sums[layer] += summed_cross_entropy(decoder, state, targets, chunk_tokens)
+        tokens += counted_tokens(targets)
+    _require_tokens(tokens)
+    return {"num_layers": num_layers,
+            "exit_loss": {str(k + 1): float(sums[k] / tokens) for k in range(num_layers)},
+            "tokens": tokens}
+
+
+def run_from(decoder: Decoder, h: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
+    """The residual stream after running ``layers`` (in order) on ``h``, as in eval."""
+    bias = decoder.attention_bias(h.shape[1], None)
+    for index in layers:
+        h = decoder.blocks[index](h, bias)
+    return h
+
+
+@torch.inference_mode()
+def skip_losses(decoder: Decoder, batches: Iterable[Batch], skips: Sequence[Sequence[int]], *,
+                chunk_tokens: int | None = None) -> dict:
+    """Mean validation loss of the model with each skip set removed, one pass over the data."""
+    chunk_tokens = chunk_tokens or default_chunk_tokens(decoder.config.vocab_size)
+    device = decoder.embed.weight.device
+    num_layers = len(decoder.blocks)
+    skips = [tuple(sorted(s)) for s in skips]
+    for skip in skips:
+        decoder.active_layers(None, skip)  # validates before any work
+    sums = torch.zeros(len(skips), dtype=torch.float64, device=device)
+    tokens = 0
+    for inputs, targets in batches:
+        embedded = decoder.embed(inputs.to(device))
+        prefix = [embedded] + decoder.hidden(inputs.to(device), all_layers=True)
+        for index, skip in enumerate(skips):
+            first = skip[0] if skip else num_layers
+            rest = [i for i in range(first, num_layers) if i not in skip]
+            final = run_from(decoder, prefix[first], rest)
+            sums[index] += summed_cross_entropy(decoder, final, targets, chunk_tokens)
+        tokens += counted_tokens(targets)
+    _require_tokens(tokens)
+    results = [{"skip_layers": list(skip), "loss": float(sums[i] / tokens),
+                "params_kept": sets.params_kept(decoder, skip),
+                "layers_kept": num_layers - len(skip),
+                "name": sets.describe(skip, num_layers)} for i, skip in enumerate(skips)]
+    return {"num_layers": num_layers, "params_total": decoder.num_parameters(),
+            "results": sets.order_by_params_kept(results), "tokens": tokens}
+
+
+def _require_tokens(tokens: int) -> None:
+    if tokens == 0:
+        raise ValueError("the evaluation data yielded no tokens: check --data, --batches and --max-tokens")
+
+
+# --------------------------------------------------------------------------- data
+def capped_batches(batches: Iterable[Batch], *, max_tokens: int | None = None,
+                   max_batches: int | None = None) -> Iterator[Batch]:
+    """At most ``max_batches`` batches and ``max_tokens`` target tokens (the last batch
+    trimmed to whole sequences)."""
+    used = 0
+    for count, (inputs, targets) in enumerate(batches):
+        if max_batches is not None and count >= max_batches:
+            return
+        if max_tokens is not None:
+            if used >= max_tokens:
+                return
+            rows = min(inputs.shape[0], math.ceil((max_tokens - used) / targets.shape[1]))
+            inputs, targets = inputs[:rows], targets[:rows]
+        used += targets.numel()
+        yield inputs, targets
+
+
+def validation_batches(data_dir: str, *, seq_len: int, batch_size: int) -> Iterable[Batch]:
+    """The validation split of a folder made by `layerdrop prepare`."""
+    from framework.data import TokenDataModule  # the data layer is only needed here
+
+    module = TokenDataModule(data_dir, seq_len=seq_len, batch_size=batch_size)
+    module.setup("validate")
+    return module.val_dataloader()
+
+
+class CachedBatches:
+    """Batches read once and replayed for every checkpoint (same tokens for all)."""
+
+    def __init__(self, batches: Iterable[Batch]) -> None:
+        self.batches = [(x.clone(), y.clone()) for x, y in batches]
+
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.batches)
+
+
+# --------------------------------------------------------------------------- CLI
+def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--ckpt", nargs="+", action="extend", required=True, metavar="PATH",
+                        help="checkpoint(s): a .ckpt from `layerdrop pretrain` or an exported folder; "
+                             "several land on one plot (--ckpt A B or --ckpt A --ckpt B)")
+    parser.add_argument("--label", nargs="+", action="extend", default=None, metavar="NAME",
+                        help="plot/report label per checkpoint (default: the checkpoint's name)")
+    parser.add_argument("--data", required=True, metavar="DIR",
+                        help="a folder made by `layerdrop prepare`; its validation split is used")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="tokens per sequence (default: the first model's max_seq_len)")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="stop after this many target tokens (default: the whole split)")
+    parser.add_argument("--batches", type=int, default=None, help="stop after this many batches")
+    parser.add_argument("--chunk-tokens", type=int, default=None,
+                        help="tokens per unembedding chunk (default: 2^26 / vocab size)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, … (default: cuda if available)")
+    parser.add_argument("--out", required=True, metavar="JSON", help="report path")
+    parser.add_argument("--plot", default=None, metavar="PNG", help="plot path (default: --out with .png)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing report/plot")
+    return parser
+
+
+def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for name in ("seq_len", "batch_size", "max_tokens", "batches", "chunk_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')}={value} is invalid: must be a positive integer")
+    args.labels = args.label or [_default_label(p) for p in args.ckpt]
+    if len(args.labels) != len(args.ckpt):
+        parser.error(f"--label has {len(args.labels)} names for {len(args.ckpt)} checkpoints: give one per --ckpt")
+    if len(set(args.labels)) != len(args.labels):
+        parser.error(f"--label {args.labels} is invalid: labels must be distinct")
+    args.plot = args.plot or str(Path(args.out).with_suffix(".png"))
+    for path in (args.out, args.plot):
+        if Path(path).exists() and not args.overwrite:
+            parser.error(f"{path!r} already exists; pass --overwrite to replace it")
+    if not Path(args.data).is_dir():
+        parser.error(f"--data {args.data!r} is not a folder: expected one made by `layerdrop prepare`")
+    try:
+        args.configs = [read_model_config(p) for p in args.ckpt]
+    except (CheckpointError, FileNotFoundError) as err:
+        parser.error(str(err))
+    args.device = _device(parser, args.device)
+    args.seq_len = args.seq_len or args.configs[0].max_seq_len
+
+
+def _default_label(path: str) -> str:
+    p = Path(path)
+    return p.name if p.is_dir() else p.stem
+
+
+def _device(parser: argparse.ArgumentParser, name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        parser.error(f"--device {name!r} is invalid: allowed: auto, cpu, cuda, cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {name!r} is invalid: no CUDA device is available")
+    return device
+
+
+def _read_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> CachedBatches:
+    try:
+        loader = validation_batches(args.data, seq_len=args.seq_len, batch_size=args.batch_size)
+        data = CachedBatches(capped_batches(loader, max_tokens=args.max_tokens, max_batches=args.batches))
+    except (ValueError, FileNotFoundError) as err:
+        parser.error(f"--data {args.data!r}: {err}")
+    if not data.batches:
+        parser.error(f"--data {args.data!r} has no validation batches")
+    return data
+
+
+def _combined(reports: list[dict]) -> dict:
+    if len(reports) == 1:
+        return reports[0]
+    return {**reports[0], "models": reports}
+
+
+def _write(report: dict, path: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def _evaluate_each(args: argparse.Namespace, evaluate) -> list[dict]:
+    reports = []
+    for path, label in zip(args.ckpt, args.labels):
+        decoder, _ = load_decoder(path, map_location=args.device)
+        reports.append({"label": label, "ckpt": str(path), **evaluate(decoder)})
+        del decoder
+    return reports
+
+
+def exits_main(argv: list[str] | None = None) -> int:
+    parser = _common_parser("layerdrop eval exits",
+                            "Validation loss at every early-exit layer 1..L, in one pass over the data.")
+    args = parser.parse_args(argv)
+    _check_common(parser, args)
+    data = _read_data(parser, args)
+    reports = _evaluate_each(args, lambda d: exit_losses(d, data, chunk_tokens=args.chunk_tokens))
+    report = _combined(reports)
+    report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
+    _write(report, args.out)
+    from eval.plots import plot_exits
+
+    plot_exits(reports, args.plot)
+    for r in reports:
+        losses = "  ".join(f"{k}:{v:.4f}" for k, v in r["exit_loss"].items())
+        print(f"{r['label']}: exit loss ({r['tokens']} tokens)  {losses}")
+    print(f"wrote {args.out} and {args.plot}")
+    return 0
+
+
+def skip_main(argv: list[str] | None = None) -> int:
+    parser = _common_parser("layerdrop eval skip",
+                            "Validation loss vs parameters kept when skipping sets of layers.")
+    parser.add_argument("--sets", nargs="+", action="extend", default=None, metavar="SPEC",
+                        help="skip sets: none, alternate-odd, alternate-even, a range a-b, or a list "
+                             "i,j,k (default: none alternate-odd alternate-even, plus --sweep middle)")
+    parser.add_argument("--sweep", nargs="+", action="extend", default=None, choices=sets.SWEEPS,
+                        help="families of sets: alternate, single, middle (k middle layers, k=1..L-2), "
+                             "contiguous (every range)")
+    args = parser.parse_args(argv)
+    _check_common(parser, args)
+    if args.sets is None and args.sweep is None:
+        args.sets, args.sweep = ["none", "alternate-odd", "alternate-even"], ["middle"]
+    try:
+        skips = [sets.resolve_sets(args.sets or [], args.sweep or [], cfg.n_layers) for cfg in args.configs]
+    except ValueError as err:
+        parser.error(str(err))
+    data = _read_data(parser, args)
+    queue = iter(skips)
+    reports = _evaluate_each(args, lambda d: skip_losses(d, data, next(queue), chunk_tokens=args.chunk_tokens))
+    report = _combined(reports)
+    report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
+    _write(report, args.out)
+    from eval.plots import plot_skip
+
+    plot_skip(reports, args.plot)
+    for r in reports:
+        print(f"{r['label']}: {len(r['results'])} skip sets ({r['tokens']} tokens)")
+        for row in r["results"]:
+            print(f"  {row['name']:>16}  params kept {row['params_kept']:>12,}  loss {row['loss']:.4f}")
+    print(f"wrote {args.out} and {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(exits_main())

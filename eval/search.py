@@ -1,0 +1,380 @@
+"""Search the draft's skip set for the fastest lossless draft: `layerdrop speculate search`.
+
+The paper (§8.2.2) searches which layers the Draft & Verify draft skips with Bayesian
+optimisation (as Zhang et al. do), a genetic algorithm, hill climbing and simulated
+annealing, and keeps the set with the highest speedup. Each method gets the same
+budget of objective evaluations (distinct skip sets; a revisit is free).
+
+The objective is cheap, no decoding:
+- acceptance: the full model greedily continues some calibration prompts once; for a
+  set S, ONE teacher-forced forward of the draft over those sequences gives its next-
+  token prediction at every position, and the rounds of greedy self-speculative
+  decoding are replayed on that trajectory (draft min(γ, left) tokens, accept while the
+  draft agrees, add one token from the verifier);
+- cost: one draft forward costs c(S) = (t_0 + (L - |S|)/L · (t_L - t_0)) / t_L of a
+  full one (t_0 the forward without blocks, t_L with all: measured once), a verify
+  forward over m tokens v(m) (measured once, m = 1..γ+1), or with ``--cost layers``
+  c = (L - |S|)/L and v = 1;
+- estimated speedup = (N - 1) / Σ_rounds (k·c(S) + v(k + 1)), against the N - 1 steps of
+  plain decoding after the shared prefill.
+
+The draft in decoding reads the full model's K/V for past positions where the teacher-
+forced pass uses its own, so the estimate is an estimate: the winners are confirmed by
+real decoding (eval/speculative.py), which reports the measured speedup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from eval.speculative import SkipDraft, compare, plain_decode
+from framework.model import Decoder
+
+METHODS = ("bayesian", "genetic", "hill_climbing", "simulated_annealing")
+COSTS = ("measured", "layers")
+Mask = tuple[bool, ...]  # mask[i] is True when the draft skips layer i
+
+
+class BudgetExhausted(Exception):
+    pass
+
+
+def skip_set(mask: Mask) -> tuple[int, ...]:
+    return tuple(i for i, skipped in enumerate(mask) if skipped)
+
+
+class BudgetedObjective:
+    """Counts distinct evaluations, refuses the one past the budget, keeps the history."""
+
+    def __init__(self, fn: Callable[[Mask], float], budget: int, memo: dict | None = None) -> None:
+        if not (isinstance(budget, int) and budget >= 1):
+            raise ValueError(f"budget={budget!r} is invalid: must be an integer >= 1")
+        self.fn, self.budget = fn, budget
+        self.memo = {} if memo is None else memo  # may be shared: values, not the count
+        self.seen: dict[Mask, float] = {}
+        self.best_so_far: list[float] = []
+        self.best: tuple[float, Mask] | None = None
+
+    def __call__(self, mask: Mask) -> float:
+        mask = tuple(bool(b) for b in mask)
+        if mask in self.seen:
+            return self.seen[mask]
+        if len(self.seen) >= self.budget:
+            raise BudgetExhausted
+        if mask not in self.memo:
+            self.memo[mask] = self.fn(mask)
+        value = self.seen[mask] = self.memo[mask]
+        if self.best is None or value > self.best[0]:
+            self.best = (value, mask)
+        self.best_so_far.append(self.best[0])
+        return value
+
+    @property
+    def remaining(self) -> int:
+        return self.budget - len(self.seen)
+
+
+# ---------------------------------------------------------------------- methods
+# Each runs until the budget is spent; a cap on proposals stops a method that only
+# revisits sets it has seen (which cost nothing) from spinning forever.
+
+
+def bayesian(objective: BudgetedObjective, num_layers: int, rng: random.Random) -> None:
+    """Optuna's TPE sampler over one skip/keep choice per layer (ask/tell loop)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.TPESampler(seed=rng.randrange(2**31), multivariate=True,
+                                         n_startup_trials=max(2, min(10, objective.budget // 4)))
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    for _ in range(20 * objective.budget):
+        if objective.remaining == 0:
+            return
+        trial = study.ask()
+        mask = tuple(trial.suggest_categorical(f"skip_{i}", [False, True]) for i in range(num_layers))
+        study.tell(trial, objective(mask))
+
+
+def genetic(objective: BudgetedObjective, num_layers: int, rng: random.Random, *, population: int = 12,
+            elite: int = 2, tournament: int = 3) -> None:
+    """Elitist GA: tournament selection, uniform crossover, bit-flip mutation (1/L)."""
+    size = max(4, min(population, objective.budget // 3))
+    pop = [tuple(rng.random() < 0.5 for _ in range(num_layers)) for _ in range(size)]
+    for _ in range(20 * objective.budget):
+        scored = sorted(((objective(m), m) for m in pop), reverse=True)
+        children = [m for _, m in scored[:elite]]
+        while len(children) < size:
+            a = max(rng.sample(scored, min(tournament, len(scored))))[1]
+            b = max(rng.sample(scored, min(tournament, len(scored))))[1]
+            child = tuple((x if rng.random() < 0.5 else y) != (rng.random() < 1.0 / num_layers)
+                          for x, y in zip(a, b))
+            children.append(child)
+        pop = children
+
+
+def _neighbours(mask: Mask, rng: random.Random) -> list[Mask]:
+    out = [mask[:i] + (not mask[i],) + mask[i + 1:] for i in range(len(mask))]
+    rng.shuffle(out)
+    return out
+
+
+def hill_climbing(objective: BudgetedObjective, num_layers: int, rng: random.Random) -> None:
+    """First-improvement over single-layer flips from the full model (nothing skipped);
+    a random restart at every local optimum."""
+    current: Mask = (False,) * num_layers
+    for _ in range(20 * objective.budget):
+        value = objective(current)
+        better = next((n for n in _neighbours(current, rng) if objective(n) > value), None)
+        current = better or tuple(rng.random() < 0.5 for _ in range(num_layers))
+
+
+def simulated_annealing(objective: BudgetedObjective, num_layers: int, rng: random.Random, *,
+                        start_temperature: float = 0.1, end_temperature: float = 0.002) -> None:
+    """Flip one random layer; accept worse sets with probability exp(Δ/T), T cooling
+    geometrically over the budget (temperatures in speedup units)."""
+    current: Mask = (False,) * num_layers
+    value = objective(current)
+    for _ in range(20 * objective.budget):
+        progress = 1.0 - objective.remaining / objective.budget
+        temperature = start_temperature * (end_temperature / start_temperature) ** progress
+        i = rng.randrange(num_layers)
+        candidate = current[:i] + (not current[i],) + current[i + 1:]
+        new = objective(candidate)
+        if new >= value or rng.random() < math.exp((new - value) / temperature):
+            current, value = candidate, new
+
+
+SEARCHES: dict[str, Callable[[BudgetedObjective, int, random.Random], None]] = {
+    "bayesian": bayesian, "genetic": genetic, "hill_climbing": hill_climbing,
+    "simulated_annealing": simulated_annealing,
+}
+
+
+def run_search(fn: Callable[[Mask], float], num_layers: int, *, methods: Sequence[str] = METHODS,
+               budget: int = 60, seed: int = 0) -> dict[str, dict]:
+    """Every method on ``fn`` with ``budget`` evaluations each; values are shared
+    between methods (the objective is deterministic), the counts are not."""
+    unknown = [m for m in methods if m not in SEARCHES]
+    if unknown or not methods:
+        raise ValueError(f"methods={list(methods)} is invalid: allowed: {', '.join(METHODS)}")
+    memo: dict[Mask, float] = {}
+    results = {}
+    for name in methods:
+        objective = BudgetedObjective(fn, budget, memo)
+        try:
+            SEARCHES[name](objective, num_layers, random.Random(f"{seed}:{name}"))
+        except BudgetExhausted:
+            pass
+        value, mask = objective.best
+        results[name] = {"skip_layers": list(skip_set(mask)), "value": value,
+                         "evaluations": len(objective.seen), "best_so_far": objective.best_so_far}
+    top = max(r["value"] for r in results.values())
+    for r in results.values():
+        r["evaluations_to_within_5pct"] = next(
+            (i + 1 for i, v in enumerate(r["best_so_far"]) if v >= 0.95 * top), None)
+    return results
+
+
+# -------------------------------------------------------------------- objective
+
+
+@dataclass
+class DraftCosts:
+    """Forward times relative to one full single-token decoding step."""
+
+    empty: float  # a forward that runs no block (embedding + head)
+    verify: list[float]  # verify[m - 1]: a full forward over m tokens
+
+    def draft(self, layers_run: int, num_layers: int) -> float:
+        return self.empty + (1.0 - self.empty) * layers_run / num_layers
+
+    @classmethod
+    def from_layers(cls, gamma: int) -> "DraftCosts":
+        return cls(empty=0.0, verify=[1.0] * (gamma + 1))
+
+    @classmethod
+    @torch.inference_mode()
+    def measure(cls, model: Decoder, context: int, gamma: int, repeats: int = 15) -> "DraftCosts":
+        num_layers = len(model.blocks)
+        cache = model.new_cache(1, context + gamma + 2)
+        model(torch.zeros(1, context, dtype=torch.long), cache=cache)
+
+        def seconds(tokens: int, skip: Sequence[int]) -> float:
+            runs = []
+            for _ in range(repeats + 2):
+                tick = time.perf_counter()
+                model(torch.zeros(1, tokens, dtype=torch.long), skip_layers=skip, cache=cache)
+                runs.append(time.perf_counter() - tick)
+                cache.crop(context)
+            return statistics.median(runs[2:])
+
+        full = seconds(1, ())
+        return cls(empty=seconds(1, range(num_layers)) / full,
+                   verify=[seconds(m, ()) / full for m in range(1, gamma + 2)])
+
+
+def replay_rounds(agree: Sequence[bool], gamma: int) -> list[tuple[int, int]]:
+    """(drafted, accepted) per round of greedy self-speculative decoding of a sequence
+    whose token j the draft predicts right iff ``agree[j]`` (token 0 is the prefill's)."""
+    rounds, produced, n = [], 1, len(agree)
+    while produced < n:
+        drafted = min(gamma, n - produced - 1)
+        accepted = 0
+        while accepted < drafted and agree[produced + accepted]:
+            accepted += 1
+        rounds.append((drafted, accepted))
+        produced += accepted + 1
+    return rounds
+
+
+class CalibrationObjective:
+    """Estimated speedup of a skip set from teacher-forced passes over calibration text."""
+
+    def __init__(self, model: Decoder, prompts: Sequence[torch.Tensor], *, new_tokens: int = 64,
+                 gamma: int = 5, costs: DraftCosts | None = None) -> None:
+        if len({len(p) for p in prompts}) != 1:
+            raise ValueError("calibration prompts must all have the same length")
+        self.model, self.gamma, self.prompt_len = model, gamma, len(prompts[0])
+        self.costs = costs or DraftCosts.from_layers(gamma)
+        # The trajectory greedy decoding will follow: the full model's own continuation.
+        continuations = [plain_decode(model, p, new_tokens)[0] for p in prompts]
+        self.sequences = torch.stack([torch.cat([p, torch.tensor(c)]) for p, c in zip(prompts, continuations)])
+        self.continuations = torch.tensor(continuations)
+
+    @torch.inference_mode()
+    def agreement(self, skip: Sequence[int]) -> torch.Tensor:
+        """[prompts, new_tokens] bool: the draft's teacher-forced prediction of each
+        continuation token equals it (column 0 comes from the prefill, never drafted)."""
+        logits = self.model(self.sequences[:, :-1], skip_layers=skip)
+        predictions = logits[:, self.prompt_len - 1:].argmax(-1)
+        return predictions == self.continuations
+
+    def estimate(self, skip: Sequence[int]) -> dict:
+        num_layers = len(self.model.blocks)
+        draft_cost = self.costs.draft(num_layers - len(set(skip)), num_layers)
+        cost = drafted = accepted = 0.0
+        steps = 0
+        for row in self.agreement(skip).tolist():
+            for k, a in replay_rounds(row, self.gamma):
+                cost += k * draft_cost + self.costs.verify[k]
+                drafted += k
+                accepted += a
+            steps += len(row) - 1
+        return {"speedup": steps / cost if cost else 1.0, "acceptance": accepted / drafted if drafted else 1.0,
+                "draft_cost": draft_cost}
+
+    def __call__(self, mask: Mask) -> float:
+        return self.estimate(skip_set(mask))["speedup"]
+
+
+# -------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    from eval.speculative import add_prompt_arguments
+
+    p = argparse.ArgumentParser(prog="layerdrop speculate search",
+                                description="Search the skip set of the self-speculative draft (Bayesian "
+                                            "optimisation, genetic, hill climbing, simulated annealing).")
+    p.add_argument("--ckpt", required=True, help="a .ckpt from `layerdrop pretrain` or an exported folder")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
+    p.add_argument("--budget", type=int, default=60, help="objective evaluations per method (default 60)")
+    p.add_argument("--gamma", type=int, default=5, help="draft tokens per round (default 5, as Table 4)")
+    p.add_argument("--cost", choices=COSTS, default="measured",
+                   help="draft/verify cost: measured forward times (default) or layers kept")
+    p.add_argument("--calibration-prompts", type=int, default=8, help="prompts of the objective (default 8)")
+    p.add_argument("--confirm-prompts", type=int, default=4, help="prompts of the real decoding (default 4)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per confirm prompt (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every search method")
+    add_prompt_arguments(p, count=12)
+    p.add_argument("--out", required=True, metavar="JSON", help="report path")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing report")
+    return p
+
+
+def search(model: Decoder, prompts: Sequence[torch.Tensor], *, methods: Sequence[str] = METHODS,
+           budget: int = 60, gamma: int = 5, cost: str = "measured", calibration: int = 8,
+           max_new_tokens: int = 64, repeats: int = 3, seed: int = 0) -> dict:
+    """Search on the first ``calibration`` prompts, confirm each method's winner by
+    decoding the others; the report's ``best`` is the fastest measured lossless set."""
+    if cost not in COSTS:
+        raise ValueError(f"cost={cost!r} is invalid: allowed: {', '.join(COSTS)}")
+    if len(prompts) <= calibration:
+        raise ValueError(f"{len(prompts)} prompts are too few: {calibration} calibrate the search and at "
+                         "least one more confirms it")
+    started = time.perf_counter()
+    costs = (DraftCosts.measure(model, len(prompts[0]) + max_new_tokens // 2, gamma) if cost == "measured"
+             else DraftCosts.from_layers(gamma))
+    objective = CalibrationObjective(model, prompts[:calibration], new_tokens=max_new_tokens, gamma=gamma,
+                                     costs=costs)
+    results = run_search(objective, len(model.blocks), methods=methods, budget=budget, seed=seed)
+    search_seconds = time.perf_counter() - started
+    confirmed: dict[tuple[int, ...], dict] = {}
+    for name, r in results.items():
+        key = tuple(r["skip_layers"])
+        if key not in confirmed:
+            confirmed[key] = compare(model, SkipDraft(key), prompts[calibration:], max_new_tokens=max_new_tokens,
+                                     gamma=gamma, repeats=repeats)
+        estimate = objective.estimate(key)
+        run = confirmed[key]
+        r.update(estimated_speedup=estimate["speedup"], estimated_acceptance=estimate["acceptance"],
+                 measured_speedup=run["speedup"], acceptance_rate=run["acceptance_rate"],
+                 draft_time_ratio=run["draft_time_ratio"], identical_to_greedy=run["identical_to_greedy"])
+        del r["value"]
+    lossless = {n: r for n, r in results.items() if r["identical_to_greedy"]} or results
+    winner = max(lossless, key=lambda n: lossless[n]["measured_speedup"])
+    return {"num_layers": len(model.blocks), "gamma": gamma, "budget": budget, "cost_model": cost,
+            "costs": {"empty": costs.empty, "verify": costs.verify}, "search_seconds": search_seconds,
+            "calibration_prompts": calibration, "confirm_prompts": len(prompts) - calibration,
+            "methods": results, "best": {"method": winner, **confirmed[tuple(results[winner]["skip_layers"])]}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from eval.speculative import check_counts, check_vocabulary, load_prompts
+    from framework.checkpoint import CheckpointError, load_decoder
+
+    parser = _parser()
+    args = parser.parse_args(argv)
+    check_counts(parser, args, ("budget", "gamma", "calibration_prompts", "confirm_prompts", "repeats",
+                                "num_prompts", "prompt_len", "max_new_tokens", "threads"))
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods or any(m not in METHODS for m in methods):
+        parser.error(f"--methods {args.methods!r} is invalid: allowed: {', '.join(METHODS)}")
+    if Path(args.out).exists() and not args.overwrite:
+        parser.error(f"{args.out!r} already exists; pass --overwrite to replace it")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    count = args.calibration_prompts + args.confirm_prompts
+    try:
+        model, cfg = load_decoder(args.ckpt)
+        prompts = load_prompts(data=args.data, prompts_file=args.prompts, count=count, length=args.prompt_len)
+        check_vocabulary(prompts, cfg.vocab_size)
+        report = search(model, prompts, methods=methods, budget=args.budget, gamma=args.gamma, cost=args.cost,
+                        calibration=args.calibration_prompts, max_new_tokens=args.max_new_tokens,
+                        repeats=args.repeats, seed=args.seed)
+    except (CheckpointError, FileNotFoundError, ValueError) as err:
+        parser.error(str(err))
+    report["ckpt"] = str(args.ckpt)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    for name, r in report["methods"].items():
+        print(f"{name:>20}: skip {r['skip_layers']}  estimated {r['estimated_speedup']:.2f}x  measured "
+              f"{r['measured_speedup']:.2f}x  ({r['evaluations']} evaluations)")
+    print(f"best: {report['best']['method']} skip {report['best']['skip_layers']} "
+          f"{report['best']['speedup']:.2f}x; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

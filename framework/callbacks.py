@@ -1,0 +1,399 @@
+"""Callbacks of a pretraining run: the layer-dropout schedule and its FLOP accounting,
+throughput/MFU, the non-finite-loss guard, checkpoints, and the end-of-run summary.
+
+Metrics they log (TensorBoard by default; `layer_dropout/*` and `flops/*` once per
+optimizer step, `throughput/*` every ``trainer.log_every_n_steps`` steps):
+
+    layer_dropout/mean_p           mean drop rate over layers at this step, p̄_t
+    layer_dropout/effective_depth  Σ_ℓ (1 - p_ℓ,t): blocks a sequence passes through
+    flops/executed_step            non-embedding training FLOPs this step ran (this device)
+    flops/dense_step               the same step without layer dropout
+    flops/saved_pct                100·(1 - Σ executed / Σ dense) since the run began
+    throughput/tokens_per_sec      tokens/s over all devices
+    throughput/flops_per_sec       executed FLOPs/s per device (blocks and head)
+    throughput/mfu                 flops_per_sec / the device's peak (when known)
+
+FLOPs are counted as framework/flops.py describes (matmuls, causal attention, 3× the
+forward for training) from the rows each block actually ran on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.fabric.utilities.throughput import get_available_flops
+from lightning.pytorch.utilities import rank_zero_info
+
+from framework.schedules import effective_depth_of, mean_dropout
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or Inf; the run stopped before saving that state."""
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+class LayerDropoutSchedule(pl.Callback):
+    """Tells the module where it is in the run (optimizer step t of T = max_steps) and
+    keeps the run's FLOP account; installed by ``LayerDropModule.configure_callbacks``."""
+
+    def __init__(self) -> None:
+        self.tokens = 0  # this device's, since the run began (survives resume)
+        self.executed = 0.0  # non-embedding FLOPs this device ran
+        self.dense = 0.0  # ... and would have run without layer dropout
+        self.rate_sum = 0.0  # Σ over steps of the scheduled mean rate
+        self.steps = 0
+        self._step_executed = 0.0
+        self._step_dense = 0.0
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        cfg = pl_module.dropout_cfg
+        if stage == "fit" and cfg.enabled and cfg.schedule != "constant" and trainer.max_steps < 1:
+            raise ValueError(f"layer_dropout.schedule={cfg.schedule!r} needs the run length: set "
+                             f"--trainer.max_steps (got {trainer.max_steps}); only 'constant' runs without it")
+
+    def total_steps(self, trainer: pl.Trainer) -> int:
+        return trainer.max_steps if trainer.max_steps > 0 else trainer.global_step + 1
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._step_at_start = trainer.global_step
+        pl_module.schedule_position = (trainer.global_step, self.total_steps(trainer))
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        stats = pl_module.last_micro_batch
+        if stats is None:
+            return
+        self.tokens += stats.tokens
+        self._step_executed += stats.executed.blocks
+        self._step_dense += stats.dense.blocks
+        if trainer.global_step == self._step_at_start:
+            return  # gradient accumulation: the optimizer step is not complete yet
+        self._close_step(pl_module, stats.rates)
+
+    def _close_step(self, pl_module: pl.LightningModule, rates: list[float]) -> None:
+        self.executed += self._step_executed
+        self.dense += self._step_dense
+        self.rate_sum += sum(rates) / len(rates)
+        self.steps += 1
+        pl_module.log_dict({
+            "layer_dropout/mean_p": sum(rates) / len(rates),
+            "layer_dropout/effective_depth": effective_depth_of(rates),
+            "flops/executed_step": self._step_executed,
+            "flops/dense_step": self._step_dense,
+            "flops/saved_pct": 100.0 * self.saved_fraction(),
+        }, on_step=True, on_epoch=False)
+        self._step_executed = self._step_dense = 0.0
+
+    def saved_fraction(self) -> float:
+        """This device's realised P̄: the share of non-embedding FLOPs not run."""
+        return 1.0 - self.executed / self.dense if self.dense > 0 else 0.0
+
+    def totals(self, trainer: pl.Trainer) -> dict[str, float]:
+        """Tokens and FLOPs summed over all devices (a collective: call on every rank)."""
+        local = torch.tensor([self.tokens, self.executed, self.dense], dtype=torch.float64,
+                             device=trainer.strategy.root_device)
+        total = trainer.strategy.reduce(local, reduce_op="sum") if trainer.world_size > 1 else local
+        tokens, executed, dense = (float(v) for v in total.cpu())
+        return {"tokens": tokens, "executed_flops": executed, "dense_flops": dense,
+                "saved_fraction": 1.0 - executed / dense if dense > 0 else 0.0}
+
+    def report(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
+        """P̄ realised by the masks, P̄ of the schedule over the steps run, and P̄ predicted
+        by ``mean_dropout`` for the whole run."""
+        totals = self.totals(trainer)
+        total_steps = self.total_steps(trainer)
+        return {**totals,
+                "mean_dropout_scheduled": self.rate_sum / self.steps if self.steps else 0.0,
+                "mean_dropout_predicted": mean_dropout(pl_module.dropout_cfg, pl_module.model_cfg.n_layers,
+                                                       total_steps)}
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        report = self.report(trainer, pl_module)
+        if trainer.logger is not None and trainer.is_global_zero:
+            trainer.logger.log_metrics({"layer_dropout/mean_dropout_achieved": report["saved_fraction"],
+                                        "layer_dropout/mean_dropout_predicted": report["mean_dropout_predicted"]},
+                                       step=trainer.global_step)
+        rank_zero_info(f"layer dropout: P̄ achieved {report['saved_fraction']:.4f} "
+                       f"(masks), {report['mean_dropout_scheduled']:.4f} (schedule over the steps run), "
+                       f"predicted {report['mean_dropout_predicted']:.4f}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "executed": self.executed, "dense": self.dense,
+                "rate_sum": self.rate_sum, "steps": self.steps}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for key in ("tokens", "executed", "dense", "rate_sum", "steps"):
+            setattr(self, key, state_dict[key])
+
+
+# ------------------------------------------------------------------------- throughput
+
+
+class Throughput(pl.Callback):
+    """Tokens/s and MFU from the FLOPs each step executed.
+
+    Args:
+        peak_flops_per_device: the device's dense peak (FLOP/s) for MFU, e.g. 989.5e12
+            for an H200 in bf16. Lightning recognises few device names (a plain
+            "NVIDIA H200" is not among them) so it is settable; without it, Lightning's
+            table is asked and MFU is left out when it has no answer (CPUs).
+    """
+
+    def __init__(self, peak_flops_per_device: float | None = None) -> None:
+        if peak_flops_per_device is not None and not peak_flops_per_device > 0:
+            raise ValueError(f"peak_flops_per_device={peak_flops_per_device!r} is invalid: must be positive")
+        self.peak = peak_flops_per_device
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        self._start: float | None = None
+        self._tokens = 0
+        self._flops = 0.0
+        self._paused_at: float | None = None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.peak is None and trainer.strategy.root_device.type == "cuda":
+            dtype = torch.bfloat16 if "bf16" in str(trainer.precision) else torch.float32
+            self.peak = get_available_flops(trainer.strategy.root_device, dtype)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._start is None:
+            self._start = self._now(trainer)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        stats = pl_module.last_micro_batch
+        if stats is None or self._start is None:
+            return
+        self._tokens += stats.tokens
+        self._flops += stats.executed.total
+        every = max(1, trainer.log_every_n_steps)
+        step_done = trainer.fit_loop.epoch_loop._accumulated_batches_reached()
+        if not (step_done and trainer.global_step % every == 0):
+            return
+        elapsed = self._now(trainer) - self._start
+        if elapsed <= 0:
+            return
+        metrics = {"throughput/tokens_per_sec": self._tokens * trainer.world_size / elapsed,
+                   "throughput/flops_per_sec": self._flops / elapsed}
+        if self.peak:
+            metrics["throughput/mfu"] = metrics["throughput/flops_per_sec"] / self.peak
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False)
+        self._reset_window()
+
+    # Validation is not training throughput: the window stops while it runs.
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.training and self._start is not None:
+            self._paused_at = self._now(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._paused_at is not None and self._start is not None:
+            self._start += self._now(trainer) - self._paused_at
+            self._paused_at = None
+
+    @staticmethod
+    def _now(trainer: pl.Trainer) -> float:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize(trainer.strategy.root_device)
+        return time.perf_counter()
+
+
+# ---------------------------------------------------------------------------- guard
+
+
+class NonFiniteLossGuard(pl.Callback):
+    """Stops the run at the first NaN/Inf training loss on any device, before a
+    checkpoint of that state can be written (ModelCheckpoint always runs last)."""
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        bad = loss is not None and not bool(torch.isfinite(loss.detach()).all())
+        if not trainer.strategy.reduce_boolean_decision(bad, all=False):
+            return
+        last = trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else ""
+        where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+        value = loss.item() if bad else "finite here, non-finite on another device"
+        position = getattr(pl_module, "schedule_position", None)  # the step this loss belongs to
+        step = position[0] if position else trainer.global_step
+        raise NonFiniteLossError(f"training loss is {value} at step {step} "
+                                 f"(micro-batch {batch_idx}); the run stopped and {where}. "
+                                 "Lower the learning rate or check the data, then resume.")
+
+
+# ---------------------------------------------------------------------- checkpoints
+
+
+class PeriodicCheckpoint(pl.callbacks.ModelCheckpoint):
+    """``step-XXXXXXXX.ckpt`` every ``every_n_steps`` optimizer steps (the newest
+    ``keep_last`` kept) and ``last.ckpt``, in ``<default_root_dir>/checkpoints`` unless
+    ``dirpath`` says otherwise. The final step is always saved.
+
+    A new run refuses a folder that already holds checkpoints (resume it instead, or
+    pick another folder): nothing on disk is overwritten unasked.
+    """
+
+    def __init__(self, every_n_steps: int = 1000, keep_last: int = 3, dirpath: str | None = None) -> None:
+        for name, value in (("every_n_steps", every_n_steps), ("keep_last", keep_last)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"checkpoint.{name}={value!r} is invalid: must be a positive integer")
+        # Keep-last-k is top-k on the step counter, the newest being the "best".
+        super().__init__(dirpath=dirpath, filename="step-{step:08d}", monitor="step", mode="max",
+                         save_top_k=keep_last, every_n_train_steps=every_n_steps, save_last=True,
+                         auto_insert_metric_name=False, enable_version_counter=False)
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = os.path.realpath(os.path.join(trainer.default_root_dir, "checkpoints"))
+        if stage == "fit" and trainer.ckpt_path is None and trainer.is_global_zero:
+            existing = sorted(Path(self.dirpath).glob("*.ckpt")) if os.path.isdir(self.dirpath) else []
+            if existing:
+                raise ValueError(f"checkpoint folder {self.dirpath!r} already holds {existing[0].name} from "
+                                 "an earlier run: resume it (--resume auto) or choose another "
+                                 "--trainer.default_root_dir")
+        super().setup(trainer, pl_module, stage)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._last_global_step_saved != trainer.global_step and not self._should_skip_saving_checkpoint(trainer):
+            candidates = self._monitor_candidates(trainer)
+            self._save_topk_checkpoint(trainer, candidates)
+            self._save_last_checkpoint(trainer, candidates)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes a local checkpoint to a temporary file beside it, fsyncs, then renames it
+    over the target, so a crash mid-save leaves the previous file whole.
+
+    Lightning's own save goes through an fsspec transaction whose temporary file lives
+    in the system temp folder: when that is another filesystem the final move is a
+    copy into the target, and a crash during it truncates the previous checkpoint.
+    Remote paths (s3://, gs://, ...) keep Lightning's behaviour.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
+        try:
+            with open(partial, "wb") as handle:
+                torch.save(checkpoint, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        _fsync_dir(target.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename itself durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def use_atomic_checkpoint_io(trainer: pl.Trainer) -> None:
+    """Swap the strategy's plain TorchCheckpointIO for the atomic one (strategies with
+    their own format, e.g. DeepSpeed or sharded FSDP checkpoints, are left alone)."""
+    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+        trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+
+
+# -------------------------------------------------------------------------- summary
+
+
+class RunSummary(pl.Callback):
+    """At the end of fit, prints and writes (``<default_root_dir>/summary.json``) what
+    the run did: steps, tokens, validation loss against ln(V) (a uniform guess), the
+    training FLOPs layer dropout saved, and where the logs and checkpoint are.
+
+    Args:
+        compare_to: the ``summary.json`` of another run (e.g. the dense twin) to set
+            this run's validation loss and FLOPs against.
+    """
+
+    def __init__(self, compare_to: str | None = None) -> None:
+        self.compare_to = compare_to
+        self.summary: dict[str, Any] | None = None
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        schedule = next(cb for cb in trainer.callbacks if isinstance(cb, LayerDropoutSchedule))
+        report = schedule.report(trainer, pl_module)  # collective: every rank calls it
+        if not trainer.is_global_zero:
+            return
+        val = trainer.callback_metrics.get("val/loss")
+        vocab = pl_module.model_cfg.vocab_size
+        self.summary = {
+            "steps": trainer.global_step,
+            "tokens": int(report["tokens"]),
+            "val_loss": float(val) if val is not None else None,
+            "ln_vocab": math.log(vocab),
+            "training_flops": report["executed_flops"],
+            "dense_training_flops": report["dense_flops"],
+            "flops_saved_pct": 100.0 * report["saved_fraction"],
+            "mean_dropout_predicted": report["mean_dropout_predicted"],
+            "tensorboard": trainer.logger.log_dir if trainer.logger is not None else None,
+            "checkpoint": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None,
+        }
+        Path(trainer.default_root_dir).mkdir(parents=True, exist_ok=True)
+        (Path(trainer.default_root_dir) / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        print(format_summary(self.summary, self._twin()), flush=True)
+
+    def _twin(self) -> dict[str, Any] | None:
+        if not self.compare_to:
+            return None
+        path = Path(self.compare_to)
+        return json.loads(path.read_text()) if path.is_file() else None
+
+
+def format_summary(summary: dict[str, Any], twin: dict[str, Any] | None = None) -> str:
+    """The end-of-run block a person reads (also used by ``make demo``)."""
+    val = summary["val_loss"]
+    lines = ["", "=== run summary ===",
+             f"steps            {summary['steps']:,}",
+             f"tokens           {summary['tokens']:,}"]
+    if val is None:
+        lines.append(f"val loss         (no validation ran)   ln(V) = {summary['ln_vocab']:.3f}")
+    else:
+        lines.append(f"val loss         {val:.4f}   vs ln(V) = {summary['ln_vocab']:.3f} (uniform guess), "
+                     f"{val / summary['ln_vocab']:.0%} of it")
+    lines.append(f"FLOPs saved      {summary['flops_saved_pct']:.1f}% of non-embedding training FLOPs "
+                 f"(predicted {100 * summary['mean_dropout_predicted']:.1f}%)")
+    if twin is not None and twin.get("val_loss") is not None and val is not None:
+        lines.append(f"dense twin       val loss {twin['val_loss']:.4f} ({val - twin['val_loss']:+.4f} here), "
+                     f"{twin['training_flops']:.3g} vs {summary['training_flops']:.3g} training FLOPs")
+    lines += [f"TensorBoard      tensorboard --logdir {summary['tensorboard']}",
+              f"checkpoint       {summary['checkpoint']}", ""]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "LayerDropoutSchedule",
+    "Throughput",
+    "NonFiniteLossGuard",
+    "NonFiniteLossError",
+    "PeriodicCheckpoint",
+    "AtomicCheckpointIO",
+    "use_atomic_checkpoint_io",
+    "RunSummary",
+    "format_summary",
+]

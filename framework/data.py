@@ -1,0 +1,270 @@
+"""The LightningDataModule over a folder made by `layerdrop prepare`.
+
+Batches are ``(inputs, targets)``: two int64 tensors ``[batch_size, seq_len]``, the
+targets shifted by one token (``TokensLoader`` serves blocks of ``seq_len + 1``
+tokens; blocks follow each other without overlap and never straddle a chunk).
+
+* train: litdata ``StreamingDataset`` + ``StreamingDataLoader``, shuffled with
+  ``seed`` (a new order every epoch), sharded over ranks and loader workers by
+  litdata, ``drop_last`` so every rank sees the same number of batches;
+* val: a fixed set, the first ``val_batches * batch_size`` blocks of the val split
+  in order, whatever the number of ranks (Lightning's DistributedSampler shares
+  them out), so validation losses of different runs compare;
+* the folder may be a local path or any URL litdata streams from (``s3://``,
+  ``gs://``, ``local:``...); ``manifest.json`` is read at ``setup`` and checked
+  against the model (``model_vocab_size``) and ``seq_len`` before a batch is drawn.
+
+Exact resume. Lightning's fetcher draws one batch ahead of the batch being trained
+on, so the loader's own counter is one batch ahead when a checkpoint is written.
+`ResumableTokenLoader` keeps the loader state *after each batch it handed out* and
+reports the one of the last batch that reached the model (marked in
+``on_before_batch_transfer``). That state goes into the checkpoint twice by
+design: as this DataModule's ``state_dict`` (Lightning saves it under the class
+name) and through Lightning 2.6's fit loop, which saves every stateful train
+loader; on resume both restore the same state and the next batch is the one that
+would have come next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import deque
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+from torch.utils.data import DataLoader, Dataset
+
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = "layerdrop-tokens/1"
+
+
+def shift_collate(blocks: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks of seq_len + 1 tokens -> (inputs, targets), int64 [B, seq_len] each."""
+    stacked = torch.from_numpy(np.stack([np.asarray(block) for block in blocks]).astype(np.int64))
+    return stacked[:, :-1], stacked[:, 1:]
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path or path.startswith("local:")
+
+
+def read_manifest(data_dir: str, storage_options: dict | None = None) -> dict:
+    """The manifest of a prepared folder (local or remote); a clear error when absent."""
+    hint = f"no {MANIFEST_FILE} in {data_dir!r}: is it a folder made by `layerdrop prepare ... --out DIR`?"
+    if not _is_url(data_dir):
+        path = os.path.join(data_dir, MANIFEST_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(hint)
+        with open(path) as handle:
+            return json.load(handle)
+    from litdata.streaming.downloader import get_downloader
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = os.path.join(tmp, MANIFEST_FILE)
+        try:
+            get_downloader(data_dir, tmp, [], storage_options or {}).download_file(
+                f"{data_dir.rstrip('/')}/{MANIFEST_FILE}", local)
+        except Exception as error:  # each object store raises its own type
+            raise FileNotFoundError(f"{hint} ({type(error).__name__}: {error})") from None
+        if not os.path.isfile(local):
+            raise FileNotFoundError(hint)
+        with open(local) as handle:
+            return json.load(handle)
+
+
+class ResumableTokenLoader(StreamingDataLoader):
+    """A StreamingDataLoader whose ``state_dict`` can describe the batches *consumed*.
+
+    With ``count_consumed`` on, it keeps the loader state after every batch it yields
+    until `mark_consumed` says that batch reached the model; ``state_dict()`` is then
+    the state after the last consumed batch, not after the last prefetched one. Off
+    (plain iteration, no Trainer), it is litdata's state after the last yielded batch.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.count_consumed = False
+        self._states_after_batch: deque[dict] = deque()
+        self._consumed_state: dict | None = None
+
+    def __iter__(self):
+        self._states_after_batch.clear()
+        self._consumed_state = None
+        for batch in super().__iter__():
+            if self.count_consumed:
+                self._states_after_batch.append(super().state_dict())
+            yield batch
+
+    def mark_consumed(self) -> None:
+        if self._states_after_batch:
+            self._consumed_state = self._states_after_batch.popleft()
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.count_consumed and self._consumed_state is not None:
+            return self._consumed_state
+        return super().state_dict()
+
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        super().load_state_dict(obj)
+        self._states_after_batch.clear()
+        self._consumed_state = None
+
+
+class FixedBlocks(Dataset):
+    """The first ``count`` blocks of a StreamingDataset, by global index (map-style)."""
+
+    def __init__(self, dataset: StreamingDataset, count: int) -> None:
+        self.dataset, self.count = dataset, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[int(index)]
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name}={value!r} is invalid: must be a positive integer")
+
+
+class TokenDataModule(L.LightningDataModule):
+    """Streams a `layerdrop prepare` folder as (inputs, targets) batches; resumes exactly.
+
+    Args:
+        data_dir: the prepared folder (local path or object-store URL).
+        seq_len: tokens per training sequence (blocks of seq_len + 1 are read).
+        batch_size: sequences per batch on each device (the micro-batch).
+        num_workers: loader worker processes per device (0: in the main process).
+        val_batches: size of the fixed validation set, in batches of ``batch_size``.
+        seed: shuffling seed of the train split.
+        shuffle: shuffle the train split (off: corpus order, for debugging).
+        model_vocab_size: when given, `setup` checks the data fits the embedding.
+        storage_options: passed to litdata for object-store access.
+    """
+
+    def __init__(self, data_dir: str, seq_len: int = 256, batch_size: int = 16, num_workers: int = 0,
+                 val_batches: int = 16, seed: int = 42, shuffle: bool = True,
+                 model_vocab_size: int | None = None, storage_options: dict | None = None) -> None:
+        super().__init__()
+        for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("val_batches", val_batches)):
+            _positive_int(name, value)
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers={num_workers!r} is invalid: must be an integer >= 0")
+        if model_vocab_size is not None:
+            _positive_int("model_vocab_size", model_vocab_size)
+        self.save_hyperparameters()
+        self.data_dir = data_dir.rstrip("/")
+        self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
+        self.val_batches, self.seed, self.shuffle = val_batches, seed, shuffle
+        self.model_vocab_size = model_vocab_size
+        self.storage_options = storage_options or {}
+        self.manifest: dict | None = None
+        self._train_loader: ResumableTokenLoader | None = None
+        self._state_to_load: dict | None = None
+
+    # -- the manifest and its checks ------------------------------------------------
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.manifest is None:
+            self.manifest = read_manifest(self.data_dir, self.storage_options)
+            if self.manifest.get("format") != MANIFEST_FORMAT:
+                raise ValueError(f"{self.data_dir}/{MANIFEST_FILE} has format {self.manifest.get('format')!r}; "
+                                 f"this version reads {MANIFEST_FORMAT!r} (prepare the data again)")
+        if self.model_vocab_size is not None:
+            self.check_vocab(self.model_vocab_size)
+        self._check_seq_len()
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._manifest()["tokenizer"]["vocab_size"])
+
+    @property
+    def eos_id(self) -> int:
+        return int(self._manifest()["tokenizer"]["eos_id"])
+
+    @property
+    def tokenizer_path(self) -> str:
+        return f"{self.data_dir}/{self._manifest()['tokenizer']['file']}"
+
+    def _manifest(self) -> dict:
+        if self.manifest is None:
+            self.setup()
+        return self.manifest
+
+    def check_vocab(self, model_vocab_size: int) -> None:
+        """Refuse data whose token ids would index past the model's embedding."""
+        if self.vocab_size > model_vocab_size:
+            raise ValueError(f"the data in {self.data_dir} has vocab_size {self.vocab_size} (its manifest.json) but "
+                             f"the model's vocab_size is {model_vocab_size}: token ids up to {self.vocab_size - 1} "
+                             f"would index past the embedding; set the model's vocab_size >= {self.vocab_size}")
+
+    def blocks(self, split: str) -> int:
+        """Sequences (blocks of seq_len + 1 tokens) in a split: every chunk but the last is full."""
+        manifest, block = self._manifest(), self.seq_len + 1
+        chunk, tokens = manifest["chunk_tokens"], manifest["splits"][split]["tokens"]
+        return (tokens // chunk) * (chunk // block) + (tokens % chunk) // block
+
+    def _check_seq_len(self) -> None:
+        block, chunk = self.seq_len + 1, self._manifest()["chunk_tokens"]
+        if block > chunk:
+            raise ValueError(f"seq_len={self.seq_len} needs blocks of {block} tokens, larger than the chunks of "
+                             f"{self.data_dir} ({chunk} tokens); prepare it with a larger --chunk-tokens")
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        needs = {"train": self.batch_size * world_size, "val": 1}
+        for split, minimum in needs.items():
+            if self.blocks(split) < minimum:
+                raise ValueError(f"the {split} split of {self.data_dir} holds {self.blocks(split)} sequences of "
+                                 f"seq_len + 1 = {block} tokens; at least {minimum} are needed "
+                                 f"(batch_size {self.batch_size} x {world_size} ranks for train)")
+
+    # -- loaders --------------------------------------------------------------------
+
+    def _dataset(self, split: str, shuffle: bool) -> StreamingDataset:
+        return StreamingDataset(
+            input_dir=f"{self.data_dir}/{self._manifest()['splits'][split]['path']}",
+            item_loader=TokensLoader(block_size=self.seq_len + 1),
+            shuffle=shuffle, drop_last=True, seed=self.seed, storage_options=self.storage_options)
+
+    def train_dataloader(self) -> ResumableTokenLoader:
+        loader = ResumableTokenLoader(self._dataset("train", self.shuffle), batch_size=self.batch_size,
+                                      num_workers=self.num_workers, drop_last=True, collate_fn=shift_collate)
+        if self._state_to_load is not None:
+            loader.load_state_dict(self._state_to_load)
+            self._state_to_load = None
+        loader.count_consumed = self.trainer is not None
+        self._train_loader = loader
+        return loader
+
+    def val_dataloader(self) -> DataLoader:
+        count = min(self.blocks("val"), self.val_batches * self.batch_size)
+        return DataLoader(FixedBlocks(self._dataset("val", shuffle=False), count), batch_size=self.batch_size,
+                          shuffle=False, num_workers=0, collate_fn=shift_collate)
+
+    # -- exact resume ---------------------------------------------------------------
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        # Called by the training loop for the batch about to be trained on (after the
+        # fetcher has already drawn the next one): that batch is now consumed.
+        if self.trainer is not None and self.trainer.training and self._train_loader is not None:
+            self._train_loader.mark_consumed()
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._train_loader is not None:
+            return {"train_loader": self._train_loader.state_dict()}
+        return {"train_loader": self._state_to_load} if self._state_to_load is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = state_dict.get("train_loader")
+        if state is None:
+            return
+        if self._train_loader is not None:
+            self._train_loader.load_state_dict(state)
+        else:
+            self._state_to_load = state

@@ -1,0 +1,258 @@
+"""The LightningModule of pretraining: a Decoder trained with scheduled layer dropout.
+
+One optimizer step, as the paper describes it (§3, Table A.2):
+
+    rates  = dropout_rates(cfg, L, t, T)          t = optimizer step, T = trainer.max_steps
+    plan   = plan(cfg, rates, B, StepKey(seed, rank, t, micro-batch))   masks, r_train = 1/ρ
+    h      = decoder.hidden(inputs, plan=plan)   each block runs on its kept rows only
+    loss   = chunked cross-entropy of decoder.logits(h) against the targets
+
+The step and total come from the LayerDropoutSchedule callback (framework/callbacks.py),
+which the module installs itself through ``configure_callbacks``. Masks need no saved
+state: they derive from (seed, global rank, step, micro-batch, layer) alone, so a
+resumed run draws exactly the masks the uninterrupted one would have drawn.
+
+The Decoder is built in ``configure_model`` so that a sharding strategy can create it
+on the meta device and shard it block by block before any weight is materialised.
+Nothing here assumes one process: the rank comes from ``self.global_rank`` and the
+micro-batch index from the batch index modulo ``accumulate_grad_batches``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torchmetrics.aggregation import MeanMetric
+
+from framework.checkpoint import CKPT_KEY
+from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig
+from framework.flops import Flops, dense_step_flops, executed_step_flops
+from framework.layer_dropout import DropPlan, StepKey, plan
+from framework.loss import chunked_cross_entropy
+from framework.lr_schedule import LRScheduleConfig, schedule_for
+from framework.model import Decoder
+from framework.parametrization import init_decoder_, model_multipliers, param_groups
+from framework.schedules import dropout_rates
+
+# ModelConfig fields that may differ between a checkpoint and the run resuming it:
+# kernel choice and context limit change no weight and no function of the weights.
+RUNTIME_FIELDS = ("attention", "max_seq_len", "init_std")
+CHECKPOINT_FORMAT = 1
+
+
+@dataclass
+class MicroBatchStats:
+    """What one training micro-batch ran: the callbacks turn it into FLOPs and MFU."""
+
+    tokens: int
+    rates: list[float]
+    executed: Flops
+    dense: Flops
+
+
+class LayerDropModule(pl.LightningModule):
+    """Pretrains a ``Decoder`` with layer dropout, µP/CompleteP and a warmup-decay LR.
+
+    Args:
+        decoder: the model's shape; ``logit_multiplier`` and ``residual_multiplier`` are
+            derived from ``parametrization`` (leave them at 1).
+        layer_dropout: rates over depth and time, mask granularity, r_train, seed.
+        parametrization: Table A.2's transfer rules (``complete_p``) or ``standard``.
+        lr_schedule: warmup, then linear-to-zero or cosine decay.
+        loss_chunk_tokens: tokens per chunk of the cross-entropy (bounds logits memory).
+        activation_checkpointing: recompute each block's activations in backward.
+        compile: torch.compile each block.
+    """
+
+    def __init__(self, decoder: ModelConfig,
+                 layer_dropout: LayerDropoutConfig = LayerDropoutConfig(),
+                 parametrization: ParametrizationConfig = ParametrizationConfig(),
+                 lr_schedule: LRScheduleConfig = LRScheduleConfig(),
+                 loss_chunk_tokens: int = 4096, activation_checkpointing: bool = False,
+                 compile: bool = False) -> None:
+        super().__init__()
+        layer_dropout = dataclasses.replace(layer_dropout)
+        layer_dropout.check_layers(decoder.n_layers)
+        if isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 1:
+            raise ValueError(f"loss_chunk_tokens={loss_chunk_tokens!r} is invalid: must be a positive integer")
+        self.model_cfg = with_parametrization(decoder, parametrization)
+        self.dropout_cfg = layer_dropout
+        self.param_cfg = dataclasses.replace(parametrization)
+        self.lr_cfg = dataclasses.replace(lr_schedule)
+        self.loss_chunk_tokens = loss_chunk_tokens
+        self.activation_checkpointing = activation_checkpointing
+        self.compile_blocks = compile
+        # Plain containers only: the whole checkpoint must load with weights_only=True.
+        self.save_hyperparameters({
+            "decoder": self.model_cfg.to_dict(), "layer_dropout": asdict(layer_dropout),
+            "parametrization": asdict(self.param_cfg), "lr_schedule": asdict(self.lr_cfg),
+            "loss_chunk_tokens": loss_chunk_tokens, "activation_checkpointing": activation_checkpointing,
+            "compile": compile,
+        })
+        self.model: Decoder | None = None
+        self.val_loss = MeanMetric()
+        self.schedule_position: tuple[int, int] | None = None  # (step, total), from the callback
+        self.last_micro_batch: MicroBatchStats | None = None
+        self._init_after_materialize = False
+
+    # ------------------------------------------------------------------ model
+
+    def configure_model(self) -> None:
+        if self.model is not None:  # Lightning calls this once per fit/validate
+            return
+        self.model = Decoder(self.model_cfg)
+        if self.model.embed.weight.is_meta:
+            # The sharding strategy materialises the weights after this hook with the
+            # modules' own reset_parameters(); Table A.2's init comes in on_fit_start.
+            self._init_after_materialize = True
+        else:
+            from framework.strategies import full_parameters  # ZeRO-3 partitions weights at creation
+
+            with full_parameters(self.model):
+                init_decoder_(self.model, self.param_cfg)
+        self._parallelize()
+
+    def _parallelize(self) -> None:
+        try:
+            from framework.strategies import parallelize
+        except ImportError:  # the distributed layer is optional for single-device runs
+            return
+        self.model = parallelize(self.model, device_mesh=getattr(self, "device_mesh", None),
+                                 activation_checkpointing=self.activation_checkpointing,
+                                 compile=self.compile_blocks)
+        register_extra_forward_methods(self.model)
+
+    def on_fit_start(self) -> None:
+        if self._init_after_materialize:
+            self.model.init_weights()  # restores the ALiBi slopes (buffers) too
+            init_decoder_(self.model, self.param_cfg)
+            self._init_after_materialize = False
+
+    def configure_callbacks(self) -> list[pl.Callback]:
+        from framework.callbacks import LayerDropoutSchedule, NonFiniteLossGuard
+
+        return [LayerDropoutSchedule(), NonFiniteLossGuard()]
+
+    # --------------------------------------------------------------- training
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        inputs, targets = batch
+        step, total = self._schedule_position()
+        rates = dropout_rates(self.dropout_cfg, self.model_cfg.n_layers, step, total)
+        micro_batch = batch_idx % self.trainer.accumulate_grad_batches
+        drop = self.drop_plan(rates, inputs.shape[0], step, micro_batch)
+        loss = self.loss(inputs, targets, drop)
+        self.last_micro_batch = self._stats(inputs, rates, drop)
+        self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        return loss
+
+    def drop_plan(self, rates: list[float], batch_size: int, step: int, micro_batch: int) -> DropPlan | None:
+        """The masks of one micro-batch; None (the dense path, no gather) when nothing drops."""
+        if not any(p > 0 for p in rates):
+            return None
+        key = StepKey(self.dropout_cfg.seed, self.global_rank, step, micro_batch)
+        return plan(self.dropout_cfg, rates, batch_size, key)
+
+    def loss(self, inputs: torch.Tensor, targets: torch.Tensor, drop: DropPlan | None = None) -> torch.Tensor:
+        hidden = self.model.hidden(inputs, plan=drop)
+        return chunked_cross_entropy(hidden, targets, self.model.logits, chunk_tokens=self.loss_chunk_tokens)
+
+    def _schedule_position(self) -> tuple[int, int]:
+        if self.schedule_position is None:
+            raise RuntimeError("LayerDropModule.training_step ran without the LayerDropoutSchedule callback "
+                               "(configure_callbacks installs it; do not remove it from the Trainer)")
+        return self.schedule_position
+
+    def _stats(self, inputs: torch.Tensor, rates: list[float], drop: DropPlan | None) -> MicroBatchStats:
+        batch, seq = inputs.shape
+        dense = dense_step_flops(self.model_cfg, batch, seq)
+        executed = dense if drop is None else executed_step_flops(self.model_cfg, drop, seq)
+        return MicroBatchStats(tokens=inputs.numel(), rates=rates, executed=executed, dense=dense)
+
+    # ------------------------------------------------------------- validation
+
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        inputs, targets = batch
+        loss = self.loss(inputs, targets)  # r_eval = 1: every block on every sequence
+        self.val_loss.update(loss, weight=targets.numel())
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()  # token-weighted mean, synced over ranks
+        self.val_loss.reset()
+        self.log("val/loss", loss, prog_bar=True)
+        self.log("val/ppl", torch.exp(loss))
+
+    # -------------------------------------------------------------- optimizer
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        total = self.trainer.max_steps
+        if total is None or total < 1:
+            raise ValueError(f"trainer.max_steps={total!r} is invalid: pretraining needs the run length "
+                             "(LR decay and the weight-decay timescale τ_EMA depend on it); "
+                             "set --trainer.max_steps")
+        # λ = B/(η·τ_EMA·D) depends on B/D only, which is 1/max_steps for any batch size.
+        groups = param_groups(self.model, self.param_cfg, total_tokens=float(total), batch_tokens=1.0)
+        optimizer = torch.optim.AdamW(groups, betas=self.param_cfg.betas)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_for(self.lr_cfg, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------ checkpoints
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[CKPT_KEY] = {
+            "format": CHECKPOINT_FORMAT,
+            "model_config": self.model_cfg.to_dict(),
+            "layer_dropout": asdict(self.dropout_cfg),
+            "parametrization": asdict(self.param_cfg),
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = checkpoint.get(CKPT_KEY, {}).get("model_config")
+        if not isinstance(saved, dict):
+            raise ValueError(f"checkpoint has no {CKPT_KEY!r} model config: it was not written by layerdrop pretrain")
+        check_same_model(saved, self.model_cfg.to_dict())
+
+
+def with_parametrization(decoder: ModelConfig, pcfg: ParametrizationConfig) -> ModelConfig:
+    """``decoder`` with the forward multipliers the parametrization prescribes.
+
+    A recipe that sets a multiplier by hand to something else is an error, not an
+    override that is silently dropped.
+    """
+    derived = model_multipliers(pcfg, decoder)
+    for key, value in derived.items():
+        given = getattr(decoder, key)
+        if given != 1.0 and not math.isclose(given, value, rel_tol=1e-9):
+            raise ValueError(f"decoder.{key}={given!r} is invalid: it is derived from the parametrization "
+                             f"(kind={pcfg.kind!r} gives {value!r}); leave it at 1.0")
+    return dataclasses.replace(decoder, **derived)
+
+
+def check_same_model(saved: dict[str, Any], configured: dict[str, Any]) -> None:
+    """Refuse to resume weights into a model of another shape or function."""
+    keys = sorted((set(saved) | set(configured)) - set(RUNTIME_FIELDS))
+    different = [f"{k}: checkpoint {saved.get(k)!r}, config {configured.get(k)!r}"
+                 for k in keys if saved.get(k) != configured.get(k)]
+    if different:
+        raise ValueError("cannot resume: the checkpoint's model differs from the configured one ("
+                         + "; ".join(different) + ")")
+
+
+def register_extra_forward_methods(decoder: torch.nn.Module) -> None:
+    """FSDP2 unshards the root's parameters in a pre-forward hook of ``forward``; the
+    training step calls ``hidden`` and ``logits`` instead, so they get the hook too."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+    except ImportError:
+        return
+    if isinstance(decoder, FSDPModule):
+        for name in ("hidden", "logits"):
+            register_fsdp_forward_method(decoder, name)
+
+
+__all__ = ["LayerDropModule", "MicroBatchStats", "with_parametrization", "check_same_model"]

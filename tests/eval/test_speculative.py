@@ -1,0 +1,241 @@
+"""Self-speculative decoding: lossless greedy, distribution-preserving sampling, errors.
+
+The models are random and run in float64 with a wide init, so two different logits
+never tie by rounding: any token that differs from plain greedy is a real bug.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+
+from eval.speculative import (AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, compare, main,
+                              plain_decode)
+from framework.checkpoint import export_decoder
+from framework.config import ModelConfig
+from framework.model import Decoder
+
+NUM_LAYERS = 4
+
+
+def tiny_model(vocab: int = 64, layers: int = NUM_LAYERS, d: int = 32, std: float = 0.3, seed: int = 0) -> Decoder:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=2, max_seq_len=128, attention="sdpa")
+    model = Decoder(cfg)
+    model.init_weights(std=std)
+    return model.double().eval()
+
+
+@pytest.fixture(scope="module")
+def model() -> Decoder:
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def prompts_and_references(model):
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 64, (n,), generator=gen) for n in (1, 2, 3, 5, 8, 13)]
+    return [(p, plain_decode(model, p, 20)[0]) for p in prompts]
+
+
+SKIP_SETS = [(), (2,), (0, 3), (1, 2, 3), (0, 1, 2)]  # nothing, one, two, all-but-one (twice)
+
+
+@pytest.mark.parametrize("skip", SKIP_SETS, ids=str)
+@pytest.mark.parametrize("gamma,adaptive", [(1, False), (4, False), (6, True)])
+def test_skip_draft_is_token_identical_to_plain_greedy(model, prompts_and_references, skip, gamma, adaptive):
+    for prompt, reference in prompts_and_references:
+        controller = AdaptiveThreshold(target=0.6, threshold=0.3) if adaptive else None
+        out, stats = SelfSpeculativeDecoder(model, SkipDraft(skip), gamma=gamma, adaptive=controller).generate(
+            prompt, 20)
+        assert out == reference, f"prompt {prompt.tolist()}"
+        assert stats.accepted <= stats.drafted
+
+
+@pytest.mark.parametrize("exit_layer", [1, 2, NUM_LAYERS - 1])
+@pytest.mark.parametrize("gamma,adaptive", [(1, False), (5, False), (5, True)])
+def test_exit_draft_is_token_identical_to_plain_greedy(model, prompts_and_references, exit_layer, gamma, adaptive):
+    for prompt, reference in prompts_and_references:
+        controller = AdaptiveThreshold(target=0.6, threshold=0.3) if adaptive else None
+        out, _ = SelfSpeculativeDecoder(model, ExitDraft(exit_layer), gamma=gamma, adaptive=controller).generate(
+            prompt, 20)
+        assert out == reference, f"prompt {prompt.tolist()}"
+
+
+def test_empty_skip_set_accepts_every_draft_token(model, prompts_and_references):
+    prompt, reference = prompts_and_references[3]
+    out, stats = SelfSpeculativeDecoder(model, SkipDraft(()), gamma=4).generate(prompt, 20)
+    assert out == reference
+    assert stats.accepted == stats.drafted > 0
+    assert stats.rounds == math.ceil(19 / 5)  # 4 drafted + 1 from the verifier per round
+
+
+def test_verification_is_one_full_forward_per_round(model, prompts_and_references):
+    full_calls = []
+
+    def count(module, args, kwargs):
+        if not kwargs.get("skip_layers"):
+            full_calls.append(args[0].shape[1])
+
+    handle = model.register_forward_pre_hook(count, with_kwargs=True)
+    try:
+        prompt, reference = prompts_and_references[4]
+        out, stats = SelfSpeculativeDecoder(model, SkipDraft((1, 2)), gamma=3).generate(prompt, 20)
+    finally:
+        handle.remove()
+    assert out == reference
+    assert len(full_calls) == 1 + stats.rounds  # the prefill, then one verify per round
+    assert full_calls[0] == len(prompt)
+    assert sum(n - 1 for n in full_calls[1:]) == stats.drafted  # each verify scores pending + drafts
+
+
+def test_adaptive_threshold_moves_toward_the_target():
+    controller = AdaptiveThreshold(target=0.8, threshold=0.5, step=0.1, momentum=0.0)
+    controller.update(accepted=1, drafted=4)  # 25% < 80%: draft less
+    assert controller.threshold == pytest.approx(0.6)
+    controller.update(accepted=4, drafted=4)  # 100% > 80%: draft more
+    assert controller.threshold == pytest.approx(0.5)
+    assert controller.stop(0.4) and not controller.stop(0.6)
+
+
+def test_adaptive_drafting_stops_on_low_confidence(model, prompts_and_references):
+    prompt, _ = prompts_and_references[2]
+    always_stop = AdaptiveThreshold(target=0.99, threshold=0.999, step=0.0)
+    _, stats = SelfSpeculativeDecoder(model, SkipDraft((3,)), gamma=5, adaptive=always_stop).generate(prompt, 12)
+    assert stats.drafted == stats.rounds  # one token per round, then the threshold stops it
+
+
+# ----------------------------------------------------------------- sampling
+
+
+def _joint_second_third(model: Decoder, prompt: torch.Tensor, skip: tuple[int, ...] | None) -> torch.Tensor:
+    """Exact P(t2, t3) [V, V] where t1 ~ full model and t2, t3 ~ the full model
+    (skip=None) or the draft with ``skip`` (the distribution a broken sampler yields)."""
+    vocab = model.config.vocab_size
+
+    def next_probs(seq: torch.Tensor, layers: tuple[int, ...]) -> torch.Tensor:
+        return torch.softmax(model(seq.view(1, -1), skip_layers=layers)[0, -1], -1)
+
+    layers = skip or ()
+    joint = torch.zeros(vocab, vocab, dtype=torch.float64)
+    with torch.inference_mode():
+        p1 = next_probs(prompt, ())
+        for t1 in range(vocab):
+            seq1 = torch.cat([prompt, torch.tensor([t1])])
+            p2 = next_probs(seq1, layers)
+            for t2 in range(vocab):
+                p3 = next_probs(torch.cat([seq1, torch.tensor([t2])]), layers)
+                joint[t2] += p1[t1] * p2[t2] * p3
+    return joint
+
+
+def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """Pearson's statistic with cells of expected count < 5 pooled; (X², degrees of freedom)."""
+    n = counts.sum()
+    expected = probs.flatten() * n
+    counts = counts.flatten().double()
+    small = expected < 5
+    stat = float(((counts[~small] - expected[~small]) ** 2 / expected[~small]).sum())
+    cells = int((~small).sum())
+    if small.any():
+        stat += float((counts[small].sum() - expected[small].sum()) ** 2 / expected[small].sum())
+        cells += 1
+    return stat, cells - 1
+
+
+def _critical_value(dof: int, z: float = 3.719) -> float:
+    """Upper 1e-4 quantile of χ²(dof), Wilson–Hilferty approximation."""
+    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+
+
+def test_sampling_preserves_the_full_models_distribution():
+    model = tiny_model(vocab=8, layers=2, d=16, std=0.6, seed=3)
+    skip = (1,)
+    prompt = torch.tensor([1, 5, 2])
+    exact = _joint_second_third(model, prompt, None)
+    drafty = _joint_second_third(model, prompt, skip)
+    assert 0.5 * float((exact - drafty).abs().sum()) > 0.15  # the draft really is a different model
+
+    gen = torch.Generator().manual_seed(0)
+    decoder = SelfSpeculativeDecoder(model, SkipDraft(skip), gamma=2, temperature=1.0, generator=gen)
+    counts = torch.zeros(8, 8)
+    runs, rejected = 2500, 0
+    for _ in range(runs):
+        out, stats = decoder.generate(prompt, 4)  # round 1 drafts t2, t3: rejection at either, or a bonus
+        counts[out[1], out[2]] += 1
+        rejected += stats.drafted - stats.accepted
+    assert rejected > runs // 10  # the rejection-and-resample branch ran many times
+    stat, dof = _chi_square(counts, exact)
+    assert stat < _critical_value(dof), f"χ²={stat:.1f} on {dof} dof against the full model"
+    stat_draft, dof_draft = _chi_square(counts, drafty)
+    assert stat_draft > _critical_value(dof_draft), "the test cannot tell the draft's distribution apart"
+
+
+# --------------------------------------------------------------- reporting/CLI
+
+
+def test_compare_reports_the_fixed_keys(model, prompts_and_references):
+    prompts = [p for p, _ in prompts_and_references[:2]]
+    report = compare(model, SkipDraft((1,)), prompts, max_new_tokens=8, gamma=3, repeats=1, warmup=0)
+    for key in ("speedup", "acceptance_rate", "draft_time_ratio", "identical_to_greedy", "skip_layers",
+                "tokens_per_s"):
+        assert key in report
+    assert report["identical_to_greedy"] is True
+    assert report["skip_layers"] == [1]
+    assert 0.0 <= report["acceptance_rate"] <= 1.0 and report["speedup"] > 0
+
+
+@pytest.mark.parametrize("draft,message", [
+    (SkipDraft((4,)), "skip_layers=[4] is invalid"),
+    (SkipDraft((-1,)), "skip_layers=[-1] is invalid"),
+    (ExitDraft(0), "exit_layer=0 is invalid"),
+    (ExitDraft(NUM_LAYERS), f"exit_layer={NUM_LAYERS} is invalid"),
+])
+def test_bad_drafts_are_refused(model, draft, message):
+    with pytest.raises(ValueError, match=message):
+        SelfSpeculativeDecoder(model, draft)
+
+
+@pytest.mark.parametrize("gamma", [0, -2, 1.5])
+def test_gamma_below_one_is_refused(model, gamma):
+    with pytest.raises(ValueError, match="gamma=.* is invalid"):
+        SelfSpeculativeDecoder(model, SkipDraft(()), gamma=gamma)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, model):
+    root = tmp_path_factory.mktemp("spec")
+    export_decoder(copy.deepcopy(model).float(), root / "model")
+    (root / "prompts.json").write_text(json.dumps([[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]))
+    return root
+
+
+def test_cli_writes_the_report(exported, capsys):
+    out = exported / "run.json"
+    assert main(["--ckpt", str(exported / "model"), "--skip-layers", "1,2", "--prompts",
+                 str(exported / "prompts.json"), "--max-new-tokens", "10", "--repeats", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["skip_layers"] == [1, 2] and report["draft"] == "skip"
+    assert isinstance(report["identical_to_greedy"], bool)
+    assert "speedup" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--skip-layers", "1,9"], "layers [9] are outside 0..3"),
+    (["--exit-layer", "4"], "exit_layer=4 is invalid"),
+    (["--skip-layers", "1", "--gamma", "0"], "--gamma=0 is invalid"),
+    (["--skip-layers", "1", "--ckpt", "/nonexistent/model.ckpt"], "does not exist"),
+])
+def test_cli_errors_are_one_line(exported, capsys, args, message):
+    base = ["--ckpt", str(exported / "model"), "--prompts", str(exported / "prompts.json"),
+            "--out", str(exported / "never.json")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(base + args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "error:" in err
+    assert not (exported / "never.json").exists()

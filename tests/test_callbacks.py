@@ -1,0 +1,209 @@
+"""Callbacks: schedule logging and FLOP account, throughput/MFU, the NaN guard,
+periodic checkpoints (keep-last-k, never over an earlier run), atomic saves, summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+import framework.callbacks as callbacks_module
+from framework.callbacks import (
+    AtomicCheckpointIO,
+    LayerDropoutSchedule,
+    NonFiniteLossError,
+    PeriodicCheckpoint,
+    RunSummary,
+    Throughput,
+    format_summary,
+)
+from framework.schedules import dropout_rates, effective_depth_of, mean_dropout
+from tiny_training import KeepingLogger, RandomTokens, quiet_trainer, tiny_module
+
+
+class RecordStats(pl.Callback):
+    def __init__(self) -> None:
+        self.stats = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.stats.append(pl_module.last_micro_batch)
+
+
+def fit(module, steps, *, callbacks=(), accumulate=1, **kwargs):
+    logger = KeepingLogger()
+    trainer = quiet_trainer(max_steps=steps, logger=logger, callbacks=list(callbacks),
+                            accumulate_grad_batches=accumulate, **kwargs)
+    trainer.fit(module, RandomTokens())
+    return trainer, logger
+
+
+def test_schedule_metrics_follow_the_rates_and_the_executed_flops():
+    torch.manual_seed(0)
+    record = RecordStats()
+    module = tiny_module(p_max=0.6, schedule="decreasing")
+    trainer, logger = fit(module, 6, callbacks=[record], accumulate=2)
+    rates = [dropout_rates(module.dropout_cfg, 4, t, 6) for t in range(6)]
+    assert logger.values("layer_dropout/mean_p") == pytest.approx([sum(r) / 4 for r in rates])
+    assert logger.values("layer_dropout/effective_depth") == pytest.approx([effective_depth_of(r) for r in rates])
+    executed = [a.executed.blocks + b.executed.blocks for a, b in zip(record.stats[::2], record.stats[1::2])]
+    dense = [a.dense.blocks + b.dense.blocks for a, b in zip(record.stats[::2], record.stats[1::2])]
+    assert logger.values("flops/executed_step") == pytest.approx(executed)
+    assert logger.values("flops/dense_step") == pytest.approx(dense)
+    saved = [100 * (1 - sum(executed[: t + 1]) / sum(dense[: t + 1])) for t in range(6)]
+    assert logger.values("flops/saved_pct") == pytest.approx(saved)
+    assert saved[-1] > 0
+    assert logger.values("layer_dropout/mean_dropout_predicted") == [pytest.approx(mean_dropout(
+        module.dropout_cfg, 4, 6))]
+    assert logger.values("layer_dropout/mean_dropout_achieved") == [pytest.approx(saved[-1] / 100)]
+
+
+def test_count_masks_realise_the_predicted_mean_dropout():
+    """With a fixed number of kept rows per layer the saving is exact, not a draw."""
+    torch.manual_seed(0)
+    from framework.config import LayerDropoutConfig
+
+    module = tiny_module(p_max=0.5)
+    module.dropout_cfg = LayerDropoutConfig(p_max=0.5, distribution="uniform", schedule="constant", mask="count")
+    trainer, _ = fit(module, 3)
+    schedule = next(cb for cb in trainer.callbacks if isinstance(cb, LayerDropoutSchedule))
+    assert schedule.saved_fraction() == pytest.approx(0.5)
+    assert schedule.report(trainer, module)["mean_dropout_predicted"] == pytest.approx(0.5)
+
+
+def test_dense_run_saves_nothing():
+    trainer, logger = fit(tiny_module(p_max=0.0), 2)
+    assert logger.values("flops/saved_pct") == [0.0, 0.0]
+    assert logger.values("layer_dropout/effective_depth") == [4.0, 4.0]
+
+
+def test_throughput_logs_tokens_and_mfu_against_the_given_peak():
+    torch.manual_seed(0)
+    _, logger = fit(tiny_module(), 4, callbacks=[Throughput(peak_flops_per_device=1e9)], log_every_n_steps=2)
+    tokens, flops, mfu = (logger.values(f"throughput/{k}") for k in ("tokens_per_sec", "flops_per_sec", "mfu"))
+    assert len(tokens) == len(mfu) == 2 and all(t > 0 for t in tokens)
+    assert mfu == pytest.approx([f / 1e9 for f in flops])
+    # Executed FLOPs per token (blocks + head) are below the dense count under dropout.
+    _, dense_logger = fit(tiny_module(p_max=0.0), 4, callbacks=[Throughput()], log_every_n_steps=2)
+    assert "throughput/mfu" not in dense_logger.metrics  # no peak known for a CPU
+
+
+def test_peak_flops_must_be_positive():
+    with pytest.raises(ValueError, match="peak_flops_per_device=0 is invalid"):
+        Throughput(peak_flops_per_device=0)
+
+
+class PoisonedModule(type(tiny_module())):
+    """Returns a NaN loss from optimizer step ``bad_step`` on."""
+
+    bad_step = 3
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        return loss * float("nan") if self.trainer.global_step >= self.bad_step else loss
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    module = tiny_module()
+    module.__class__ = PoisonedModule
+    checkpoint = PeriodicCheckpoint(every_n_steps=1, keep_last=2, dirpath=str(tmp_path))
+    trainer = quiet_trainer(max_steps=6, callbacks=[checkpoint], enable_checkpointing=True)
+    with pytest.raises(NonFiniteLossError, match=r"training loss is nan at step 3 .*last.ckpt"):
+        trainer.fit(module, RandomTokens())
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 3
+    assert all(torch.isfinite(t).all() for t in saved["state_dict"].values())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step-00000002.ckpt", "step-00000003.ckpt"]
+
+
+def test_periodic_checkpoints_keep_the_newest_and_the_final_step(tmp_path):
+    torch.manual_seed(0)
+    checkpoint = PeriodicCheckpoint(every_n_steps=3, keep_last=2)
+    trainer = quiet_trainer(max_steps=10, callbacks=[checkpoint], enable_checkpointing=True,
+                            default_root_dir=str(tmp_path))
+    trainer.fit(tiny_module(), RandomTokens())
+    folder = tmp_path / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step-00000009.ckpt", "step-00000010.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 10
+
+
+def test_a_new_run_refuses_a_folder_with_checkpoints(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"earlier run")
+    trainer = quiet_trainer(max_steps=2, callbacks=[PeriodicCheckpoint()], enable_checkpointing=True,
+                            default_root_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="already holds last.ckpt from an earlier run: resume it"):
+        trainer.fit(tiny_module(), RandomTokens())
+    assert (tmp_path / "checkpoints" / "last.ckpt").read_bytes() == b"earlier run"
+
+
+@pytest.mark.parametrize("name,value", [("every_n_steps", 0), ("keep_last", -1)])
+def test_periodic_checkpoint_arguments_are_checked(name, value):
+    with pytest.raises(ValueError, match=f"checkpoint.{name}={value} is invalid"):
+        PeriodicCheckpoint(**{name: value})
+
+
+def test_a_crash_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.ones(1000)}, path)
+    real_save = torch.save
+
+    def crash_half_way(obj, handle, *args, **kwargs):
+        real_save(obj, handle, *args, **kwargs)
+        handle.seek(handle.tell() // 2)
+        handle.truncate()
+        raise OSError("disk full")
+
+    monkeypatch.setattr(callbacks_module.torch, "save", crash_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(1000)}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no partial file left behind
+    io.save_checkpoint({"step": 3}, path)
+    assert torch.load(path, weights_only=True) == {"step": 3}
+
+
+def test_the_trainer_saves_through_the_atomic_io(tmp_path):
+    from framework.callbacks import use_atomic_checkpoint_io
+
+    trainer = quiet_trainer(max_steps=1, default_root_dir=str(tmp_path))
+    use_atomic_checkpoint_io(trainer)
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+def test_summary_reports_the_run_and_writes_it(tmp_path, capsys):
+    torch.manual_seed(0)
+    twin = tmp_path / "dense.json"
+    twin.write_text(json.dumps({"val_loss": 3.5, "training_flops": 1e9}))
+    summary = RunSummary(compare_to=str(twin))
+    trainer = quiet_trainer(max_steps=4, callbacks=[summary], limit_val_batches=None, val_check_interval=4,
+                            default_root_dir=str(tmp_path))
+    module = tiny_module(p_max=0.6)
+    trainer.fit(module, RandomTokens())
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written == summary.summary
+    assert written["steps"] == 4 and written["tokens"] == 4 * 8 * 16
+    assert written["ln_vocab"] == pytest.approx(math.log(64))
+    assert written["val_loss"] == pytest.approx(trainer.callback_metrics["val/loss"].item())
+    assert 0 < written["flops_saved_pct"] < 60
+    out = capsys.readouterr().out
+    assert "=== run summary ===" in out and "vs ln(V) = 4.159" in out and "dense twin       val loss 3.5000" in out
+
+
+def test_summary_text_without_validation():
+    text = format_summary({"steps": 1, "tokens": 2, "val_loss": None, "ln_vocab": 1.0, "flops_saved_pct": 0.0,
+                           "mean_dropout_predicted": 0.0, "tensorboard": None, "checkpoint": None})
+    assert "(no validation ran)" in text
+
+
+def test_checkpoint_folder_is_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    trainer = quiet_trainer(max_steps=1, callbacks=[PeriodicCheckpoint()], enable_checkpointing=True,
+                            default_root_dir="run")
+    trainer.fit(tiny_module(), RandomTokens())
+    assert trainer.checkpoint_callback.dirpath == os.path.realpath(tmp_path / "run" / "checkpoints")

@@ -1,0 +1,121 @@
+"""load_decoder / export_decoder: round trips, clear refusals, and no code execution."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from framework.checkpoint import CheckpointError, export_decoder, load_decoder, read_model_config
+from framework.config import ModelConfig
+from framework.model import Decoder
+
+
+def make_decoder(**overrides) -> Decoder:
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{"vocab_size": 71, "d_model": 30, "n_layers": 2, "n_heads": 3,
+                         "max_seq_len": 16, "logit_multiplier": 0.5, **overrides})
+    return Decoder(cfg)
+
+
+def lightning_checkpoint(decoder: Decoder, **extra) -> dict:
+    """The layout `layerdrop pretrain` writes: weights under model.*, the config as a dict."""
+    return {"state_dict": {f"model.{k}": v for k, v in decoder.state_dict().items()},
+            "layerdrop": {"model_config": decoder.config.to_dict()}, "global_step": 3, **extra}
+
+
+def assert_same_function(a: Decoder, b: Decoder) -> None:
+    tokens = torch.randint(0, a.config.vocab_size, (2, 7))
+    with torch.no_grad():
+        torch.testing.assert_close(a(tokens), b(tokens), rtol=0, atol=0)
+
+
+def test_export_then_load_round_trip(tmp_path):
+    decoder = make_decoder()
+    out = export_decoder(decoder, tmp_path / "export", extra={"tokenizer": "tok.json"})
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert json.loads((out / "config.json").read_text())["tokenizer"] == "tok.json"
+    loaded, cfg = load_decoder(out)
+    assert cfg == decoder.config and not loaded.training
+    assert_same_function(loaded, decoder.eval())
+    assert read_model_config(out) == decoder.config
+
+
+def test_export_refuses_to_overwrite_unless_asked(tmp_path):
+    first, second = make_decoder(), make_decoder(init_std=0.05)
+    export_decoder(first, tmp_path)
+    with pytest.raises(CheckpointError, match="already holds model.safetensors; pass --overwrite"):
+        export_decoder(second, tmp_path)
+    assert_same_function(load_decoder(tmp_path)[0], first.eval())
+    export_decoder(second, tmp_path, overwrite=True)
+    assert_same_function(load_decoder(tmp_path)[0], second.eval())
+
+
+def test_lightning_checkpoint_round_trip(tmp_path):
+    decoder = make_decoder()
+    path = tmp_path / "last.ckpt"
+    torch.save(lightning_checkpoint(decoder, optimizer_states=[{"step": torch.tensor(3)}]), path)
+    loaded, cfg = load_decoder(path)
+    assert cfg == decoder.config
+    assert_same_function(loaded, decoder.eval())
+    assert read_model_config(path) == decoder.config
+
+
+class WritesMarker:
+    """Unpickling this calls open(marker, "w"): a file appears if the loader runs code."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_malicious_pickle_is_refused_and_runs_no_code(tmp_path):
+    decoder = make_decoder()
+    marker = tmp_path / "pwned"
+    path = tmp_path / "evil.ckpt"
+    torch.save(lightning_checkpoint(decoder, callbacks=WritesMarker(marker)), path)
+    with pytest.raises(CheckpointError, match="cannot be loaded safely"):
+        load_decoder(path)
+    assert not marker.exists()
+    with pytest.raises(CheckpointError, match="cannot be loaded safely"):
+        read_model_config(path)
+    assert not marker.exists()
+    # The payload is real: an unsafe load of a twin file does run it.
+    control_marker = tmp_path / "control"
+    control = tmp_path / "control.ckpt"
+    torch.save({"x": WritesMarker(control_marker)}, control)
+    torch.load(control, weights_only=False)
+    assert control_marker.exists()
+
+
+def test_missing_and_foreign_paths_are_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_decoder(tmp_path / "nope.ckpt")
+    with pytest.raises(CheckpointError, match="has no model.safetensors"):
+        load_decoder(tmp_path)
+    torch.save({"state_dict": {}}, tmp_path / "plain.ckpt")
+    with pytest.raises(CheckpointError, match="is not a layerdrop checkpoint"):
+        load_decoder(tmp_path / "plain.ckpt")
+    (tmp_path / "garbage.ckpt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match="cannot be loaded safely"):
+        load_decoder(tmp_path / "garbage.ckpt")
+
+
+def test_invalid_config_or_mismatched_weights_are_refused(tmp_path):
+    decoder = make_decoder()
+    out = export_decoder(decoder, tmp_path / "export")
+    config = json.loads((out / "config.json").read_text())
+    config["model"]["n_layers"] = 0
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="n_layers=0 is invalid"):
+        load_decoder(out)
+    config["model"]["n_layers"] = 3  # a valid config, but the weights have 2 layers
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="does not match its config: missing \\['blocks.2"):
+        load_decoder(out)
+    (out / "config.json").write_text(json.dumps({"weights": {}}))
+    with pytest.raises(CheckpointError, match="config has no 'model' section"):
+        load_decoder(out)

@@ -1,0 +1,156 @@
+"""Decoder: architecture, early exit, layer skipping and the checks on its arguments."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from framework.config import ModelConfig
+from framework.layer_dropout import DropPlan
+from framework.model import Decoder
+
+VOCAB = 53
+
+
+def make_decoder(**overrides) -> Decoder:
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{"vocab_size": VOCAB, "d_model": 32, "n_layers": 4, "n_heads": 2,
+                         "max_seq_len": 16, **overrides})
+    return Decoder(cfg)
+
+
+def manual_logits(decoder: Decoder, tokens: torch.Tensor, layers) -> torch.Tensor:
+    """Pre-LN blocks written out from the submodules, then the final norm and head."""
+    h = decoder.embed(tokens)
+    bias = decoder.attention_bias(tokens.shape[1], None)
+    for index in layers:
+        block = decoder.blocks[index]
+        h = h + block.attn(block.attn_norm(h), bias, None)
+        x = block.ffn_norm(h)
+        h = h + block.ffn.down(torch.relu(block.ffn.up(x)) ** 2)  # squared ReLU
+    return decoder.head(decoder.norm(h))
+
+
+def test_shapes_and_architecture():
+    decoder = make_decoder()
+    cfg = decoder.config
+    assert decoder.blocks[0].ffn.up.out_features == 8 * cfg.d_model
+    assert decoder.head.weight.data_ptr() != decoder.embed.weight.data_ptr()  # untied
+    assert not any("pos" in name for name, _ in decoder.named_parameters())  # ALiBi: no positions
+    tokens = torch.randint(0, VOCAB, (3, 9))
+    assert decoder(tokens).shape == (3, 9, VOCAB)
+    d, f, a = cfg.d_model, cfg.ffn_dim, cfg.attn_dim
+    per_block = (d * 3 * a + 3 * a) + (a * d + d) + (d * f + f) + (f * d + d) + 4 * d
+    assert decoder.num_parameters(non_embedding=True) == cfg.n_layers * per_block + 2 * d
+    assert decoder.num_parameters() == decoder.num_parameters(non_embedding=True) + 2 * VOCAB * d
+
+
+@pytest.mark.parametrize("kwargs, layers", [
+    ({}, [0, 1, 2, 3]),
+    ({"exit_layer": 1}, [0]),
+    ({"exit_layer": 3}, [0, 1, 2]),
+    ({"skip_layers": [1, 3]}, [0, 2]),
+    ({"exit_layer": 3, "skip_layers": (0,)}, [1, 2]),
+    ({"skip_layers": range(4)}, []),
+    ({"exit_layer": np.int64(2), "skip_layers": [np.int64(1)]}, [0]),
+])
+def test_exit_and_skip_run_exactly_those_blocks(kwargs, layers):
+    decoder = make_decoder()
+    tokens = torch.randint(0, VOCAB, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(decoder(tokens, **kwargs), manual_logits(decoder, tokens, layers),
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"exit_layer": 0}, "exit_layer=0 is invalid: must be an integer in 1..4"),
+    ({"exit_layer": 5}, "exit_layer=5 is invalid"),
+    ({"exit_layer": -1}, "exit_layer=-1"),
+    ({"exit_layer": 2.0}, "exit_layer=2.0"),
+    ({"exit_layer": True}, "exit_layer=True"),
+    ({"skip_layers": [4]}, "skip_layers=\\[4\\] is invalid: layers must be in 0..3"),
+    ({"skip_layers": [1, -1]}, "skip_layers=\\[-1, 1\\]"),
+    ({"skip_layers": ["1"]}, "skip_layers=\\['1'\\]"),
+])
+def test_bad_exit_and_skip_arguments_raise(kwargs, message):
+    decoder = make_decoder()
+    with pytest.raises(ValueError, match=message):
+        decoder(torch.zeros(1, 3, dtype=torch.long), **kwargs)
+
+
+def test_all_layers_returns_every_exit_point():
+    decoder = make_decoder()
+    tokens = torch.randint(0, VOCAB, (2, 6))
+    with torch.no_grad():
+        states = decoder.hidden(tokens, all_layers=True, skip_layers=[2])
+        assert len(states) == 3
+        for exit_layer, state in zip([1, 2, 4], states):
+            torch.testing.assert_close(decoder.logits(state),
+                                       decoder(tokens, exit_layer=exit_layer, skip_layers=[2]))
+
+
+def test_causal_future_tokens_do_not_change_past_logits():
+    decoder = make_decoder()
+    tokens = torch.randint(0, VOCAB, (1, 10))
+    changed = tokens.clone()
+    changed[0, 6:] = (changed[0, 6:] + 1) % VOCAB
+    with torch.no_grad():
+        a, b = decoder(tokens), decoder(changed)
+    torch.testing.assert_close(a[:, :6], b[:, :6])
+    assert not torch.allclose(a[:, 6:], b[:, 6:])
+
+
+def test_parametrization_multipliers_enter_the_forward():
+    plain = make_decoder()
+    scaled = make_decoder(logit_multiplier=0.25, residual_multiplier=0.5)
+    scaled.load_state_dict(plain.state_dict())
+    tokens = torch.randint(0, VOCAB, (2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(scaled(tokens, skip_layers=range(4)), 0.25 * plain(tokens, skip_layers=range(4)))
+        h = plain.embed(tokens)
+        bias = plain.attention_bias(5, None)
+        block = plain.blocks[0]
+        h = h + 0.5 * block.attn(block.attn_norm(h), bias, None)
+        h = h + 0.5 * block.ffn(block.ffn_norm(h))
+        torch.testing.assert_close(scaled(tokens, exit_layer=1), 0.25 * plain.logits(h))
+
+
+def test_plan_is_checked_against_the_model_and_the_batch():
+    decoder = make_decoder()
+    tokens = torch.zeros(2, 4, dtype=torch.long)
+    keep = torch.tensor([True, False])
+    with pytest.raises(ValueError, match="plan has 3 layers; the model has 4"):
+        decoder(tokens, plan=DropPlan.from_masks([keep] * 3, [1.0] * 3))
+    with pytest.raises(ValueError, match="plan.batch_size=3 is invalid: the tokens have 2 rows"):
+        decoder(tokens, plan=DropPlan.from_masks([torch.ones(3, dtype=torch.bool)] * 4, [1.0] * 4))
+    with pytest.raises(ValueError, match="plan and cache are exclusive"):
+        decoder(tokens, plan=DropPlan.from_masks([keep] * 4, [1.0] * 4), cache=decoder.new_cache(2))
+
+
+def test_training_step_reaches_every_parameter_and_learns():
+    decoder = make_decoder()
+    tokens = torch.randint(0, VOCAB, (4, 9))
+    optimizer = torch.optim.AdamW(decoder.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(5):
+        optimizer.zero_grad()
+        logits = decoder(tokens[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in decoder.parameters())
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_meta_construction_then_materialise_restores_slopes():
+    with torch.device("meta"):
+        decoder = Decoder(ModelConfig(vocab_size=VOCAB, d_model=40, n_layers=2, n_heads=5))
+    decoder = decoder.to_empty(device="cpu")
+    decoder.init_weights(std=0.01)
+    assert decoder.blocks[1].attn.slopes.device.type == "cpu"
+    assert decoder.blocks[1].attn.slopes.tolist() == pytest.approx([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1])
+    assert decoder.embed.weight.std().item() == pytest.approx(0.01, rel=0.1)
+    assert torch.all(decoder.blocks[0].attn.qkv.bias == 0)

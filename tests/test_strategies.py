@@ -1,0 +1,177 @@
+"""framework/strategies.py in one process: the name -> strategy mapping, its errors,
+and ``parallelize`` without a mesh (activation checkpointing keeps names and gradients).
+
+Multi-process runs of every strategy are in tests/distributed/.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, SingleDeviceStrategy
+
+from framework.config import LayerDropoutConfig, ModelConfig
+from framework.layer_dropout import DropPlan, StepKey, plan
+from framework.model import Decoder
+from framework.strategies import STRATEGIES, build_strategy, parallelize, precision_for, resolve_accelerator
+
+
+def tiny_decoder() -> Decoder:
+    torch.manual_seed(0)
+    return Decoder(ModelConfig(vocab_size=128, d_model=32, n_layers=4, n_heads=4, max_seq_len=32, attention="sdpa"))
+
+
+# ------------------------------------------------------------------ name mapping
+
+
+def test_single_is_one_device():
+    strategy = build_strategy("single", accelerator="cpu", devices=1)
+    assert isinstance(strategy, SingleDeviceStrategy)
+    assert strategy.root_device == torch.device("cpu")
+
+
+def test_ddp_maps_to_lightning_ddp():
+    assert type(build_strategy("ddp", accelerator="cpu", devices=2)) is DDPStrategy
+
+
+def test_fsdp_is_data_parallel_over_every_device_of_every_node():
+    strategy = build_strategy("fsdp", accelerator="cpu", devices=2, num_nodes=3)
+    assert isinstance(strategy, ModelParallelStrategy)
+    assert strategy._data_parallel_size == 6 and strategy._tensor_parallel_size == 1
+
+
+@pytest.mark.parametrize("name, stage", [("deepspeed_stage_2", 2), ("deepspeed_stage_3", 3)])
+def test_deepspeed_stages_on_gpu(name, stage):
+    pytest.importorskip("deepspeed")
+    strategy = build_strategy(name, accelerator="gpu", devices=8, num_nodes=2)
+    assert isinstance(strategy, DeepSpeedStrategy)
+    assert strategy.config["zero_optimization"]["stage"] == stage
+
+
+def test_every_advertised_name_builds_somewhere():
+    pytest.importorskip("deepspeed")
+    for name in STRATEGIES:
+        devices = 1 if name == "single" else 2
+        accelerator = "gpu" if name.startswith("deepspeed") else "cpu"
+        assert build_strategy(name, accelerator=accelerator, devices=devices) is not None
+
+
+def test_precision_is_bf16_mixed_on_gpu_and_fp32_on_cpu():
+    assert precision_for("gpu") == "bf16-mixed"
+    assert precision_for("cuda") == "bf16-mixed"
+    assert precision_for("cpu") == "32-true"
+    assert precision_for("auto") == ("bf16-mixed" if torch.cuda.is_available() else "32-true")
+
+
+def test_auto_accelerator_follows_cuda():
+    assert resolve_accelerator("auto") == ("gpu" if torch.cuda.is_available() else "cpu")
+
+
+# ------------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("name", ["fsdp1", "FSDP", "deepspeed", "ddp_spawn", "", "zero3"])
+def test_unknown_name_names_the_value_and_the_allowed_ones(name):
+    with pytest.raises(ValueError) as err:
+        build_strategy(name, accelerator="cpu", devices=2)
+    message = str(err.value)
+    assert repr(name) in message and all(allowed in message for allowed in STRATEGIES)
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_deepspeed_on_cpu_is_refused(name):
+    with pytest.raises(ValueError, match=rf"strategy='{name}' needs accelerator='gpu'.*got 'cpu'"):
+        build_strategy(name, accelerator="cpu", devices=2)
+
+
+def test_fsdp_on_one_device_is_refused():
+    with pytest.raises(ValueError, match="strategy='fsdp' shards over .* >= 2, got 1"):
+        build_strategy("fsdp", accelerator="cpu", devices=1, num_nodes=1)
+
+
+def test_single_on_several_devices_is_refused():
+    with pytest.raises(ValueError, match="strategy='single' runs on one device, got 4"):
+        build_strategy("single", accelerator="cpu", devices=2, num_nodes=2)
+
+
+@pytest.mark.parametrize("devices", [0, -1, 1.5, True, "two"])
+def test_bad_device_count_is_refused(devices):
+    with pytest.raises(ValueError, match=r"devices=.* is invalid: must be an integer >= 1"):
+        build_strategy("ddp", accelerator="cpu", devices=devices)
+
+
+def test_bad_node_count_is_refused():
+    with pytest.raises(ValueError, match=r"num_nodes=0 is invalid"):
+        build_strategy("ddp", accelerator="cpu", devices=2, num_nodes=0)
+
+
+def test_unknown_accelerator_is_refused():
+    with pytest.raises(ValueError, match=r"accelerator='tpu' is invalid: allowed are cpu, gpu, cuda, auto"):
+        precision_for("tpu")
+
+
+def test_parallelize_needs_blocks():
+    with pytest.raises(ValueError, match="needs a Decoder with a `blocks` ModuleList; got Linear"):
+        parallelize(torch.nn.Linear(2, 2), activation_checkpointing=True)
+
+
+# ------------------------------------------------------------------ parallelize
+
+
+def test_without_a_mesh_or_options_the_model_is_untouched():
+    decoder = tiny_decoder()
+    before = {k: v.clone() for k, v in decoder.state_dict().items()}
+    assert parallelize(decoder) is decoder
+    after = decoder.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert all(not block._forward_pre_hooks for block in decoder.blocks)
+
+
+def _grads(decoder: Decoder, tokens: torch.Tensor, drop: DropPlan | None) -> dict[str, torch.Tensor]:
+    decoder.zero_grad(set_to_none=False)
+    decoder(tokens, plan=drop).float().pow(2).mean().backward()
+    return {name: p.grad.clone() for name, p in decoder.named_parameters()}
+
+
+def test_activation_checkpointing_keeps_names_and_gradients_under_layer_dropout():
+    reference = tiny_decoder()
+    checkpointed = parallelize(copy.deepcopy(reference), activation_checkpointing=True)
+    assert [n for n, _ in checkpointed.named_parameters()] == [n for n, _ in reference.named_parameters()]
+    assert checkpointed.state_dict().keys() == reference.state_dict().keys()
+    for p in reference.parameters():
+        p.grad = torch.zeros_like(p)
+    for p in checkpointed.parameters():
+        p.grad = torch.zeros_like(p)
+    tokens = torch.randint(0, 128, (4, 16))
+    cfg = LayerDropoutConfig(p_max=0.7, distribution="uniform", schedule="constant")
+    plans = [plan(cfg, [0.7] * 4, 4, StepKey(0, 0, step)) for step in range(4)]
+    # The draws include a layer that keeps no row at all (the zero-row call).
+    plans.append(DropPlan.from_masks([torch.tensor([True, False, True, False]), torch.zeros(4, dtype=torch.bool),
+                                      torch.ones(4, dtype=torch.bool), torch.tensor([False, False, False, True])],
+                                     [2.0, 4.0, 1.0, 4.0]))
+    for drop in plans + [None]:
+        expected, got = _grads(reference, tokens, drop), _grads(checkpointed, tokens, drop)
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_activation_checkpointing_recomputes_in_backward():
+    """The checkpointed block runs its layers twice per step (forward + recompute).
+    (The recompute stops once the last saved tensor is back, so hook an inner layer.)"""
+    decoder = parallelize(tiny_decoder(), activation_checkpointing=True)
+    calls = []
+    decoder.blocks[1].ffn.up.register_forward_hook(lambda *_: calls.append(1))
+    decoder(torch.randint(0, 128, (2, 8))).sum().backward()
+    assert len(calls) == 2
+
+
+def test_mesh_without_a_data_parallel_dim_is_refused():
+    class FakeMesh:
+        mesh_dim_names = ("pipeline", "tensor")
+        ndim = 2
+
+    with pytest.raises(ValueError, match=r"device_mesh has dims \('pipeline', 'tensor'\); expected a 'data_parallel'"):
+        parallelize(tiny_decoder(), device_mesh=FakeMesh())

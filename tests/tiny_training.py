@@ -1,0 +1,80 @@
+"""Shared pieces of the training-loop tests: a tiny module, in-memory token batches, a
+logger that keeps what it is given, and a quiet CPU Trainer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.loggers import Logger
+from torch.utils.data import DataLoader, TensorDataset
+
+from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig
+from framework.lr_schedule import LRScheduleConfig
+from framework.module import LayerDropModule
+
+VOCAB = 64
+SEQ = 16
+
+
+def tiny_module(p_max: float = 0.4, schedule: str = "decreasing", layers: int = 4, **kwargs: Any) -> LayerDropModule:
+    kwargs.setdefault("parametrization", ParametrizationConfig(d_base=16, n_layers_base=2, lr=1e-2))
+    kwargs.setdefault("lr_schedule", LRScheduleConfig(warmup_steps=1))
+    return LayerDropModule(
+        decoder=ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=layers, n_heads=2, max_seq_len=SEQ),
+        layer_dropout=LayerDropoutConfig(p_max=p_max, schedule=schedule, seed=7), **kwargs)
+
+
+class RandomTokens(pl.LightningDataModule):
+    """Fixed random sequences (a repeating pattern, so the loss can fall)."""
+
+    def __init__(self, batch_size: int = 8, batches: int = 64, val_batches: int = 2) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        pattern = torch.randint(0, VOCAB, (SEQ + 1,), generator=gen)
+        rows = torch.stack([torch.roll(pattern, int(s)) for s in torch.randint(0, SEQ, (batch_size * batches,),
+                                                                                generator=gen)])
+        self.train = TensorDataset(rows[:, :-1], rows[:, 1:])
+        val = torch.randint(0, VOCAB, (batch_size * val_batches, SEQ + 1), generator=gen)
+        self.val = TensorDataset(val[:, :-1], val[:, 1:])
+        self.batch_size = batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train, batch_size=self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=self.batch_size)
+
+
+class KeepingLogger(Logger):
+    """Keeps every logged metric as {name: [(step, value), ...]}."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: dict[str, list[tuple[int, float]]] = {}
+
+    @property
+    def name(self) -> str:
+        return "keeping"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        for key, value in metrics.items():
+            self.metrics.setdefault(key, []).append((step, float(value)))
+
+    def values(self, key: str) -> list[float]:
+        return [v for _, v in self.metrics.get(key, [])]
+
+
+def quiet_trainer(**kwargs: Any) -> pl.Trainer:
+    defaults = dict(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                    enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                    limit_val_batches=0, log_every_n_steps=1)
+    return pl.Trainer(**{**defaults, **kwargs})
