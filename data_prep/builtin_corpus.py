@@ -67,10 +67,9 @@ def man_files(root: str = MAN_ROOT) -> list[BuiltinFile]:
         directory = os.path.join(root, section)
         if not os.path.isdir(directory):
             continue
-        for name in sorted(os.listdir(directory)):
-            path = os.path.join(directory, name)
-            if os.path.isfile(path) and not os.path.islink(path):
-                candidates.append(BuiltinFile("man", path, f"{section}/{name}"))
+        for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+            if entry.is_file(follow_symlinks=False):  # symlinked pages are duplicates
+                candidates.append(BuiltinFile("man", entry.path, f"{section}/{entry.name}"))
     # Cap each family with a spread over it (not its alphabetical head). The pick uses
     # its own hash: picking the pages with the smallest order keys would put the whole
     # capped family at the front of the corpus.

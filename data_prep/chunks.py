@@ -107,3 +107,20 @@ def _stamp_index_with_content_hash(output_dir: str) -> None:
     index["updated_at"] = digest.hexdigest()[:32]
     with open(path, "w") as handle:
         json.dump(index, handle, sort_keys=True)
+
+
+def read_split_tokens(split_dir: str, dtype: str) -> np.ndarray:
+    """All tokens of a prepared split, in stream order (for inspection and tests).
+
+    A chunk file is litdata's: a uint32 item count n, n + 1 uint32 offsets, then the
+    items' bytes; the chunks are listed in stream order in ``index.json``.
+    """
+    with open(os.path.join(split_dir, INDEX_FILE)) as handle:
+        index = json.load(handle)
+    pieces = []
+    for chunk in index["chunks"]:
+        path = os.path.join(split_dir, chunk["filename"])
+        items = int(np.fromfile(path, dtype=np.uint32, count=1)[0])
+        pieces.append(np.fromfile(path, dtype=dtype, offset=(items + 2) * 4))
+    return np.concatenate(pieces) if pieces else np.empty(0, dtype=dtype)
+

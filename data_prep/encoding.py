@@ -96,6 +96,10 @@ def encode_documents(documents: Iterable[Document], tokenizer: Tokenizer, eos_id
     keys: list[float] = []
     total, truncated = 0, False
     documents = iter(documents)
+    # A document that happens to contain the literal text of a special token (say
+    # "<|endoftext|>" in code about tokenizers) is encoded as plain text: the only
+    # EOS ids in the stream are the separators added here.
+    tokenizer.encode_special_tokens = True
     bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc="encode", file=sys.stderr,
                disable=None if progress else True, dynamic_ncols=True)  # None: only on a terminal
     with open(tokens_path, "wb") as out, bar:

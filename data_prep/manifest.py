@@ -11,6 +11,8 @@ Keys::
     tokenizer           {file, sha256, vocab_size, eos_token, eos_id, origin, trained_on?}
     sources             one entry per source: its description + what was read from it
                         {documents, bytes, invalid_utf8, skipped_binary, skipped_empty}
+                        (under --max-tokens the last encoding batch is read whole, so
+                        this can exceed the documents in the splits)
     invalid_utf8_documents   documents decoded with U+FFFD replacements (all sources)
     truncated_last_document  the --max-tokens cap cut the last document
     splits              {"train"|"val": {path, documents, tokens, chunks}}

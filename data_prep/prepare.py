@@ -24,7 +24,6 @@ import numpy as np
 from data_prep.errors import PrepareError
 from data_prep.manifest import FORMAT, sha256_of_file, write_manifest
 from data_prep.sources import Document, FileSource, JsonlSource, ParquetSource, Source, SourceStats
-from data_prep.split import SPLITS
 
 # Bytes of text per token assumed when a --max-tokens cap decides how much text the
 # tokenizer trains on (byte-level BPE with an 8k-32k vocabulary: ~3.5-4.5 on code and
@@ -125,8 +124,9 @@ def _documents(sources: list[Source], stats: list[SourceStats]) -> Iterator[Docu
     return itertools.chain.from_iterable(source.documents(s) for source, s in zip(sources, stats))
 
 
-def _training_texts(sources: list[Source], budget_bytes: int | None, seen: SourceStats) -> Iterator[str]:
-    for doc in _documents(sources, [SourceStats() for _ in sources]):
+def _training_texts(sources: list[Source], stats: list[SourceStats], budget_bytes: int | None,
+                    seen: SourceStats) -> Iterator[str]:
+    for doc in _documents(sources, stats):
         seen.documents += 1
         seen.bytes += len(doc.text.encode("utf-8"))
         yield doc.text
@@ -134,15 +134,17 @@ def _training_texts(sources: list[Source], budget_bytes: int | None, seen: Sourc
             return
 
 
+_STARTED = time.perf_counter()
+
+
 def _say(message: str) -> None:
-    print(f"layerdrop prepare: {message}", file=sys.stderr, flush=True)
+    print(f"layerdrop prepare [{time.perf_counter() - _STARTED:6.1f} s]: {message}", file=sys.stderr, flush=True)
 
 
-def _empty_corpus(stats: list[SourceStats] | None = None) -> PrepareError:
-    stats = stats or []
+def _empty_corpus(stats: list[SourceStats]) -> PrepareError:
     empty, binary = sum(s.skipped_empty for s in stats), sum(s.skipped_binary for s in stats)
-    detail = f" ({empty} empty and {binary} binary documents skipped)" if stats else ""
-    return PrepareError(f"the corpus is empty after filtering{detail}: nothing to tokenize")
+    return PrepareError(f"the corpus is empty after filtering ({empty} empty and {binary} binary documents "
+                        "skipped): nothing to tokenize")
 
 
 def _prepare_tokenizer(args, sources, loaded, staging) -> tuple[object, dict]:
@@ -159,13 +161,13 @@ def _prepare_tokenizer(args, sources, loaded, staging) -> tuple[object, dict]:
         entry = {"origin": os.path.abspath(args.tokenizer)}
     else:
         budget = args.max_tokens * BYTES_PER_TOKEN_ESTIMATE if args.max_tokens else None
-        seen = SourceStats()
+        seen, stats = SourceStats(), [SourceStats() for _ in sources]
         eos_token = args.eos_token or DEFAULT_EOS
         _say(f"training a byte-level BPE tokenizer (vocab {args.vocab_size}, EOS {eos_token})")
-        tokenizer = train_tokenizer(_training_texts(sources, budget, seen), args.vocab_size, eos_token,
+        tokenizer = train_tokenizer(_training_texts(sources, stats, budget, seen), args.vocab_size, eos_token,
                                     progress=not args.no_progress and sys.stderr.isatty())
         if seen.documents == 0:
-            raise _empty_corpus()
+            raise _empty_corpus(stats)
         eos_id = tokenizer.token_to_id(eos_token)
         tokenizer.save(path)
         entry = {"origin": "trained", "trained_on": {"documents": seen.documents, "bytes": seen.bytes}}
@@ -206,6 +208,7 @@ def run(args: argparse.Namespace, argv: list[str], sources: list[Source], loaded
         raise _empty_corpus(stats)
     splits = _write_splits(args, encoded, staging, work)
     shutil.rmtree(work)
+    _say("done")
     return {
         "format": FORMAT,
         "command": shlex.join(["layerdrop", "prepare", *argv]),
@@ -248,9 +251,10 @@ def _summary(out: str, manifest: dict, seconds: float) -> str:
 def main(argv: list[str]) -> int:
     from data_prep.output_folder import StagingFolder
 
+    global _STARTED
     parser = build_parser()
     args = parser.parse_args(argv)
-    started = time.perf_counter()
+    started = _STARTED = time.perf_counter()
     try:
         sources, loaded = _check_inputs(args)
         # The Rust tokenizer sizes its thread pool once, from this variable.

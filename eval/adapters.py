@@ -298,7 +298,8 @@ def fit_main(argv: list[str] | None = None) -> int:
     from framework.data import TokenDataModule
 
     data = TokenDataModule(args.data, seq_len=args.seq_len or backbone.config.max_seq_len,
-                           batch_size=args.batch_size)
+                           batch_size=args.batch_size, val_batches=args.val_batches, seed=args.seed,
+                           model_vocab_size=backbone.config.vocab_size)
     before = {k: v.clone() for k, v in backbone.state_dict().items()}
     trainer.fit(module, datamodule=data)
     _check_frozen(before, backbone)

@@ -128,26 +128,29 @@ def _require_tokens(tokens: int) -> None:
 # --------------------------------------------------------------------------- data
 def capped_batches(batches: Iterable[Batch], *, max_tokens: int | None = None,
                    max_batches: int | None = None) -> Iterator[Batch]:
-    """At most ``max_batches`` batches and ``max_tokens`` target tokens (the last batch
-    trimmed to whole sequences)."""
+    """At most ``max_batches`` batches and ``max_tokens`` target tokens (whole sequences:
+    the last batch is trimmed; at least one sequence)."""
     used = 0
     for count, (inputs, targets) in enumerate(batches):
         if max_batches is not None and count >= max_batches:
             return
         if max_tokens is not None:
-            if used >= max_tokens:
+            rows = min(inputs.shape[0], (max_tokens - used) // targets.shape[1])
+            if rows < 1 and used > 0:
                 return
-            rows = min(inputs.shape[0], math.ceil((max_tokens - used) / targets.shape[1]))
-            inputs, targets = inputs[:rows], targets[:rows]
+            inputs, targets = inputs[:max(rows, 1)], targets[:max(rows, 1)]
         used += targets.numel()
         yield inputs, targets
 
 
-def validation_batches(data_dir: str, *, seq_len: int, batch_size: int) -> Iterable[Batch]:
-    """The validation split of a folder made by `layerdrop prepare`."""
+def validation_batches(data_dir: str, *, seq_len: int, batch_size: int, max_batches: int | None = None,
+                       model_vocab_size: int | None = None) -> Iterable[Batch]:
+    """The validation split of a folder made by `layerdrop prepare`, in order (the whole
+    split unless ``max_batches``); the manifest is checked against the model's vocab."""
     from framework.data import TokenDataModule  # the data layer is only needed here
 
-    module = TokenDataModule(data_dir, seq_len=seq_len, batch_size=batch_size)
+    module = TokenDataModule(data_dir, seq_len=seq_len, batch_size=batch_size, val_batches=max_batches or 2**40,
+                             model_vocab_size=model_vocab_size)
     module.setup("validate")
     return module.val_dataloader()
 
@@ -230,7 +233,11 @@ def _device(parser: argparse.ArgumentParser, name: str) -> torch.device:
 
 def _read_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> CachedBatches:
     try:
-        loader = validation_batches(args.data, seq_len=args.seq_len, batch_size=args.batch_size)
+        wanted = args.batches
+        if args.max_tokens is not None:
+            wanted = min(wanted or 2**40, math.ceil(args.max_tokens / (args.seq_len * args.batch_size)))
+        loader = validation_batches(args.data, seq_len=args.seq_len, batch_size=args.batch_size,
+                                    max_batches=wanted, model_vocab_size=min(c.vocab_size for c in args.configs))
         data = CachedBatches(capped_batches(loader, max_tokens=args.max_tokens, max_batches=args.batches))
     except (ValueError, FileNotFoundError) as err:
         parser.error(f"--data {args.data!r}: {err}")

@@ -297,7 +297,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--confirm-prompts", type=int, default=4, help="prompts of the real decoding (default 4)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per confirm prompt (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of every search method")
-    add_prompt_arguments(p, count=12)
+    add_prompt_arguments(p, count=None)
     p.add_argument("--out", required=True, metavar="JSON", help="report path")
     p.add_argument("--overwrite", action="store_true", help="replace an existing report")
     return p
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     check_counts(parser, args, ("budget", "gamma", "calibration_prompts", "confirm_prompts", "repeats",
-                                "num_prompts", "prompt_len", "max_new_tokens", "threads"))
+                                "prompt_len", "max_new_tokens", "threads"))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods or any(m not in METHODS for m in methods):
         parser.error(f"--methods {args.methods!r} is invalid: allowed: {', '.join(METHODS)}")
@@ -359,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model, cfg = load_decoder(args.ckpt)
         prompts = load_prompts(data=args.data, prompts_file=args.prompts, count=count, length=args.prompt_len)
+        if len(prompts) < count:
+            raise ValueError(f"{len(prompts)} prompts are too few: --calibration-prompts "
+                             f"{args.calibration_prompts} + --confirm-prompts {args.confirm_prompts} need {count}")
         check_vocabulary(prompts, cfg.vocab_size)
         report = search(model, prompts, methods=methods, budget=args.budget, gamma=args.gamma, cost=args.cost,
                         calibration=args.calibration_prompts, max_new_tokens=args.max_new_tokens,

@@ -402,11 +402,13 @@ def check_vocabulary(prompts: Sequence[torch.Tensor], vocab_size: int) -> None:
         raise ValueError(f"prompt token id {top} is invalid for a vocabulary of {vocab_size}")
 
 
-def add_prompt_arguments(parser: argparse.ArgumentParser, *, count: int = 8) -> None:
+def add_prompt_arguments(parser: argparse.ArgumentParser, *, count: int | None = 8) -> None:
+    """The prompt source; ``count=None`` leaves the number of prompts to the caller."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", metavar="DIR", help="a folder made by `layerdrop prepare` (validation split)")
     source.add_argument("--prompts", metavar="JSON", help="a JSON file: a list of prompts, each a list of token ids")
-    parser.add_argument("--num-prompts", type=int, default=count, help=f"prompts to decode (default {count})")
+    if count is not None:
+        parser.add_argument("--num-prompts", type=int, default=count, help=f"prompts to decode (default {count})")
     parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens, with --data (default 32)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

@@ -75,8 +75,10 @@ def flex_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    slopes: torch.Tensor) -> torch.Tensor:
     """FlexAttention with the ALiBi bias computed inside the kernel."""
     q_len, k_len = q.shape[-2], k.shape[-2]
-    if q.shape[0] == 0:  # no kept rows: nothing to attend, the caller still ran its linears
-        return q.new_zeros(q.shape)
+    if q.shape[0] == 0:
+        # No kept rows: nothing to attend. ``q * 0`` (empty) rather than new zeros keeps
+        # the qkv projection in the autograd graph, so DDP/FSDP see its (zero) gradient.
+        return q * 0
     # A tensor, not a Python int: a compiled kernel takes it as an input instead of
     # recompiling for every cache length.
     offset = torch.tensor(k_len - q_len, device=q.device)

@@ -10,7 +10,7 @@ optimizer step, `throughput/*` every ``trainer.log_every_n_steps`` steps):
     flops/dense_step               the same step without layer dropout
     flops/saved_pct                100·(1 - Σ executed / Σ dense) since the run began
     throughput/tokens_per_sec      tokens/s over all devices
-    throughput/flops_per_sec       executed FLOPs/s per device (blocks and head)
+    throughput/flops_per_sec       executed FLOPs/s per device (blocks and head; mean over devices)
     throughput/mfu                 flops_per_sec / the device's peak (when known)
 
 FLOPs are counted as framework/flops.py describes (matmuls, causal attention, 3× the
@@ -56,6 +56,7 @@ class LayerDropoutSchedule(pl.Callback):
         self._step_dense = 0.0
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer  # state_dict/load_state_dict need the ranks
         cfg = pl_module.dropout_cfg
         if stage == "fit" and cfg.enabled and cfg.schedule != "constant" and trainer.max_steps < 1:
             raise ValueError(f"layer_dropout.schedule={cfg.schedule!r} needs the run length: set "
@@ -130,11 +131,31 @@ class LayerDropoutSchedule(pl.Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {"tokens": self.tokens, "executed": self.executed, "dense": self.dense,
-                "rate_sum": self.rate_sum, "steps": self.steps}
+                "rate_sum": self.rate_sum, "steps": self.steps, "devices": self._device_accounts()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for key in ("tokens", "executed", "dense", "rate_sum", "steps"):
             setattr(self, key, state_dict[key])
+        devices = state_dict.get("devices")
+        trainer = getattr(self, "_trainer", None)
+        if devices and trainer is not None:
+            world, rank = trainer.world_size, trainer.global_rank
+            # Same device count: each takes its own account back; otherwise the run's
+            # totals are shared evenly, which keeps the global FLOPs and P̄ exact.
+            own = devices[rank] if len(devices) == world else [sum(col) / world for col in zip(*devices)]
+            self.tokens, self.executed, self.dense = int(round(own[0])), float(own[1]), float(own[2])
+
+    def _device_accounts(self) -> list[list[float]]:
+        """[tokens, executed, dense] of every device. Lightning writes rank 0's callback
+        state only, but the masks, hence the FLOPs, differ per device. A collective:
+        Lightning builds a checkpoint on every rank, so every rank reaches it."""
+        local = [float(self.tokens), self.executed, self.dense]
+        trainer = getattr(self, "_trainer", None)
+        if trainer is None or trainer.world_size == 1:
+            return [local]
+        strategy = trainer.strategy
+        gathered = strategy.all_gather(torch.tensor(local, dtype=torch.float64, device=strategy.root_device))
+        return gathered.reshape(trainer.world_size, 3).cpu().tolist()
 
 
 # ------------------------------------------------------------------------- throughput
@@ -183,15 +204,25 @@ class Throughput(pl.Callback):
         step_done = trainer.fit_loop.epoch_loop._accumulated_batches_reached()
         if not (step_done and trainer.global_step % every == 0):
             return
+        flops = self._mean_over_devices(trainer, self._flops)  # before any early return: a collective
         elapsed = self._now(trainer) - self._start
         if elapsed <= 0:
             return
         metrics = {"throughput/tokens_per_sec": self._tokens * trainer.world_size / elapsed,
-                   "throughput/flops_per_sec": self._flops / elapsed}
+                   "throughput/flops_per_sec": flops / elapsed}
         if self.peak:
             metrics["throughput/mfu"] = metrics["throughput/flops_per_sec"] / self.peak
         pl_module.log_dict(metrics, on_step=True, on_epoch=False)
         self._reset_window()
+
+    @staticmethod
+    def _mean_over_devices(trainer: pl.Trainer, flops: float) -> float:
+        """The devices' mean: each drew its own masks, so each executed other FLOPs. (A
+        collective: every rank closes a window on the same steps.)"""
+        if trainer.world_size == 1:
+            return flops
+        local = torch.tensor(flops, dtype=torch.float64, device=trainer.strategy.root_device)
+        return float(trainer.strategy.reduce(local, reduce_op="mean"))
 
     # Validation is not training throughput: the window stops while it runs.
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -14,15 +14,15 @@ tokens; blocks follow each other without overlap and never straddle a chunk).
   ``gs://``, ``local:``...); ``manifest.json`` is read at ``setup`` and checked
   against the model (``model_vocab_size``) and ``seq_len`` before a batch is drawn.
 
-Exact resume. Lightning's fetcher draws one batch ahead of the batch being trained
-on, so the loader's own counter is one batch ahead when a checkpoint is written.
-`ResumableTokenLoader` keeps the loader state *after each batch it handed out* and
-reports the one of the last batch that reached the model (marked in
-``on_before_batch_transfer``). That state goes into the checkpoint twice by
-design: as this DataModule's ``state_dict`` (Lightning saves it under the class
-name) and through Lightning 2.6's fit loop, which saves every stateful train
-loader; on resume both restore the same state and the next batch is the one that
-would have come next.
+Exact resume. The train loader's state (litdata's sample counters, epoch and
+shuffle seed) is this DataModule's ``state_dict``, which Lightning stores in every
+checkpoint under the class name and hands back to ``load_state_dict`` on resume;
+the next batch is then the one the uninterrupted run would have drawn. Lightning
+2.6's fit loop also saves and restores stateful train loaders on its own (the same
+state, restored twice, harmlessly); the DataModule's copy is what custom loops and
+tests use. Lightning does not prefetch from a loader with a length, so the saved
+state is that of the last batch trained on (tests/test_data.py checks this end to
+end through a Trainer).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections import deque
 from typing import Any
 
 import lightning as L
@@ -75,44 +74,6 @@ def read_manifest(data_dir: str, storage_options: dict | None = None) -> dict:
             raise FileNotFoundError(hint)
         with open(local) as handle:
             return json.load(handle)
-
-
-class ResumableTokenLoader(StreamingDataLoader):
-    """A StreamingDataLoader whose ``state_dict`` can describe the batches *consumed*.
-
-    With ``count_consumed`` on, it keeps the loader state after every batch it yields
-    until `mark_consumed` says that batch reached the model; ``state_dict()`` is then
-    the state after the last consumed batch, not after the last prefetched one. Off
-    (plain iteration, no Trainer), it is litdata's state after the last yielded batch.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.count_consumed = False
-        self._states_after_batch: deque[dict] = deque()
-        self._consumed_state: dict | None = None
-
-    def __iter__(self):
-        self._states_after_batch.clear()
-        self._consumed_state = None
-        for batch in super().__iter__():
-            if self.count_consumed:
-                self._states_after_batch.append(super().state_dict())
-            yield batch
-
-    def mark_consumed(self) -> None:
-        if self._states_after_batch:
-            self._consumed_state = self._states_after_batch.popleft()
-
-    def state_dict(self) -> dict[str, Any]:
-        if self.count_consumed and self._consumed_state is not None:
-            return self._consumed_state
-        return super().state_dict()
-
-    def load_state_dict(self, obj: dict[str, Any]) -> None:
-        super().load_state_dict(obj)
-        self._states_after_batch.clear()
-        self._consumed_state = None
 
 
 class FixedBlocks(Dataset):
@@ -165,7 +126,7 @@ class TokenDataModule(L.LightningDataModule):
         self.model_vocab_size = model_vocab_size
         self.storage_options = storage_options or {}
         self.manifest: dict | None = None
-        self._train_loader: ResumableTokenLoader | None = None
+        self._train_loader: StreamingDataLoader | None = None
         self._state_to_load: dict | None = None
 
     # -- the manifest and its checks ------------------------------------------------
@@ -231,13 +192,12 @@ class TokenDataModule(L.LightningDataModule):
             item_loader=TokensLoader(block_size=self.seq_len + 1),
             shuffle=shuffle, drop_last=True, seed=self.seed, storage_options=self.storage_options)
 
-    def train_dataloader(self) -> ResumableTokenLoader:
-        loader = ResumableTokenLoader(self._dataset("train", self.shuffle), batch_size=self.batch_size,
-                                      num_workers=self.num_workers, drop_last=True, collate_fn=shift_collate)
+    def train_dataloader(self) -> StreamingDataLoader:
+        loader = StreamingDataLoader(self._dataset("train", self.shuffle), batch_size=self.batch_size,
+                                     num_workers=self.num_workers, drop_last=True, collate_fn=shift_collate)
         if self._state_to_load is not None:
             loader.load_state_dict(self._state_to_load)
             self._state_to_load = None
-        loader.count_consumed = self.trainer is not None
         self._train_loader = loader
         return loader
 
@@ -247,13 +207,6 @@ class TokenDataModule(L.LightningDataModule):
                           shuffle=False, num_workers=0, collate_fn=shift_collate)
 
     # -- exact resume ---------------------------------------------------------------
-
-    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        # Called by the training loop for the batch about to be trained on (after the
-        # fetcher has already drawn the next one): that batch is now consumed.
-        if self.trainer is not None and self.trainer.training and self._train_loader is not None:
-            self._train_loader.mark_consumed()
-        return batch
 
     def state_dict(self) -> dict[str, Any]:
         if self._train_loader is not None:

@@ -51,6 +51,8 @@ class PretrainCLI(LightningCLI):
         parser.add_argument("--resume", type=str | None, default=None,
                             help="'auto': continue from <checkpoint dir>/last.ckpt when it exists "
                                  "(else start fresh); or the path of a .ckpt to continue from")
+        # The DataModule checks the prepared vocabulary against the embedding at setup.
+        parser.link_arguments("model.decoder.vocab_size", "data.model_vocab_size")
         parser.add_lightning_class_args(PeriodicCheckpoint, "checkpoint")
         parser.add_lightning_class_args(Throughput, "throughput")
         parser.add_lightning_class_args(RunSummary, "summary")
@@ -137,7 +139,7 @@ def check_resume_shape(ckpt_path: str, config: Any) -> None:
     """Compare the checkpoint's model with the configured one before anything is built
     (memory-mapped: only the small config entry is read)."""
     try:
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+        ckpt = torch.load(checkpoint_metadata_file(ckpt_path), map_location="cpu", weights_only=True, mmap=True)
     except Exception as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"checkpoint {ckpt_path!r} cannot be loaded safely: {reason}") from None
@@ -150,6 +152,18 @@ def check_resume_shape(ckpt_path: str, config: Any) -> None:
     decoder = ModelConfig(**_as_dict(config.model.decoder))
     pcfg = ParametrizationConfig(**_as_dict(config.model.parametrization))
     check_same_model(saved, with_parametrization(decoder, pcfg).to_dict())
+
+
+def checkpoint_metadata_file(ckpt_path: str) -> Path:
+    """The file holding a checkpoint's non-tensor entries. Sharded strategies save folders:
+    FSDP2 (ModelParallelStrategy) keeps them in ``meta.pt``, DeepSpeed in its rank-0
+    model-states file."""
+    path = Path(ckpt_path)
+    if path.is_dir():
+        for candidate in (path / "meta.pt", path / "checkpoint" / "mp_rank_00_model_states.pt"):
+            if candidate.is_file():
+                return candidate
+    return path
 
 
 def named_strategy(config: dict[str, Any]) -> Any:

@@ -203,7 +203,7 @@ def test_summary_text_without_validation():
 
 def test_checkpoint_folder_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    trainer = quiet_trainer(max_steps=1, callbacks=[PeriodicCheckpoint()], enable_checkpointing=True,
+    trainer = quiet_trainer(max_steps=2, callbacks=[PeriodicCheckpoint()], enable_checkpointing=True,
                             default_root_dir="run")
     trainer.fit(tiny_module(), RandomTokens())
     assert trainer.checkpoint_callback.dirpath == os.path.realpath(tmp_path / "run" / "checkpoints")

@@ -245,3 +245,14 @@ def test_from_masks_rows_and_kept_counts():
     assert drop_plan.layers[0].attn_rows.tolist() == [0, 2, 3]
     assert drop_plan.layers[0].ffn_rows.tolist() == [2, 3]
     assert drop_plan.kept_counts() == [(3, 2), (0, 4)]
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_zero_kept_rows_keep_every_parameter_in_the_graph_with_flex_attention():
+    # FlexAttention has no CPU backward, but with zero kept rows it is never launched,
+    # so the zero-row path's graph can be checked here.
+    decoder = make_decoder(attention="flex")
+    none = torch.zeros(BATCH, dtype=torch.bool)
+    decoder(torch.randint(0, VOCAB, (BATCH, SEQ)), plan=DropPlan.from_masks([none] * 4, [2.0] * 4)).sum().backward()
+    for name, p in decoder.blocks.named_parameters():
+        assert p.grad is not None and torch.count_nonzero(p.grad) == 0, name

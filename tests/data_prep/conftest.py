@@ -1,0 +1,45 @@
+"""Shared fixtures of the data_prep tests: a small real corpus and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sysconfig
+
+import pytest
+
+from data_prep.prepare import main
+
+STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+@pytest.fixture(scope="session")
+def code_corpus(tmp_path_factory) -> str:
+    """~400 KB of real text: the .py files of the stdlib's json and email packages."""
+    folder = tmp_path_factory.mktemp("code_corpus")
+    for package in ("json", "email"):
+        for name in sorted(os.listdir(os.path.join(STDLIB, package))):
+            if name.endswith(".py"):
+                shutil.copy(os.path.join(STDLIB, package, name), folder / f"{package}_{name}")
+    return str(folder)
+
+
+class PrepareRun:
+    """Runs `layerdrop prepare` in-process; returns (exit code, stderr)."""
+
+    def __init__(self, capsys) -> None:
+        self.capsys = capsys
+
+    def __call__(self, *argv: str) -> tuple[int, str]:
+        self.capsys.readouterr()
+        try:
+            code = main(["--no-progress", *argv])
+        except SystemExit as exit_:
+            code = exit_.code
+        return code, self.capsys.readouterr().err
+
+
+@pytest.fixture
+def prepare(capsys) -> PrepareRun:
+    return PrepareRun(capsys)
+

@@ -1,0 +1,45 @@
+import os
+
+import pytest
+
+from data_prep.errors import PrepareError
+from data_prep.output_folder import StagingFolder, check_output_folder
+
+
+def test_refuses_data_a_file_or_a_url(tmp_path):
+    check_output_folder(str(tmp_path / "new"), overwrite=False)
+    check_output_folder(str(tmp_path), overwrite=False)  # empty folder: fine
+    (tmp_path / "old.bin").write_text("precious")
+    with pytest.raises(PrepareError, match=r"already holds data \(1 entries\); pass --overwrite"):
+        check_output_folder(str(tmp_path), overwrite=False)
+    check_output_folder(str(tmp_path), overwrite=True)
+    with pytest.raises(PrepareError, match="is a file"):
+        check_output_folder(str(tmp_path / "old.bin"), overwrite=True)
+    with pytest.raises(PrepareError, match="local folder"):
+        check_output_folder("s3://bucket/data", overwrite=False)
+
+
+def test_commit_swaps_in_the_new_folder(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    folder = StagingFolder(str(out))
+    with folder as staging:
+        assert os.path.dirname(staging) == str(tmp_path) and os.path.basename(staging).startswith(".out.")
+        (tmp_path / "out" / "old.txt").read_text()  # still in place while the run works
+        open(os.path.join(staging, "new.txt"), "w").write("new")
+        folder.commit()
+    assert os.listdir(out) == ["new.txt"]
+    assert os.listdir(tmp_path) == ["out"]
+
+
+def test_a_failed_run_leaves_the_old_folder_untouched(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError):
+        with StagingFolder(str(out)) as staging:
+            open(os.path.join(staging, "half.txt"), "w").write("half")
+            raise RuntimeError("crash mid-run")
+    assert os.listdir(out) == ["old.txt"] and (out / "old.txt").read_text() == "old"
+    assert os.listdir(tmp_path) == ["out"]

@@ -1,0 +1,275 @@
+"""`layerdrop prepare` end to end on small real corpora, its output and its errors."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+from data_prep.chunks import read_split_tokens
+from data_prep.manifest import read_manifest
+from data_prep.split import VAL, split_key, split_of
+from data_prep.tokenizer import train_tokenizer
+
+SMALL = ["--vocab-size", "400", "--val-fraction", "0.2", "--chunk-tokens", "8192", "--workers", "2"]
+
+
+def error_line(stderr: str) -> str:
+    """The argparse error line ("layerdrop prepare: error: ...") of a failed run."""
+    lines = [line for line in stderr.splitlines() if "error:" in line]
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def _folder_bytes(folder) -> dict[str, bytes]:
+    found = {}
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            found[os.path.relpath(path, folder)] = open(path, "rb").read()
+    return found
+
+
+def _docs_by_split(folder, tokens_split):
+    """The split's token stream cut at EOS into documents."""
+    manifest = read_manifest(folder)
+    tokens = read_split_tokens(os.path.join(folder, tokens_split), manifest["dtype"])
+    eos = manifest["tokenizer"]["eos_id"]
+    cuts = np.flatnonzero(tokens == eos)
+    starts = np.concatenate([[0], cuts[:-1] + 1])
+    return [tokens[s:e] for s, e in zip(starts, cuts)], tokens
+
+
+@pytest.fixture(scope="module")
+def small(code_corpus, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("small") / "data")
+    from data_prep.prepare import main
+
+    assert main(["--files", code_corpus, "--out", out, "--no-progress", *SMALL]) == 0
+    return out
+
+
+def test_output_folder_layout(small):
+    assert sorted(os.listdir(small)) == ["manifest.json", "tokenizer.json", "train", "val"]
+    for split in ("train", "val"):
+        files = os.listdir(os.path.join(small, split))
+        assert "index.json" in files and all(f == "index.json" or f.endswith(".bin") for f in files)
+
+
+def test_manifest_records_everything(small, code_corpus):
+    manifest = read_manifest(small)
+    files = sorted(os.listdir(code_corpus))
+    assert manifest["format"] == "layerdrop-tokens/1"
+    assert manifest["command"].startswith(f"layerdrop prepare --files {code_corpus} --out {small}")
+    assert manifest["dtype"] == "uint16" and manifest["chunk_tokens"] == 8192
+    tokenizer = manifest["tokenizer"]
+    assert (tokenizer["vocab_size"], tokenizer["eos_token"], tokenizer["eos_id"]) == (400, "<|endoftext|>", 0)
+    assert tokenizer["origin"] == "trained"
+    import hashlib
+
+    assert tokenizer["sha256"] == hashlib.sha256(open(os.path.join(small, "tokenizer.json"), "rb").read()).hexdigest()
+    (source,) = manifest["sources"]
+    assert source["kind"] == "files" and source["files"] == len(files) == source["read"]["documents"]
+    assert source["read"]["invalid_utf8"] == manifest["invalid_utf8_documents"] == 0
+    splits = manifest["splits"]
+    assert splits["train"]["documents"] + splits["val"]["documents"] == len(files)
+    for name, split in splits.items():
+        tokens = read_split_tokens(os.path.join(small, name), "uint16")
+        assert split["tokens"] == len(tokens) and split["chunks"] == -(-len(tokens) // 8192)
+
+
+def test_round_trip_and_split_by_hash(small, code_corpus):
+    """Decoding each split's documents gives back exactly the files the hash put there."""
+    tokenizer = Tokenizer.from_file(os.path.join(small, "tokenizer.json"))
+    texts = [open(os.path.join(code_corpus, f), encoding="utf-8").read() for f in sorted(os.listdir(code_corpus))]
+    for split_index, split in enumerate(("train", "val")):
+        docs, _ = _docs_by_split(small, split)
+        expected = [text for text in texts if split_of(split_key(text, 0), 0.2) == split_index]
+        assert [tokenizer.decode(doc.tolist()) for doc in docs] == expected
+    assert VAL == 1
+
+
+def test_same_inputs_and_seed_give_identical_bytes(small, code_corpus, tmp_path, prepare):
+    """A second run into the same --out path (after moving the first away) is byte-identical."""
+    moved = tmp_path / "first"
+    out = os.path.join(tmp_path, "data")
+    argv = ["--files", code_corpus, "--out", out, "--max-tokens", "60k", *SMALL]
+    assert prepare(*argv)[0] == 0
+    shutil.move(out, moved)
+    assert prepare(*argv)[0] == 0
+    assert _folder_bytes(out) == _folder_bytes(moved)
+    assert prepare(*argv, "--seed", "5", "--overwrite")[0] == 0
+    assert _folder_bytes(out)["val/index.json"] != _folder_bytes(moved)["val/index.json"]
+
+
+def test_given_tokenizer_is_copied_verbatim_and_its_eos_found(code_corpus, tmp_path, prepare):
+    texts = [open(os.path.join(code_corpus, f), encoding="utf-8").read() for f in sorted(os.listdir(code_corpus))]
+    path = str(tmp_path / "mine.json")
+    train_tokenizer(texts, 300, eos_token="</s>").save(path)
+    out = str(tmp_path / "data")
+    code, _ = prepare("--files", code_corpus, "--tokenizer", path, "--out", out, "--max-tokens", "20k")
+    assert code == 0
+    manifest = read_manifest(out)
+    assert open(os.path.join(out, "tokenizer.json"), "rb").read() == open(path, "rb").read()
+    assert manifest["tokenizer"]["eos_token"] == "</s>" and manifest["tokenizer"]["origin"] == os.path.abspath(path)
+    assert sum(split["tokens"] for split in manifest["splits"].values()) == 20_000
+
+
+def test_large_vocabulary_is_stored_as_uint32(tmp_path, prepare):
+    """A word-level tokenizer whose ids pass 65,535 (like Llama-3's 128,256) keeps them exact."""
+    words = [f"w{i}" for i in range(70_000)]
+    vocab = {"[UNK]": 0, "<|end_of_text|>": 1, **{word: i + 2 for i, word in enumerate(words)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer_path = str(tmp_path / "big.json")
+    tokenizer.save(tokenizer_path)
+    lines = [{"text": " ".join(words[(i * 7919) % 69_000 + j] for j in range(50))} for i in range(40)]
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps(line) for line in lines))
+    out = str(tmp_path / "data")
+    assert prepare("--jsonl", str(tmp_path / "docs.jsonl"), "--tokenizer", tokenizer_path, "--out", out)[0] == 0
+    manifest = read_manifest(out)
+    assert manifest["dtype"] == "uint32" and manifest["tokenizer"]["vocab_size"] == 70_002
+    assert manifest["tokenizer"]["eos_id"] == 1
+    docs = _docs_by_split(out, "train")[0] + _docs_by_split(out, "val")[0]
+    expected = {tuple(tokenizer.encode(line["text"]).ids) for line in lines}
+    assert {tuple(doc.tolist()) for doc in docs} == expected
+    assert max(max(doc) for doc in docs) > 65_535
+
+
+# -- bad input: one line, exit 2, nothing touched ------------------------------------
+
+
+def _bad_inputs(tmp_path, code_corpus):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "blank.txt").write_text("\n\n")
+    (tmp_path / "empty" / "blob.bin").write_bytes(b"\x00\x01")
+    (tmp_path / "rows.jsonl").write_text('{"text": "fine"}\n{"content": "no text field"}\n')
+    (tmp_path / "broken.json").write_text("{ this is not a tokenizer")
+    return {
+        "missing path": (["--files", str(tmp_path / "nowhere")], "no such file or folder"),
+        "empty glob": (["--files", str(tmp_path / "*.xyz")], "the glob matches no files"),
+        "empty corpus": (["--files", str(tmp_path / "empty")], "the corpus is empty after filtering"),
+        "jsonl without the field": (["--jsonl", str(tmp_path / "rows.jsonl")], "line 2 has no field 'text'"),
+        "unreadable tokenizer": (["--files", code_corpus, "--tokenizer", str(tmp_path / "broken.json")],
+                                 "not a readable tokenizer.json"),
+        "missing tokenizer": (["--files", code_corpus, "--tokenizer", str(tmp_path / "none.json")],
+                              "no such file"),
+        "vocab size not a number": (["--files", code_corpus, "--vocab-size", "many"], "'many' is not a positive"),
+        "vocab size zero": (["--files", code_corpus, "--vocab-size", "0"], "'0' is not a positive integer"),
+        "vocab size negative": (["--files", code_corpus, "--vocab-size", "-5"], "'-5' is not a positive integer"),
+        "vocab size below bytes": (["--files", code_corpus, "--vocab-size", "100"], "at least 257"),
+        "no corpus": ([], "no corpus given"),
+        "val fraction": (["--files", code_corpus, "--val-fraction", "1.5"], "strictly between 0 and 1"),
+    }
+
+
+@pytest.mark.parametrize("case", ["missing path", "empty glob", "empty corpus", "jsonl without the field",
+                                  "unreadable tokenizer", "missing tokenizer", "vocab size not a number",
+                                  "vocab size zero", "vocab size negative", "vocab size below bytes",
+                                  "no corpus", "val fraction"])
+def test_bad_input_is_one_line_and_exit_2(case, tmp_path, code_corpus, prepare):
+    argv, message = _bad_inputs(tmp_path, code_corpus)[case]
+    out = tmp_path / "out"
+    code, stderr = prepare(*argv, "--out", str(out))
+    assert code == 2
+    assert message in error_line(stderr)
+    assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".out")]
+
+
+def test_existing_data_is_refused_and_kept(tmp_path, code_corpus, prepare):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious.bin").write_text("keep me")
+    code, stderr = prepare("--files", code_corpus, "--out", str(out))
+    assert code == 2 and "already holds data" in error_line(stderr) and "--overwrite" in stderr
+    assert os.listdir(out) == ["precious.bin"]
+
+
+def test_failed_overwrite_keeps_the_old_data(tmp_path, code_corpus, prepare):
+    """--overwrite only replaces the folder once the new data is complete."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "precious.bin").write_text("keep me")
+    (tmp_path / "rows.jsonl").write_text('{"text": "fine"}\n' * 50 + '{"body": "late bad line"}\n')
+    code, stderr = prepare("--jsonl", str(tmp_path / "rows.jsonl"), "--files", code_corpus,
+                           "--out", str(out), "--overwrite", "--vocab-size", "300")
+    assert code == 2 and "line 51 has no field 'text'" in error_line(stderr)
+    assert os.listdir(out) == ["precious.bin"]
+    assert sorted(os.listdir(tmp_path)) == ["out", "rows.jsonl"]
+
+
+def test_overwrite_replaces_old_data(tmp_path, code_corpus, prepare):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.bin").write_text("old")
+    assert prepare("--files", code_corpus, "--out", str(out), "--overwrite", "--max-tokens", "5k",
+                   "--vocab-size", "300")[0] == 0
+    assert sorted(os.listdir(out)) == ["manifest.json", "tokenizer.json", "train", "val"]
+
+
+def test_vocab_size_with_a_given_tokenizer_is_refused(tmp_path, code_corpus, small, prepare):
+    code, stderr = prepare("--files", code_corpus, "--tokenizer", os.path.join(small, "tokenizer.json"),
+                           "--vocab-size", "300", "--out", str(tmp_path / "out"))
+    assert code == 2 and "--vocab-size applies to --tokenizer train only" in error_line(stderr)
+
+
+def test_console_command_reports_errors(tmp_path):
+    """Through the real `layerdrop` entry point: usage, one error line, status 2."""
+    result = subprocess.run([sys.executable, "-m", "framework.cli", "prepare", "--files", str(tmp_path / "x"),
+                             "--out", str(tmp_path / "o")], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"layerdrop prepare: error: --files '{tmp_path / 'x'}': no such file or folder")
+
+
+# -- the built-in corpus ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def builtin_small(tmp_path_factory):
+    from data_prep.prepare import main
+
+    out = str(tmp_path_factory.mktemp("builtin") / "data")
+    assert main(["--corpus", "builtin", "--max-tokens", "200k", "--vocab-size", "512", "--out", out,
+                 "--no-progress"]) == 0
+    return out
+
+
+def test_builtin_corpus_capped(builtin_small):
+    manifest = read_manifest(builtin_small)
+    splits = manifest["splits"]
+    assert splits["train"]["tokens"] + splits["val"]["tokens"] == 200_000
+    assert splits["val"]["documents"] >= 1 and manifest["truncated_last_document"] in (True, False)
+    (source,) = manifest["sources"]
+    assert source["kind"] == "builtin" and source["stdlib_files"] > 500
+    # "read" counts what was read; under a cap the last encoding batch is read whole
+    assert source["read"]["documents"] >= splits["train"]["documents"] + splits["val"]["documents"]
+    assert "invalid_utf8" in source["read"] and manifest["tokenizer"]["vocab_size"] == 512
+    docs, _ = _docs_by_split(builtin_small, "train")
+    tokenizer = Tokenizer.from_file(os.path.join(builtin_small, "tokenizer.json"))
+    texts = [tokenizer.decode(doc.tolist()) for doc in docs[:-1]]
+    assert any("def " in text for text in texts)  # code
+    assert any("NAME\n" in text for text in texts)  # a rendered man page
+
+
+@pytest.mark.slow
+def test_tiny_recipe_data_through_the_console_command(tmp_path):
+    """recipes/tiny.yaml's prepare command as a user runs it (~20 CPU-seconds), then streamed."""
+    out = str(tmp_path / "data")
+    result = subprocess.run([sys.executable, "-m", "framework.cli", "prepare", "--corpus", "builtin",
+                             "--tokenizer", "train", "--vocab-size", "8192", "--max-tokens", "3M", "--out", out],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    manifest = read_manifest(out)
+    assert sum(split["tokens"] for split in manifest["splits"].values()) == 3_000_000
+    assert manifest["tokenizer"]["vocab_size"] == 8192 and manifest["dtype"] == "uint16"
+    from framework.data import TokenDataModule
+
+    module = TokenDataModule(out, seq_len=128, batch_size=8, model_vocab_size=8192)
+    module.setup("fit")
+    inputs, targets = next(iter(module.train_dataloader()))
+    assert inputs.shape == (8, 128) and int(inputs.max()) < 8192

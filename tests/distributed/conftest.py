@@ -1,0 +1,32 @@
+"""Fixtures of the multi-process tests: tiny prepared data, made once per test session
+and shared between pytest-xdist workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pretrain_launch import ddp_reference_recipe, pretrain_command, prepare_tiny_data, run, shared_once
+
+
+@pytest.fixture(scope="session")
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every xdist worker of this session sees (the parent of their base temps)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if base.name.startswith("popen-gw") else base
+
+
+@pytest.fixture(scope="session")
+def tiny_data(shared_dir: Path) -> Path:
+    return shared_once(shared_dir, "tiny-data", lambda out: prepare_tiny_data(out / "tokens")) / "tokens"
+
+
+@pytest.fixture(scope="session")
+def ddp_run(shared_dir: Path, tiny_data: Path) -> Path:
+    """The DDP reference run (made once per session; other strategies compare with it)."""
+
+    def train(out: Path) -> None:
+        run(pretrain_command(ddp_reference_recipe(out, tiny_data)), out / "log.txt")
+
+    return shared_once(shared_dir, "ddp-run", train)

@@ -1,0 +1,167 @@
+"""Test helpers: tiny prepared data, a tiny recipe, and `layerdrop pretrain` launched
+as real processes with a hard time limit (a hang becomes a failure, never a stuck suite).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+LAUNCH_TIMEOUT_S = 420  # generous for 2 loaded cores; a healthy launch takes ~1 min
+VOCAB, SEQ_LEN, MICRO_BATCH, LAYERS = 512, 32, 4, 4
+STEPS, P_MAX = 30, 0.99  # the reference runs: ≥ 30 steps at p_max = 0.99
+
+
+def prepare_tiny_data(out: Path) -> Path:
+    """~200k tokens of Python sources through `layerdrop prepare` (vocab 300 BPE)."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    run([sys.executable, "-m", "framework.cli", "prepare", "--files", str(stdlib / "json" / "*.py"),
+         "--files", str(stdlib / "email" / "*.py"), "--tokenizer", "train", "--vocab-size", "300",
+         "--max-tokens", "200k", "--val-fraction", "0.1", "--workers", "1", "--no-progress", "--out", str(out)],
+        timeout=300)
+    return out
+
+
+def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps: int = 30, devices: int = 2,
+                num_nodes: int = 1, p_max: float = 0.99, distribution: str = "uniform",
+                schedule: str = "constant", probe_dir: Path | None = None, save_parameters: bool = False,
+                activation_checkpointing: bool = False, every_n_steps: int = 1000,
+                val_check_interval: int | None = None) -> Path:
+    """A recipe for the tiny model (d=32, L=4, vocab 512, seq 32, micro-batch 4), written to ``path``."""
+    trainer: dict[str, Any] = {
+        "accelerator": "cpu", "devices": devices, "num_nodes": num_nodes, "strategy": strategy,
+        "precision": "32-true", "max_steps": steps, "log_every_n_steps": 5, "default_root_dir": str(root),
+        "enable_progress_bar": False, "enable_model_summary": False, "limit_val_batches": 2,
+        "val_check_interval": val_check_interval or steps, "check_val_every_n_epoch": None,
+    }
+    if probe_dir is not None:
+        trainer["callbacks"] = [{"class_path": "rank_probe.RankProbe",
+                                 "init_args": {"out_dir": str(probe_dir), "save_parameters": save_parameters}}]
+    recipe = {
+        "seed_everything": 1234,
+        "trainer": trainer,
+        "model": {
+            "decoder": {"vocab_size": VOCAB, "d_model": 32, "n_layers": LAYERS, "n_heads": 4, "max_seq_len": SEQ_LEN,
+                        "attention": "sdpa"},
+            "layer_dropout": {"p_max": p_max, "distribution": distribution, "schedule": schedule, "seed": 0},
+            "activation_checkpointing": activation_checkpointing,
+        },
+        "data": {"data_dir": str(data_dir), "seq_len": SEQ_LEN, "batch_size": MICRO_BATCH, "num_workers": 0,
+                 "val_batches": 2},
+        "checkpoint": {"every_n_steps": every_n_steps, "keep_last": 3},
+    }
+    path.write_text(json.dumps(recipe, indent=2))  # JSON is YAML: LightningCLI reads it as a recipe
+    return path
+
+
+def shared_once(base: Path, name: str, make: Callable[[Path], None]) -> Path:
+    """``base/name``, made once by whichever pytest-xdist worker gets there first (the
+    others wait on a file lock and reuse it)."""
+    from filelock import FileLock
+
+    target = base / name
+    with FileLock(str(base / f"{name}.lock")):
+        if not (target / ".done").exists():
+            if target.exists():
+                shutil.rmtree(target)  # a half-made attempt that failed
+            target.mkdir(parents=True)
+            make(target)
+            (target / ".done").touch()
+    return target
+
+
+def ddp_reference_recipe(out: Path, data: Path, **changes: Any) -> Path:
+    """The DDP reference run the tests share: uniform p_max = 0.99, constant schedule,
+    30 steps, a checkpoint at step 15, the parameters saved per rank."""
+    settings = dict(data_dir=data, root=out / "run", strategy="ddp", steps=STEPS, p_max=P_MAX,
+                    distribution="uniform", schedule="constant", probe_dir=out / "probe", save_parameters=True,
+                    every_n_steps=STEPS // 2)
+    return tiny_recipe(out / "recipe.json", **{**settings, **changes})
+
+
+def pretrain_command(recipe: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "framework.cli", "pretrain", "--config", str(recipe), *extra]
+
+
+def torchrun_command(node_rank: int, nnodes: int, port: int, recipe: Path, *extra: str) -> list[str]:
+    """One "node" of a multi-node launch: torchrun with a static rendezvous on loopback."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", "1",
+            "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
+            "-m", "framework.cli", "pretrain", "--config", str(recipe), *extra]
+
+
+def clean_env() -> dict[str, str]:
+    """The parent's environment without a distributed context, with the probes importable."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK",
+                        "LOCAL_WORLD_SIZE", "GROUP_RANK", "TORCHELASTIC_RUN_ID", "PYTEST_XDIST_WORKER")}
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["OMP_NUM_THREADS"] = "1"  # two ranks on two cores: no oversubscription
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``command`` in its own process group (so its ranks can be killed together)."""
+    handle = open(log, "w")
+    return subprocess.Popen(command, cwd=REPO, env=env or clean_env(), stdout=handle, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def finish(process: subprocess.Popen, log: Path, timeout: float = LAUNCH_TIMEOUT_S) -> str:
+    """Wait for ``process``; a time-out kills its whole group and fails with the log's tail."""
+    try:
+        code = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise AssertionError(f"timed out after {timeout:.0f} s (a hang?): {tail(log)}") from None
+    finally:
+        _kill_group_leftovers(process.pid)
+    output = log.read_text(errors="replace")
+    if code != 0:
+        raise AssertionError(f"exit code {code}: {tail(log)}")
+    return output
+
+
+def run(command: list[str], log: Path | None = None, timeout: float = LAUNCH_TIMEOUT_S) -> str:
+    log = log or Path(os.devnull)
+    if log == Path(os.devnull):
+        completed = subprocess.run(command, cwd=REPO, env=clean_env(), capture_output=True, text=True,
+                                   timeout=timeout)
+        if completed.returncode != 0:
+            raise AssertionError(f"{' '.join(command[:5])} failed: {completed.stderr[-3000:]}")
+        return completed.stdout
+    return finish(start(command, log), log, timeout)
+
+
+def _kill_group_leftovers(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)  # ranks a crashed launcher left behind
+    except ProcessLookupError:
+        pass
+
+
+def tail(log: Path, chars: int = 4000) -> str:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return text[-chars:]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def read_ranks(probe_dir: Path, world_size: int) -> list[dict[str, Any]]:
+    return [json.loads((probe_dir / f"rank{r}.json").read_text()) for r in range(world_size)]

@@ -1,0 +1,65 @@
+"""`layerdrop pretrain --trainer.strategy fsdp` on 2 CPU processes: FSDP2 (`fully_shard`
+per block, then the root, through Lightning's ModelParallelStrategy) with activation
+checkpointing, at p_max = 0.99 increasing over depth (ILD).
+
+FSDP2 all-gathers a block's shards in the block's pre-forward hook: a rank that
+skipped a dropped block would leave its peer waiting in that all-gather forever
+(pytorch #152964). Every block is called on every step here, on zero rows when all
+sequences drop it, so 30 steps finish within the launch time-out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pretrain_launch import LAYERS, MICRO_BATCH, P_MAX, STEPS, pretrain_command, read_ranks, run, tiny_recipe
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
+
+ILD_RATES = [P_MAX * layer / (LAYERS - 1) for layer in range(LAYERS)]  # 0, .33, .66, .99
+MEAN_DROPOUT = sum(ILD_RATES) / LAYERS  # P̄ = p_max / 2 for a constant ILD schedule
+
+
+def _saved_fraction_sd(row_layers: int) -> float:
+    """Standard deviation of the realised saving: (1/L)·mean over layers of Bernoulli drops."""
+    return math.sqrt(sum(p * (1 - p) for p in ILD_RATES) / LAYERS**2 / row_layers)
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory: pytest.TempPathFactory, tiny_data: Path) -> Path:
+    out = tmp_path_factory.mktemp("fsdp")
+    recipe = tiny_recipe(out / "recipe.json", data_dir=tiny_data, root=out / "run", strategy="fsdp", steps=STEPS,
+                         p_max=P_MAX, distribution="increasing", schedule="constant", probe_dir=out / "probe",
+                         activation_checkpointing=True, val_check_interval=STEPS // 2)
+    run(pretrain_command(recipe), out / "log.txt")
+    return out
+
+
+def test_fsdp_finishes_and_calls_every_block_on_every_rank_and_step(fsdp_run):
+    ranks = read_ranks(fsdp_run / "probe", 2)
+    for rank in ranks:
+        assert rank["world_size"] == 2 and rank["strategy"] == "ModelParallelStrategy"
+        assert [s["step"] for s in rank["steps"]] == list(range(1, STEPS + 1))
+        assert all(math.isfinite(s["loss"]) for s in rank["steps"])
+        assert all(len(s["rows_per_call"]) == LAYERS for s in rank["steps"])
+        # Layer 0 is never dropped (ILD); the last keeps a row 1% of the time.
+        assert all(s["rows_per_call"][0] == MICRO_BATCH for s in rank["steps"])
+        assert sum(s["rows_per_call"][-1] == 0 for s in rank["steps"]) >= STEPS - 3
+    assert [s["rows_per_call"] for s in ranks[0]["steps"]] != [s["rows_per_call"] for s in ranks[1]["steps"]]
+    # The sharded model still learns from what it ran, identically on both ranks' views.
+    losses = [s["loss"] for s in ranks[0]["steps"]]
+    assert sum(losses[-5:]) < sum(losses[:5])
+
+
+def test_fsdp_flops_saving_matches_mean_dropout(fsdp_run):
+    sd_rank = 100 * _saved_fraction_sd(STEPS * MICRO_BATCH)
+    for rank in read_ranks(fsdp_run / "probe", 2):
+        assert rank["logged"]["flops/saved_pct"] == pytest.approx(100 * MEAN_DROPOUT, abs=5 * sd_rank)
+    summary = json.loads((fsdp_run / "run" / "summary.json").read_text())
+    assert summary["mean_dropout_predicted"] == pytest.approx(MEAN_DROPOUT)
+    assert summary["flops_saved_pct"] == pytest.approx(100 * MEAN_DROPOUT, abs=5 * sd_rank / math.sqrt(2))
+    assert summary["val_loss"] is not None and math.isfinite(summary["val_loss"])

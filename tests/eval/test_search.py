@@ -1,0 +1,203 @@
+"""Draft skip-set search: the methods, the budget, the cheap objective, the CLI."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+
+import pytest
+import torch
+
+from eval.search import (METHODS, BudgetedObjective, BudgetExhausted, CalibrationObjective, DraftCosts, main,
+                         replay_rounds, run_search, skip_set)
+from eval.speculative import ExitDraft, SelfSpeculativeDecoder
+from framework.checkpoint import export_decoder
+from framework.config import ModelConfig
+from framework.model import Decoder
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models only lose from intra-op threads (and under pytest -n 2 they fight)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+L = 8
+# A speedup-shaped synthetic objective: skipping a layer saves its cost, but the
+# "important" layers cut acceptance (0, 5, 7 hard), and layers 2 and 3 hurt together.
+IMPORTANT = {0: 0.5, 2: 0.99, 5: 0.45, 7: 0.6}
+
+
+def synthetic(mask: tuple[bool, ...]) -> float:
+    skipped = set(skip_set(mask))
+    acceptance = 0.97 ** len(skipped)
+    for layer, factor in IMPORTANT.items():
+        if layer in skipped:
+            acceptance *= factor
+    if {2, 3} <= skipped:
+        acceptance *= 0.5
+    cost = 0.1 + 0.9 * (L - len(skipped)) / L
+    gamma = 5
+    tokens = (1 - acceptance ** (gamma + 1)) / (1 - acceptance) if acceptance < 1 else gamma + 1
+    return tokens / (gamma * cost + 1)
+
+
+def brute_force_best() -> tuple[int, ...]:
+    masks = list(itertools.product([False, True], repeat=L))
+    return skip_set(max(masks, key=synthetic))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_method_finds_the_known_best_set_within_budget(method):
+    best = brute_force_best()
+    assert best == (1, 3, 4, 6)  # unique: (1, 2, 4, 6) is 1% worse
+    calls = []
+
+    def counted(mask):
+        calls.append(mask)
+        return synthetic(mask)
+
+    result = run_search(counted, L, methods=[method], budget=60, seed=0)[method]
+    assert tuple(result["skip_layers"]) == best
+    assert result["evaluations"] <= 60
+    assert len(calls) == len(set(calls)) <= 60  # every call a distinct set, never past the budget
+    assert result["evaluations_to_within_5pct"] is not None
+    assert result["best_so_far"] == sorted(result["best_so_far"])
+
+
+def test_budget_is_a_hard_limit_and_revisits_are_free():
+    objective = BudgetedObjective(synthetic, budget=3)
+    a, b, c, d = [tuple(i == j for j in range(L)) for i in range(4)]
+    for mask in (a, b, a, c, a, b):
+        objective(mask)
+    assert objective.remaining == 0 and len(objective.best_so_far) == 3
+    with pytest.raises(BudgetExhausted):
+        objective(d)
+
+
+def test_methods_stop_at_a_small_budget():
+    results = run_search(synthetic, L, budget=5, seed=1)
+    assert set(results) == set(METHODS)
+    assert all(r["evaluations"] <= 5 for r in results.values())
+
+
+@pytest.mark.parametrize("methods,budget,message", [
+    (["bayesian", "grid"], 10, "methods=.* is invalid"),
+    ([], 10, "methods=.* is invalid"),
+    (["genetic"], 0, "budget=0 is invalid"),
+])
+def test_bad_search_arguments(methods, budget, message):
+    with pytest.raises(ValueError, match=message):
+        run_search(synthetic, L, methods=methods, budget=budget)
+
+
+def test_replay_rounds_by_hand():
+    # token 0 comes from the prefill; the draft gets tokens 2 and 5 wrong
+    agree = [False, True, False, True, True, False, True]
+    # round 1 drafts 1, 2: keeps 1, the verifier corrects 2; round 2 drafts 3, 4, both
+    # kept, the verifier adds 5; round 3 has room for the verifier's token 6 only
+    assert replay_rounds(agree, gamma=2) == [(2, 1), (2, 2), (0, 0)]
+    assert replay_rounds([False] * 4, gamma=5) == [(2, 0), (1, 0), (0, 0)]
+
+
+def test_layer_cost_model():
+    costs = DraftCosts.from_layers(gamma=3)
+    assert costs.draft(2, 8) == pytest.approx(0.25)
+    assert costs.verify == [1.0] * 4
+
+
+# ------------------------------------------------------------- objective on a model
+
+
+def tiny_model() -> Decoder:
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=48, d_model=32, n_layers=4, n_heads=2, max_seq_len=96, attention="sdpa")
+    model = Decoder(cfg)
+    model.init_weights(std=0.3)
+    return model.double().eval()
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    gen = torch.Generator().manual_seed(2)
+    return [torch.randint(0, 48, (6,), generator=gen) for _ in range(5)]
+
+
+@pytest.mark.parametrize("exit_layer", [1, 3])
+def test_teacher_forced_replay_matches_real_decoding_for_an_exit_draft(model, prompts, exit_layer):
+    """An early-exit draft's layers are the full model's own, so its teacher-forced
+    predictions are exactly what it drafts in decoding: the replay must agree."""
+    gamma, new_tokens = 3, 24
+    objective = CalibrationObjective(model, prompts, new_tokens=new_tokens, gamma=gamma)
+    with torch.inference_mode():
+        logits = model(objective.sequences[:, :-1], exit_layer=exit_layer)
+    agree = logits[:, len(prompts[0]) - 1:].argmax(-1) == objective.continuations
+    for prompt, row in zip(prompts, agree.tolist()):
+        rounds = replay_rounds(row, gamma)
+        _, stats = SelfSpeculativeDecoder(model, ExitDraft(exit_layer), gamma=gamma).generate(prompt, new_tokens)
+        assert (stats.rounds, stats.drafted, stats.accepted) == (
+            len(rounds), sum(k for k, _ in rounds), sum(a for _, a in rounds))
+
+
+def test_objective_of_the_full_model_accepts_everything(model, prompts):
+    objective = CalibrationObjective(model, prompts, new_tokens=16, gamma=4)
+    full = objective.estimate(())
+    assert full["acceptance"] == 1.0
+    assert full["speedup"] == pytest.approx(1.0)  # 5 tokens per round for 4 full drafts + 1 verify
+    assert objective.estimate((0, 1, 2))["draft_cost"] == pytest.approx(0.25)
+
+
+def test_measured_costs_are_sane(model):
+    costs = DraftCosts.measure(model, context=8, gamma=2, repeats=3)
+    assert 0 < costs.empty < 1.0
+    assert len(costs.verify) == 3 and costs.verify[0] == pytest.approx(1.0, rel=0.5)
+
+
+# ------------------------------------------------------------------------- CLI
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, model, prompts):
+    root = tmp_path_factory.mktemp("search")
+    export_decoder(copy.deepcopy(model).float(), root / "model")
+    (root / "prompts.json").write_text(json.dumps([p.tolist() for p in prompts]))
+    return root
+
+
+def test_cli_search_reports_every_method(exported, capsys):
+    out = exported / "search.json"
+    code = main(["--ckpt", str(exported / "model"), "--prompts", str(exported / "prompts.json"),
+                 "--calibration-prompts", "3", "--confirm-prompts", "2", "--budget", "6",
+                 "--cost", "layers", "--max-new-tokens", "12", "--repeats", "1", "--out", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert set(report["methods"]) == set(METHODS)
+    for r in report["methods"].values():
+        assert r["evaluations"] <= 6
+        for key in ("skip_layers", "estimated_speedup", "measured_speedup", "acceptance_rate"):
+            assert key in r
+    assert report["best"]["method"] in METHODS and "speedup" in report["best"]
+    assert "best:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--methods", "bayesian,random"], "--methods 'bayesian,random' is invalid"),
+    (["--budget", "0"], "--budget=0 is invalid"),
+    (["--ckpt", "/missing/model"], "does not exist"),
+    (["--confirm-prompts", "4"], "5 prompts are too few"),
+])
+def test_cli_search_errors(exported, capsys, args, message):
+    base = ["--ckpt", str(exported / "model"), "--prompts", str(exported / "prompts.json"),
+            "--calibration-prompts", "3", "--out", str(exported / "never.json")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(base + args)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
