@@ -45,7 +45,11 @@ def load_decoder(path: str | Path, *, map_location: str | torch.device = "cpu") 
         decoder = Decoder(model_cfg)
     decoder = decoder.to_empty(device=map_location)
     decoder.init_weights()  # restores non-persistent buffers (ALiBi slopes)
-    missing, unexpected = decoder.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = decoder.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shapes that disagree with the config
+        raise CheckpointError(f"checkpoint {str(path)!r} does not match its config: "
+                              f"{str(err).splitlines()[-1].strip()}") from None
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {str(path)!r} does not match its config: "
                               f"missing {missing[:5]}, unexpected {unexpected[:5]}")
@@ -55,8 +59,10 @@ def load_decoder(path: str | Path, *, map_location: str | torch.device = "cpu") 
 def read_model_config(path: str | Path) -> ModelConfig:
     """Only the config of a checkpoint (no weights materialised for exported folders)."""
     path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     if path.is_dir():
-        return _config_from(json.loads((path / CONFIG_FILE).read_text()), path)
+        return _config_from(_read_json(path / CONFIG_FILE), path)
     return _read_lightning(path)[0]
 
 
@@ -69,7 +75,10 @@ def _read_lightning(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     if not isinstance(ckpt, dict) or CKPT_KEY not in ckpt or "state_dict" not in ckpt:
         raise CheckpointError(f"checkpoint {str(path)!r} is not a layerdrop checkpoint "
                               f"(no {CKPT_KEY!r} / 'state_dict' entries)")
-    model_cfg = _config_from({"model": ckpt[CKPT_KEY]["model_config"]}, path)
+    meta = ckpt[CKPT_KEY]
+    if not isinstance(meta, dict) or "model_config" not in meta:
+        raise CheckpointError(f"checkpoint {str(path)!r} has no {CKPT_KEY}.model_config entry")
+    model_cfg = _config_from({"model": meta["model_config"]}, path)
     state = {k[len(MODEL_PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(MODEL_PREFIX)}
     return model_cfg, state
 
@@ -78,8 +87,20 @@ def _read_exported(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     for name in (WEIGHTS_FILE, CONFIG_FILE):
         if not (path / name).is_file():
             raise CheckpointError(f"exported model folder {str(path)!r} has no {name}")
-    model_cfg = _config_from(json.loads((path / CONFIG_FILE).read_text()), path)
-    return model_cfg, load_file(str(path / WEIGHTS_FILE))
+    model_cfg = _config_from(_read_json(path / CONFIG_FILE), path)
+    try:
+        return model_cfg, load_file(str(path / WEIGHTS_FILE))
+    except Exception as err:  # safetensors raises its own error type on a corrupt file
+        raise CheckpointError(f"{str(path / WEIGHTS_FILE)!r} cannot be read: {err}") from None
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise CheckpointError(f"{str(path)!r} does not exist")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{str(path)!r} is not valid JSON: {err}") from None
 
 
 def _config_from(data: dict, path: Path) -> ModelConfig:
@@ -87,7 +108,7 @@ def _config_from(data: dict, path: Path) -> ModelConfig:
         raise CheckpointError(f"{str(path)!r}: config has no 'model' section")
     try:
         return ModelConfig.from_dict(data["model"])
-    except ValueError as err:
+    except (TypeError, ValueError) as err:
         raise CheckpointError(f"{str(path)!r}: {err}") from None
 
 

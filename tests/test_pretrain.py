@@ -1,0 +1,112 @@
+"""`layerdrop pretrain` end to end on real prepared data, and its refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import yaml
+
+from framework.checkpoint import load_decoder
+from framework.pretrain import main
+from tiny_training import prepare_tiny_data, tiny_cli_args
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return prepare_tiny_data(tmp_path_factory.mktemp("data") / "builtin")
+
+
+@pytest.fixture(scope="module")
+def finished_run(data_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("run") / "tiny"
+    assert main(tiny_cli_args(data_dir, root)) == 0
+    return root
+
+
+def test_help_and_print_config(capsys):
+    assert main(["--help"]) == 0
+    assert "usage: layerdrop pretrain" in capsys.readouterr().out
+    assert main(["--config", "recipes/tiny.yaml", "--model.layer_dropout.p_max", "0.3", "--print_config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["layer_dropout"]["p_max"] == 0.3
+    assert printed["data"]["model_vocab_size"] == printed["model"]["decoder"]["vocab_size"] == 8192
+    assert {"checkpoint", "throughput", "summary", "resume"} <= set(printed)
+
+
+def test_a_run_leaves_config_logs_checkpoints_and_summary(finished_run, capsys):
+    config = yaml.safe_load((finished_run / "lightning_logs" / "version_0" / "config.yaml").read_text())
+    assert config["model"]["decoder"]["d_model"] == 32 and config["trainer"]["max_steps"] == 6
+    events = list((finished_run / "lightning_logs" / "version_0").glob("events.out.tfevents.*"))
+    assert events, "TensorBoard is the default logger"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = EventAccumulator(str(events[0].parent))
+    scalars.Reload()
+    assert {"train/loss", "val/loss", "val/ppl", "layer_dropout/mean_p", "layer_dropout/effective_depth",
+            "flops/executed_step", "flops/dense_step", "flops/saved_pct", "throughput/tokens_per_sec",
+            "lr-AdamW/hidden"} <= set(scalars.Tags()["scalars"])
+
+    assert sorted(p.name for p in (finished_run / "checkpoints").iterdir()) == \
+        ["last.ckpt", "step-00000003.ckpt", "step-00000006.ckpt"]
+    ckpt = torch.load(finished_run / "checkpoints" / "last.ckpt", weights_only=True)  # tensors and plain data only
+    assert ckpt["global_step"] == 6 and ckpt["layerdrop"]["model_config"]["d_model"] == 32
+    assert "TokenDataModule" in ckpt  # the loader position
+    decoder, cfg = load_decoder(finished_run / "checkpoints" / "last.ckpt")
+    assert cfg.n_layers == 3 and cfg.logit_multiplier == 1.0
+    tokens = torch.randint(0, 300, (1, 8))
+    assert torch.isfinite(decoder(tokens)).all()
+
+    summary = json.loads((finished_run / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["tokens"] == 6 * 4 * 32
+    assert summary["ln_vocab"] == pytest.approx(math.log(300))
+    assert summary["val_loss"] < summary["ln_vocab"]
+    assert summary["checkpoint"].endswith("last.ckpt")
+
+
+def error_of(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("error: ")
+    return err[-1]
+
+
+def test_resume_from_a_missing_checkpoint_is_refused(data_dir, tmp_path, capsys):
+    message = error_of(capsys, tiny_cli_args(data_dir, tmp_path / "run") + ["--resume", str(tmp_path / "nope.ckpt")])
+    assert "--resume" in message and "no such checkpoint" in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_into_another_shape_is_refused(finished_run, data_dir, capsys):
+    argv = tiny_cli_args(data_dir, finished_run, steps=8) + ["--model.decoder.n_layers", "4", "--resume", "auto"]
+    message = error_of(capsys, argv)
+    assert "cannot resume" in message and "n_layers: checkpoint 3, config 4" in message
+
+
+def test_data_with_a_larger_vocabulary_is_refused(data_dir, tmp_path, capsys):
+    message = error_of(capsys, tiny_cli_args(data_dir, tmp_path) + ["--model.decoder.vocab_size", "200"])
+    assert "vocab_size 300" in message and "200" in message
+
+
+def test_a_fresh_run_does_not_overwrite_an_earlier_one(finished_run, data_dir, capsys):
+    before = (finished_run / "checkpoints" / "last.ckpt").read_bytes()
+    message = error_of(capsys, tiny_cli_args(data_dir, finished_run))
+    assert "already holds" in message and "--resume auto" in message
+    assert (finished_run / "checkpoints" / "last.ckpt").read_bytes() == before
+
+
+def test_decreasing_schedule_without_max_steps_is_refused(data_dir, tmp_path, capsys):
+    argv = tiny_cli_args(data_dir, tmp_path) + ["--trainer.max_steps", "-1", "--trainer.max_epochs", "1"]
+    assert "needs the run length" in error_of(capsys, argv)
+
+
+def test_sequences_longer_than_the_model_allows_are_refused(data_dir, tmp_path, capsys):
+    message = error_of(capsys, tiny_cli_args(data_dir, tmp_path) + ["--data.seq_len", "64"])
+    assert "data.seq_len=64 is invalid" in message
+
+
+def test_bad_model_config_is_one_line(data_dir, tmp_path, capsys):
+    message = error_of(capsys, tiny_cli_args(data_dir, tmp_path) + ["--model.decoder.n_heads", "5"])
+    assert "n_heads=5 is invalid" in message
