@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--batch-size", type=int, default=8, help="recipes/tiny.yaml: data.batch_size")
     parser.add_argument("--seq-len", type=int, default=128, help="recipes/tiny.yaml: data.seq_len")
-    parser.add_argument("--batches", type=int, default=400, help="streamed batches per measurement")
+    parser.add_argument("--batches", type=int, default=1000, help="streamed batches per measurement")
     parser.add_argument("--steps", type=int, default=8, help="timed training steps")
     parser.add_argument("--train-tokens-per-s", type=float, help="skip step 3 and use this rate")
     parser.add_argument("--out", type=Path, default=RESULTS)

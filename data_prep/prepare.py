@@ -66,10 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a folder, file or glob ('src/**/*.py'); every file is one document (repeatable)")
     corpus.add_argument("--jsonl", action="append", default=[], metavar="PATH",
                         help="JSON-lines file(s) (path or glob, .gz ok); one document per line (repeatable)")
-    corpus.add_argument("--text-field", default="text", help="the JSONL field holding the text (default: text)")
+    corpus.add_argument("--text-field", default="text", metavar="NAME", help="the JSONL field holding the text (default: text)")
     corpus.add_argument("--parquet", action="append", default=[], metavar="PATH",
                         help="Parquet file(s) (path or glob); one document per row (repeatable)")
-    corpus.add_argument("--text-column", default="text", help="the Parquet column holding the text (default: text)")
+    corpus.add_argument("--text-column", default="text", metavar="NAME", help="the Parquet column holding the text (default: text)")
     corpus.add_argument("--max-tokens", type=_count, metavar="N",
                         help="stop after exactly N tokens (EOS included; suffixes k, M, B)")
 
@@ -85,12 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     output = parser.add_argument_group("output")
     output.add_argument("--out", required=True, metavar="DIR", help="the folder to create")
     output.add_argument("--overwrite", action="store_true", help="replace --out if it already holds data")
-    output.add_argument("--val-fraction", type=_fraction, default=0.01,
+    output.add_argument("--val-fraction", type=_fraction, default=0.01, metavar="F",
                         help="share of documents (by hash) in the val split (default: 0.01)")
-    output.add_argument("--seed", type=int, default=0, help="seed of the document hash that splits train/val")
-    output.add_argument("--chunk-tokens", type=_count, default=DEFAULT_CHUNK_TOKENS,
+    output.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the document hash that splits train/val")
+    output.add_argument("--chunk-tokens", type=_count, default=DEFAULT_CHUNK_TOKENS, metavar="N",
                         help=f"tokens per litdata chunk (default: {DEFAULT_CHUNK_TOKENS})")
-    output.add_argument("--workers", type=_count, default=min(os.cpu_count() or 1, 8),
+    output.add_argument("--workers", type=_count, default=min(os.cpu_count() or 1, 8), metavar="N",
                         help="worker processes for the chunk writer and threads for the tokenizer")
     output.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser

@@ -174,6 +174,8 @@ def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
                          f"{'non-negative' if name == 'num_fewshot' else 'positive'} integer")
     if args.limit is not None and args.limit <= 0:
         parser.error(f"--limit={args.limit} is invalid: must be positive")
+    if not Path(args.ckpt).exists():
+        parser.error(f"checkpoint {args.ckpt!r} does not exist")
     try:
         cfg = read_model_config(args.ckpt)
     except (CheckpointError, FileNotFoundError) as err:

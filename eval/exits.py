@@ -34,16 +34,22 @@ from framework.checkpoint import CheckpointError, load_decoder, read_model_confi
 from framework.model import Decoder
 
 IGNORE_INDEX = -100
-# One chunk's float32 logits stay under 2^26 entries (256 MB): 8192 tokens at a vocab
-# of 8192, 523 at the Llama-3 vocabulary.
-LOGIT_BUDGET = 2**26
+# Rows of logits per chunk. On a GPU, big chunks keep the matmuls efficient: 2^26 float32
+# logits (256 MB), 523 tokens at the Llama-3 vocabulary. On a CPU the cross-entropy is
+# memory-bound, so a chunk's logits should stay in cache (2^21 entries, 8 MB), but with
+# at least d_model rows so the head's weight matrix, read once per chunk, is amortised.
+GPU_LOGIT_BUDGET = 2**26
+CPU_LOGIT_BUDGET = 2**21
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 # --------------------------------------------------------------------------- losses
-def default_chunk_tokens(vocab_size: int) -> int:
-    return max(1, LOGIT_BUDGET // vocab_size)
+def default_chunk_tokens(decoder: Decoder) -> int:
+    vocab = decoder.config.vocab_size
+    if decoder.embed.weight.is_cuda:
+        return max(1, GPU_LOGIT_BUDGET // vocab)
+    return max(decoder.config.d_model, CPU_LOGIT_BUDGET // vocab)
 
 
 def summed_cross_entropy(decoder: Decoder, hidden: torch.Tensor, targets: torch.Tensor,
@@ -66,7 +72,7 @@ def counted_tokens(targets: torch.Tensor) -> int:
 @torch.inference_mode()
 def exit_losses(decoder: Decoder, batches: Iterable[Batch], *, chunk_tokens: int | None = None) -> dict:
     """Mean validation loss at every exit layer 1..L, from one pass over ``batches``."""
-    chunk_tokens = chunk_tokens or default_chunk_tokens(decoder.config.vocab_size)
+    chunk_tokens = chunk_tokens or default_chunk_tokens(decoder)
     device = decoder.embed.weight.device
     num_layers = len(decoder.blocks)
     sums = torch.zeros(num_layers, dtype=torch.float64, device=device)
@@ -94,7 +100,7 @@ def run_from(decoder: Decoder, h: torch.Tensor, layers: Sequence[int]) -> torch.
 def skip_losses(decoder: Decoder, batches: Iterable[Batch], skips: Sequence[Sequence[int]], *,
                 chunk_tokens: int | None = None) -> dict:
     """Mean validation loss of the model with each skip set removed, one pass over the data."""
-    chunk_tokens = chunk_tokens or default_chunk_tokens(decoder.config.vocab_size)
+    chunk_tokens = chunk_tokens or default_chunk_tokens(decoder)
     device = decoder.embed.weight.device
     num_layers = len(decoder.blocks)
     skips = [tuple(sorted(s)) for s in skips]
@@ -155,14 +161,27 @@ def validation_batches(data_dir: str, *, seq_len: int, batch_size: int, max_batc
     return module.val_dataloader()
 
 
-class CachedBatches:
-    """Batches read once and replayed for every checkpoint (same tokens for all)."""
+class ValidationData:
+    """The validation batches of a prepared folder, re-read (in order, so identical) for
+    each checkpoint instead of held in memory."""
 
-    def __init__(self, batches: Iterable[Batch]) -> None:
-        self.batches = [(x.clone(), y.clone()) for x, y in batches]
+    def __init__(self, data_dir: str, *, seq_len: int, batch_size: int, max_tokens: int | None,
+                 max_batches: int | None, model_vocab_size: int) -> None:
+        self.data_dir, self.seq_len, self.batch_size = data_dir, seq_len, batch_size
+        self.max_tokens, self.max_batches, self.model_vocab_size = max_tokens, max_batches, model_vocab_size
+        if max_tokens is not None:  # read no more batches than the token cap needs
+            needed = math.ceil(max_tokens / (seq_len * batch_size))
+            self.max_batches = min(max_batches or needed, needed)
+        self.loader = self._loader()  # reads the manifest: bad folders fail here, before any model loads
+        if len(self.loader) == 0:
+            raise ValueError("its validation split holds no sequence of seq_len + 1 tokens")
+
+    def _loader(self):
+        return validation_batches(self.data_dir, seq_len=self.seq_len, batch_size=self.batch_size,
+                                  max_batches=self.max_batches, model_vocab_size=self.model_vocab_size)
 
     def __iter__(self) -> Iterator[Batch]:
-        return iter(self.batches)
+        return capped_batches(self.loader, max_tokens=self.max_tokens, max_batches=self.max_batches)
 
 
 # --------------------------------------------------------------------------- CLI
@@ -182,7 +201,8 @@ def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
                         help="stop after this many target tokens (default: the whole split)")
     parser.add_argument("--batches", type=int, default=None, help="stop after this many batches")
     parser.add_argument("--chunk-tokens", type=int, default=None,
-                        help="tokens per unembedding chunk (default: 2^26 / vocab size)")
+                        help="tokens per unembedding chunk (default: 2^26/vocab on GPU; "
+                             "max(d_model, 2^21/vocab) on CPU)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, … (default: cuda if available)")
     parser.add_argument("--out", required=True, metavar="JSON", help="report path")
     parser.add_argument("--plot", default=None, metavar="PNG", help="plot path (default: --out with .png)")
@@ -206,6 +226,9 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             parser.error(f"{path!r} already exists; pass --overwrite to replace it")
     if not Path(args.data).is_dir():
         parser.error(f"--data {args.data!r} is not a folder: expected one made by `layerdrop prepare`")
+    for path in args.ckpt:
+        if not Path(path).exists():
+            parser.error(f"checkpoint {path!r} does not exist")
     try:
         args.configs = [read_model_config(p) for p in args.ckpt]
     except (CheckpointError, FileNotFoundError) as err:
@@ -231,19 +254,13 @@ def _device(parser: argparse.ArgumentParser, name: str) -> torch.device:
     return device
 
 
-def _read_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> CachedBatches:
+def _read_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ValidationData:
     try:
-        wanted = args.batches
-        if args.max_tokens is not None:
-            wanted = min(wanted or 2**40, math.ceil(args.max_tokens / (args.seq_len * args.batch_size)))
-        loader = validation_batches(args.data, seq_len=args.seq_len, batch_size=args.batch_size,
-                                    max_batches=wanted, model_vocab_size=min(c.vocab_size for c in args.configs))
-        data = CachedBatches(capped_batches(loader, max_tokens=args.max_tokens, max_batches=args.batches))
+        return ValidationData(args.data, seq_len=args.seq_len, batch_size=args.batch_size,
+                              max_tokens=args.max_tokens, max_batches=args.batches,
+                              model_vocab_size=min(c.vocab_size for c in args.configs))
     except (ValueError, FileNotFoundError) as err:
         parser.error(f"--data {args.data!r}: {err}")
-    if not data.batches:
-        parser.error(f"--data {args.data!r} has no validation batches")
-    return data
 
 
 def _combined(reports: list[dict]) -> dict:

@@ -288,13 +288,13 @@ class PeriodicCheckpoint(pl.callbacks.ModelCheckpoint):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = os.path.realpath(os.path.join(trainer.default_root_dir, "checkpoints"))
-        if stage == "fit" and trainer.ckpt_path is None and trainer.is_global_zero:
-            existing = sorted(Path(self.dirpath).glob("*.ckpt")) if os.path.isdir(self.dirpath) else []
-            if existing:
-                raise ValueError(f"checkpoint folder {self.dirpath!r} already holds {existing[0].name} from "
-                                 "an earlier run: resume it (--resume auto) or choose another "
-                                 "--trainer.default_root_dir")
         super().setup(trainer, pl_module, stage)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The first hook where every strategy has resolved trainer.ckpt_path, and still
+        # before anything is written.
+        if trainer.ckpt_path is None:
+            refuse_earlier_checkpoints(self.dirpath)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._last_global_step_saved != trainer.global_step and not self._should_skip_saving_checkpoint(trainer):
@@ -347,6 +347,14 @@ def use_atomic_checkpoint_io(trainer: pl.Trainer) -> None:
     their own format, e.g. DeepSpeed or sharded FSDP checkpoints, are left alone)."""
     if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
         trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+
+
+def refuse_earlier_checkpoints(dirpath: str | os.PathLike) -> None:
+    """A fresh run must not write over the checkpoints of an earlier one."""
+    existing = sorted(Path(dirpath).glob("*.ckpt")) if os.path.isdir(dirpath) else []
+    if existing:
+        raise ValueError(f"checkpoint folder {str(dirpath)!r} already holds {existing[0].name} from an earlier "
+                         "run: resume it (--resume auto) or choose another --trainer.default_root_dir")
 
 
 # -------------------------------------------------------------------------- summary
@@ -423,6 +431,7 @@ __all__ = [
     "NonFiniteLossGuard",
     "NonFiniteLossError",
     "PeriodicCheckpoint",
+    "refuse_earlier_checkpoints",
     "AtomicCheckpointIO",
     "use_atomic_checkpoint_io",
     "RunSummary",

@@ -124,3 +124,59 @@ def export_decoder(decoder: Decoder, out_dir: str | Path, *, extra: dict | None 
     config = {"model": decoder.config.to_dict(), **(extra or {})}
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
+
+
+# ------------------------------------------------------------------ layerdrop export
+
+TOKENIZER_FILE = "tokenizer.json"
+
+
+def export_main(argv: list[str]) -> int:
+    """`layerdrop export --ckpt X --out DIR [--overwrite]`: a training checkpoint (or an
+    export) -> model.safetensors + config.json, with the data's tokenizer beside them."""
+    import argparse
+    import shutil
+
+    parser = argparse.ArgumentParser(
+        prog="layerdrop export",
+        description="Write a checkpoint's decoder as model.safetensors + config.json (+ tokenizer.json).",
+        epilog="Example: layerdrop export --ckpt runs/tiny/checkpoints/last.ckpt --out exports/tiny")
+    parser.add_argument("--ckpt", required=True, help="a .ckpt written by layerdrop pretrain, or an exported folder")
+    parser.add_argument("--out", required=True, help="the folder to write")
+    parser.add_argument("--overwrite", action="store_true", help="replace an export already in --out")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    try:
+        if (out / WEIGHTS_FILE).exists() and not args.overwrite:  # before loading anything
+            raise CheckpointError(f"{str(out)!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
+        decoder, _ = load_decoder(args.ckpt)
+        extra = _training_record(Path(args.ckpt))
+        tokenizer = extra.pop("_tokenizer_path", None)
+        export_decoder(decoder, out, extra=extra, overwrite=args.overwrite)
+        if tokenizer is not None:
+            shutil.copyfile(tokenizer, out / TOKENIZER_FILE)
+    except CheckpointError as err:
+        parser.error(str(err))  # "error: ..." on stderr, exit status 2
+    print(f"exported {args.ckpt} -> {out}/{WEIGHTS_FILE} + {CONFIG_FILE}"
+          + (f" + {TOKENIZER_FILE}" if tokenizer is not None else ""))
+    return 0
+
+
+def _training_record(path: Path) -> dict:
+    """What config.json keeps of the training run: the step, the layer-dropout and
+    parametrization settings, the tokenizer (copied when the prepared data is at hand)."""
+    if path.is_dir():
+        data = _read_json(path / CONFIG_FILE)
+        record = {k: v for k, v in data.items() if k != "model"}
+        if (path / TOKENIZER_FILE).is_file():
+            record["_tokenizer_path"] = path / TOKENIZER_FILE
+        return record
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    entry = ckpt.get(CKPT_KEY, {})
+    record = {"training": {"global_step": ckpt.get("global_step"),
+                           **{k: entry[k] for k in ("layer_dropout", "parametrization") if k in entry}}}
+    data_dir = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_dir")
+    if isinstance(data_dir, str) and (Path(data_dir) / TOKENIZER_FILE).is_file():
+        record["tokenizer"] = TOKENIZER_FILE
+        record["_tokenizer_path"] = Path(data_dir) / TOKENIZER_FILE
+    return record

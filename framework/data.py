@@ -119,7 +119,7 @@ class TokenDataModule(L.LightningDataModule):
             raise ValueError(f"num_workers={num_workers!r} is invalid: must be an integer >= 0")
         if model_vocab_size is not None:
             _positive_int("model_vocab_size", model_vocab_size)
-        self.save_hyperparameters()
+        self.save_hyperparameters(ignore=["storage_options"])  # may hold credentials: never in a checkpoint
         self.data_dir = data_dir.rstrip("/")
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.val_batches, self.seed, self.shuffle = val_batches, seed, shuffle

@@ -21,20 +21,23 @@ or LR decay without ``max_steps``.
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar, RichProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from framework.callbacks import (
     NonFiniteLossError,
     PeriodicCheckpoint,
     RunSummary,
     Throughput,
+    refuse_earlier_checkpoints,
     use_atomic_checkpoint_io,
 )
 from framework.checkpoint import CKPT_KEY, CheckpointError
@@ -61,16 +64,20 @@ class PretrainCLI(LightningCLI):
         config = self.config
         self.ckpt_path = resolve_resume(config.resume, checkpoint_dir(config))
         check_seq_len(config)
-        if self.ckpt_path is not None:
+        if self.ckpt_path is None:
+            refuse_earlier_checkpoints(checkpoint_dir(config))
+        else:
             check_resume_shape(self.ckpt_path, config)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Trainer:
         config = dict(config)
         config["strategy"] = named_strategy(config)
-        wants_bar = config.get("enable_progress_bar") is not False
+        config["precision"] = default_precision(config)
         given = list(config.get("callbacks") or []) + list(callbacks)
-        if wants_bar and not any(isinstance(cb, ProgressBar) for cb in given):
+        if config.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in given):
             callbacks = [*callbacks, RichProgressBar()]
+        if config.get("logger") is not False and not any(isinstance(cb, LearningRateMonitor) for cb in given):
+            callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]
         trainer = super()._instantiate_trainer(config, callbacks)
         use_atomic_checkpoint_io(trainer)
         return trainer
@@ -94,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli = build_cli(argv)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.ckpt_path)
+    except SIGTERMException:
+        print("error: stopped by SIGTERM; the last periodic checkpoint is intact: continue with --resume auto",
+              file=sys.stderr)
+        return 128 + signal.SIGTERM
     except SystemExit as exit_:  # argparse errors, --help, --print_config
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
     except NonFiniteLossError as err:
@@ -160,10 +171,21 @@ def checkpoint_metadata_file(ckpt_path: str) -> Path:
     model-states file."""
     path = Path(ckpt_path)
     if path.is_dir():
-        for candidate in (path / "meta.pt", path / "checkpoint" / "mp_rank_00_model_states.pt"):
+        for candidate in (path / "meta.pt", path / "checkpoint" / "mp_rank_00_model_states.pt",
+                          path / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt"):
             if candidate.is_file():
                 return candidate
     return path
+
+
+def default_precision(config: dict[str, Any]) -> Any:
+    """The recipe's precision, or when it sets none: bf16-mixed on GPUs, 32-true on CPUs."""
+    precision, accelerator = config.get("precision"), config.get("accelerator", "auto")
+    from framework.strategies import ACCELERATORS, precision_for
+
+    if precision is not None or not isinstance(accelerator, str) or accelerator not in ACCELERATORS:
+        return precision
+    return precision_for(accelerator)
 
 
 def named_strategy(config: dict[str, Any]) -> Any:

@@ -15,7 +15,8 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelPa
 from framework.config import LayerDropoutConfig, ModelConfig
 from framework.layer_dropout import DropPlan, StepKey, plan
 from framework.model import Decoder
-from framework.strategies import STRATEGIES, build_strategy, parallelize, precision_for, resolve_accelerator
+from framework.strategies import (STRATEGIES, build_strategy, full_parameters, parallelize, precision_for,
+                                  resolve_accelerator)
 
 
 def tiny_decoder() -> Decoder:
@@ -166,6 +167,13 @@ def test_activation_checkpointing_recomputes_in_backward():
     decoder.blocks[1].ffn.up.register_forward_hook(lambda *_: calls.append(1))
     decoder(torch.randint(0, 128, (2, 8))).sum().backward()
     assert len(calls) == 2
+
+
+def test_full_parameters_is_a_no_op_without_zero3_partitioning():
+    decoder = tiny_decoder()
+    with full_parameters(decoder), torch.no_grad():
+        decoder.head.weight.fill_(0.5)
+    assert torch.all(decoder.head.weight == 0.5)  # (ZeRO-3 itself: tests/distributed)
 
 
 def test_mesh_without_a_data_parallel_dim_is_refused():

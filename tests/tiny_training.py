@@ -78,3 +78,61 @@ def quiet_trainer(**kwargs: Any) -> pl.Trainer:
                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                     limit_val_batches=0, log_every_n_steps=1)
     return pl.Trainer(**{**defaults, **kwargs})
+
+
+def prepare_tiny_data(out, vocab_size: int = 300, max_tokens: str = "40k") -> str:
+    """A real prepared folder (builtin corpus -> trained BPE -> litdata chunks), small."""
+    from data_prep.prepare import main as prepare
+
+    assert prepare(["--corpus", "builtin", "--tokenizer", "train", "--vocab-size", str(vocab_size),
+                    "--max-tokens", max_tokens, "--chunk-tokens", "8192", "--val-fraction", "0.05",
+                    "--workers", "1", "--no-progress", "--out", str(out)]) == 0
+    return str(out)
+
+
+def tiny_cli_args(data_dir, root, *, steps: int = 6, p_max: float = 0.4) -> list[str]:
+    """`layerdrop pretrain` arguments: recipes/tiny.yaml shrunk to seconds on a CPU."""
+    from pathlib import Path
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
+    return ["--config", str(recipe), "--data.data_dir", str(data_dir), "--trainer.default_root_dir", str(root),
+            "--model.decoder.vocab_size", "300", "--model.decoder.d_model", "32", "--model.decoder.n_layers", "3",
+            "--model.decoder.n_heads", "2", "--model.decoder.max_seq_len", "32",
+            "--model.parametrization.d_base", "32", "--model.parametrization.n_layers_base", "3",
+            "--model.layer_dropout.p_max", str(p_max), "--model.lr_schedule.warmup_steps", "1",
+            "--data.seq_len", "32", "--data.batch_size", "4", "--data.val_batches", "2",
+            "--trainer.max_steps", str(steps), "--trainer.val_check_interval", "3",
+            "--trainer.limit_val_batches", "2", "--trainer.log_every_n_steps", "1",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
+            "--checkpoint.every_n_steps", "3", "--checkpoint.keep_last", "2"]
+
+
+class RecordLosses(pl.Callback):
+    """Appends (step, micro-batch, loss, batch checksum) of every training micro-batch
+    to a JSON-lines file, exactly (repr of the float)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        import json
+
+        record = {"step": pl_module.schedule_position[0], "micro": batch_idx % trainer.accumulate_grad_batches,
+                  "loss": float(outputs["loss"]), "batch": int(batch[0].sum())}
+        with open(self.path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+class SimulatedCrash(RuntimeError):
+    pass
+
+
+class CrashAtStep(pl.Callback):
+    """Dies after optimizer step ``step`` as a killed job would: no checkpoint, no cleanup."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if trainer.global_step >= self.step:
+            raise SimulatedCrash(f"simulated crash after step {trainer.global_step}")

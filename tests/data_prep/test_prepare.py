@@ -140,6 +140,28 @@ def test_large_vocabulary_is_stored_as_uint32(tmp_path, prepare):
     assert max(max(doc) for doc in docs) > 65_535
 
 
+def test_jsonl_and_parquet_sources_combine_in_order(tmp_path, prepare):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jsonl_texts = [f"record {i}: the quick brown fox {i * i} jumps" for i in range(30)]
+    parquet_texts = [f"row {i}\n  def f(x):\n      return x ** {i}\n" for i in range(30)]
+    (tmp_path / "a.jsonl").write_text("\n".join(json.dumps({"body": text}) for text in jsonl_texts))
+    pq.write_table(pa.table({"code": parquet_texts}), tmp_path / "b.parquet")
+    out = str(tmp_path / "data")
+    code, _ = prepare("--jsonl", str(tmp_path / "a.jsonl"), "--text-field", "body", "--parquet",
+                      str(tmp_path / "b.parquet"), "--text-column", "code", "--vocab-size", "300", "--out", out)
+    assert code == 0
+    tokenizer = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+    decoded = [tokenizer.decode(doc.tolist()) for split in ("train", "val") for doc in _docs_by_split(out, split)[0]]
+    assert sorted(decoded) == sorted(jsonl_texts + parquet_texts)
+    train = [tokenizer.decode(doc.tolist()) for doc in _docs_by_split(out, "train")[0]]
+    everything = jsonl_texts + parquet_texts
+    assert train == [text for text in everything if text in train]  # corpus order within a split
+    kinds = [source["kind"] for source in read_manifest(out)["sources"]]
+    assert kinds == ["jsonl", "parquet"]
+
+
 # -- bad input: one line, exit 2, nothing touched ------------------------------------
 
 

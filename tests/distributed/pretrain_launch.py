@@ -93,11 +93,13 @@ def pretrain_command(recipe: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "framework.cli", "pretrain", "--config", str(recipe), *extra]
 
 
-def torchrun_command(node_rank: int, nnodes: int, port: int, recipe: Path, *extra: str) -> list[str]:
-    """One "node" of a multi-node launch: torchrun with a static rendezvous on loopback."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", "1",
-            "--node-rank", str(node_rank), "--master-addr", "127.0.0.1", "--master-port", str(port),
-            "-m", "framework.cli", "pretrain", "--config", str(recipe), *extra]
+def torchrun_node(node_rank: int, nnodes: int, port: int, recipe: Path, *extra: str) -> tuple[list[str], dict]:
+    """One "node" of a multi-node CPU launch through recipes/launch/torchrun.sh (torchrun
+    with a static rendezvous on loopback, one process per node)."""
+    env = {**clean_env(), "NNODES": str(nnodes), "NODE_RANK": str(node_rank), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "GPUS_PER_NODE": "1", "ACCELERATOR": "cpu", "STRATEGY": "ddp",
+           "PYTHON": sys.executable}
+    return ["bash", str(REPO / "recipes" / "launch" / "torchrun.sh"), str(recipe), *extra], env
 
 
 def clean_env() -> dict[str, str]:
@@ -113,9 +115,9 @@ def clean_env() -> dict[str, str]:
 
 def start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``command`` in its own process group (so its ranks can be killed together)."""
-    handle = open(log, "w")
-    return subprocess.Popen(command, cwd=REPO, env=env or clean_env(), stdout=handle, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    with open(log, "w") as handle:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(command, cwd=REPO, env=env or clean_env(), stdout=handle,
+                                stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def finish(process: subprocess.Popen, log: Path, timeout: float = LAUNCH_TIMEOUT_S) -> str:

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
 
-from pretrain_launch import LAYERS, MICRO_BATCH, P_MAX, STEPS, pretrain_command, read_ranks, run, tiny_recipe
+from pretrain_launch import (LAYERS, MICRO_BATCH, P_MAX, STEPS, pretrain_command, read_ranks, run, shared_once,
+                             tiny_recipe)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
@@ -29,14 +31,16 @@ def _saved_fraction_sd(row_layers: int) -> float:
     return math.sqrt(sum(p * (1 - p) for p in ILD_RATES) / LAYERS**2 / row_layers)
 
 
+def fsdp_recipe(out: Path, data: Path) -> Path:
+    return tiny_recipe(out / "recipe.json", data_dir=data, root=out / "run", strategy="fsdp", steps=STEPS,
+                       p_max=P_MAX, distribution="increasing", schedule="constant", probe_dir=out / "probe",
+                       activation_checkpointing=True, every_n_steps=STEPS // 2, val_check_interval=STEPS // 2)
+
+
 @pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory: pytest.TempPathFactory, tiny_data: Path) -> Path:
-    out = tmp_path_factory.mktemp("fsdp")
-    recipe = tiny_recipe(out / "recipe.json", data_dir=tiny_data, root=out / "run", strategy="fsdp", steps=STEPS,
-                         p_max=P_MAX, distribution="increasing", schedule="constant", probe_dir=out / "probe",
-                         activation_checkpointing=True, val_check_interval=STEPS // 2)
-    run(pretrain_command(recipe), out / "log.txt")
-    return out
+def fsdp_run(shared_dir: Path, tiny_data: Path) -> Path:
+    return shared_once(shared_dir, "fsdp-run",
+                       lambda out: run(pretrain_command(fsdp_recipe(out, tiny_data)), out / "log.txt"))
 
 
 def test_fsdp_finishes_and_calls_every_block_on_every_rank_and_step(fsdp_run):
@@ -63,3 +67,16 @@ def test_fsdp_flops_saving_matches_mean_dropout(fsdp_run):
     assert summary["mean_dropout_predicted"] == pytest.approx(MEAN_DROPOUT)
     assert summary["flops_saved_pct"] == pytest.approx(100 * MEAN_DROPOUT, abs=5 * sd_rank / math.sqrt(2))
     assert summary["val_loss"] is not None and math.isfinite(summary["val_loss"])
+
+
+@pytest.mark.slow
+def test_fsdp_resume_from_a_sharded_checkpoint_retraces_the_run(fsdp_run, tiny_data, tmp_path):
+    """FSDP2 checkpoints are folders of shards (torch.distributed.checkpoint); resuming
+    from step 15's must repeat steps 16..30 exactly."""
+    halfway = tmp_path / "step-00000015.ckpt"
+    shutil.copytree(fsdp_run / "run" / "checkpoints" / "step-00000015.ckpt", halfway)
+    run(pretrain_command(fsdp_recipe(tmp_path, tiny_data), "--resume", str(halfway)), tmp_path / "log.txt")
+    for straight, resumed in zip(read_ranks(fsdp_run / "probe", 2), read_ranks(tmp_path / "probe", 2)):
+        tail = straight["steps"][STEPS // 2:]
+        assert [s["rows_per_call"] for s in resumed["steps"]] == [s["rows_per_call"] for s in tail]
+        assert [s["loss"] for s in resumed["steps"]] == pytest.approx([s["loss"] for s in tail], rel=1e-6)

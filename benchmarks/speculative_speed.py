@@ -1,0 +1,177 @@
+"""Self-speculative decoding speed of a layer-dropout model against its dense twin.
+
+The direction of the paper's Table 4: a model pretrained with layer dropout (ILD,
+p_max = 0.4) should give its Draft & Verify draft a cheaper, still-accurate skip set
+than the same recipe trained dense (p_max = 0), hence a higher speedup.
+
+For each model:
+1. search the draft's skip set with the four methods of eval/search.py (same budget
+   each; the estimate comes from teacher-forced passes over calibration prompts), and
+   on small models also score every set (the exhaustive reference);
+2. confirm each method's winner by real greedy decoding of other prompts, timed
+   against plain greedy decoding in the same process (medians of several runs per
+   prompt): speedup, acceptance α, T_draft/T_target, lossless or not;
+3. time the LayerSkip-style early-exit draft at every exit layer E as well;
+4. count the evaluations each method needed to get within 5% of the best estimate.
+
+The models are `layerdrop pretrain` checkpoints (--model NAME=PATH, repeatable). By
+default: recipes/tiny.yaml with a constant schedule (ILD, p_max 0.4) and
+recipes/tiny-dense.yaml, trained first with `layerdrop pretrain` when their
+checkpoints are missing (minutes each; not part of the measurement).
+
+    .venv/bin/python benchmarks/speculative_speed.py            # JSON -> benchmarks/results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from eval.search import METHODS, CalibrationObjective, DraftCosts, search  # noqa: E402
+from eval.speculative import ExitDraft, compare, load_prompts  # noqa: E402
+from framework.checkpoint import load_decoder  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "out"
+DEFAULT_DATA = OUT / "data"
+# name -> (recipe, overrides, run folder): the ILD model is the paper's Table 4 row
+# "0.4 (ILD)" (constant schedule); the dense twin differs in p_max only.
+DEFAULT_MODELS = {
+    "ild_p0.4": ("recipes/tiny.yaml", ["--model.layer_dropout.schedule", "constant"], OUT / "tiny-ild"),
+    "dense": ("recipes/tiny-dense.yaml", [], OUT / "tiny-dense"),
+}
+
+
+def train_missing(name: str, data: Path) -> tuple[Path, float]:
+    recipe, overrides, root = DEFAULT_MODELS[name]
+    ckpt = root / "checkpoints" / "last.ckpt"
+    if ckpt.exists():
+        return ckpt, 0.0
+    if not (data / "manifest.json").exists():
+        print(f"preparing {data} (builtin corpus, 3M tokens) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "framework.cli", "prepare", "--corpus", "builtin", "--tokenizer",
+                        "train", "--vocab-size", "8192", "--max-tokens", "3M", "--out", str(data),
+                        "--no-progress"], check=True, cwd=ROOT)
+    print(f"training {name}: layerdrop pretrain --config {recipe} {' '.join(overrides)} ...", flush=True)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "framework.cli", "pretrain", "--config", recipe, "--data.data_dir",
+                    str(data), "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false",
+                    *overrides], check=True, cwd=ROOT)
+    return ckpt, time.perf_counter() - started
+
+
+def exhaustive(objective: CalibrationObjective, num_layers: int) -> dict:
+    """The estimate of every skip set that keeps at least one layer (small L only)."""
+    best = (0.0, ())
+    for bits in range(2 ** num_layers - 1):
+        skip = tuple(i for i in range(num_layers) if bits >> i & 1)
+        value = objective.estimate(skip)["speedup"]
+        best = max(best, (value, skip))
+    return {"skip_layers": list(best[1]), "estimated_speedup": best[0], "sets": 2 ** num_layers - 1}
+
+
+def exit_drafts(model, prompts, args) -> list[dict]:
+    rows = []
+    for exit_layer in range(1, len(model.blocks)):
+        report = compare(model, ExitDraft(exit_layer), prompts, max_new_tokens=args.max_new_tokens,
+                         gamma=args.gamma, repeats=args.repeats)
+        rows.append({k: report[k] for k in ("exit_layer", "speedup", "acceptance_rate", "draft_time_ratio",
+                                            "identical_to_greedy")})
+    return rows
+
+
+def measure(name: str, ckpt: Path, args: argparse.Namespace) -> dict:
+    model, cfg = load_decoder(ckpt)
+    count = args.calibration_prompts + args.confirm_prompts
+    prompts = load_prompts(data=str(args.data), count=count, length=args.prompt_len)
+    started = time.perf_counter()
+    report = search(model, prompts, methods=METHODS, budget=args.budget, gamma=args.gamma,
+                    calibration=args.calibration_prompts, max_new_tokens=args.max_new_tokens,
+                    repeats=args.repeats, seed=args.seed)
+    costs = DraftCosts(report["costs"]["empty"], report["costs"]["verify"])
+    objective = CalibrationObjective(model, prompts[:args.calibration_prompts], new_tokens=args.max_new_tokens,
+                                     gamma=args.gamma, costs=costs)
+    reference = exhaustive(objective, cfg.n_layers) if cfg.n_layers <= 10 else None
+    if reference:  # "within 5% of the best" against the true best estimate
+        top = reference["estimated_speedup"]
+        for r in report["methods"].values():
+            r["evaluations_to_within_5pct_of_exhaustive"] = next(
+                (i + 1 for i, v in enumerate(r["best_so_far"]) if v >= 0.95 * top), None)
+    exits = exit_drafts(model, prompts[args.calibration_prompts:], args)
+    best = report["best"]
+    return {"ckpt": str(ckpt), "num_layers": cfg.n_layers, "d_model": cfg.d_model,
+            "speedup": best["speedup"], "acceptance_rate": best["acceptance_rate"],
+            "draft_time_ratio": best["draft_time_ratio"], "identical_to_greedy": best["identical_to_greedy"],
+            "skip_layers": best["skip_layers"], "best_method": best["method"],
+            "tokens_per_s": best["tokens_per_s"], "plain_tokens_per_s": best["plain_tokens_per_s"],
+            "search": report["methods"], "exhaustive": reference, "costs": report["costs"],
+            "best_exit_draft": max(exits, key=lambda r: r["speedup"]), "exit_drafts": exits,
+            "seconds": time.perf_counter() - started}
+
+
+def table(results: dict) -> str:
+    lines = ["| model | draft (skip set) | speedup | α | T_draft/T_target | lossless | best exit draft |"
+             " evals to 5% (BO / GA / HC / SA) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, r in results["models"].items():
+        evals = " / ".join(str(r["search"][m]["evaluations_to_within_5pct"]) for m in METHODS)
+        ex = r["best_exit_draft"]
+        lines.append(f"| {name} | {r['skip_layers']} | {r['speedup']:.2f}× | {r['acceptance_rate']:.0%} | "
+                     f"{r['draft_time_ratio']:.2f} | {r['identical_to_greedy']} | E={ex['exit_layer']}: "
+                     f"{ex['speedup']:.2f}× (α {ex['acceptance_rate']:.0%}) | {evals} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", action="append", default=None, metavar="NAME=CKPT",
+                   help="a checkpoint to measure (repeatable; default: the ILD and dense tiny models)")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="prepared folder for prompts (and training)")
+    p.add_argument("--budget", type=int, default=24, help="objective evaluations per search method")
+    p.add_argument("--gamma", type=int, default=5, help="draft length (5, as Table 4)")
+    p.add_argument("--calibration-prompts", type=int, default=8)
+    p.add_argument("--confirm-prompts", type=int, default=6)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per prompt (median)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "speculative_speed.json")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    models, trained = {}, {}
+    for spec in args.model or list(DEFAULT_MODELS):
+        if "=" in spec:
+            name, path = spec.split("=", 1)
+            models[name] = Path(path)
+        else:
+            models[spec], trained[spec] = train_missing(spec, args.data)
+    started = time.perf_counter()
+    results = {"benchmark": "speculative_speed", "threads": args.threads, "gamma": args.gamma,
+               "budget_per_method": args.budget, "prompt_len": args.prompt_len,
+               "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
+               "torch": torch.__version__, "machine": platform.machine(), "training_seconds": trained,
+               "models": {}}
+    for name, ckpt in models.items():
+        print(f"measuring {name} ({ckpt}) ...", flush=True)
+        results["models"][name] = measure(name, ckpt, args)
+    results["measure_seconds"] = time.perf_counter() - started
+    results["table"] = table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    print(results["table"])
+    print(f"wrote {args.out} ({results['measure_seconds']:.0f} s of measurement)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""Exit adapters: frozen backbone, the KL objective, files, and the CLIs end to end.
+
+The end-to-end test prepares a small slice of the builtin corpus, trains a small
+backbone with a plain loop, then runs `adapters fit` (Lightning Trainer) and
+`adapters eval` on it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from eval.adapters import (AdapterModule, ExitAdapters, check_exits, default_exits, distillation_kl, eval_main,
+                           fit_main, load_adapters, save_adapters)
+from framework.checkpoint import CheckpointError, export_decoder
+from framework.config import ModelConfig
+from framework.model import Decoder
+
+SEQ_LEN = 64
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models only lose from intra-op threads (and under pytest -n 2 they fight)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def small_config(vocab: int = 384) -> ModelConfig:
+    return ModelConfig(vocab_size=vocab, d_model=64, n_layers=4, n_heads=2, max_seq_len=SEQ_LEN, attention="sdpa")
+
+
+def random_backbone(seed: int = 0) -> Decoder:
+    torch.manual_seed(seed)
+    return Decoder(small_config(vocab=97)).eval()
+
+
+# ------------------------------------------------------------------- units
+
+
+def test_kl_matches_a_slow_reference():
+    torch.manual_seed(0)
+    student, teacher = torch.randn(2, 5, 11), torch.randn(2, 5, 11)
+    teacher_logp = F.log_softmax(teacher, -1)
+    slow = 0.0
+    for b in range(2):
+        for t in range(5):
+            p = teacher_logp[b, t].exp()
+            q = F.softmax(student[b, t], -1)
+            slow += float((p * (p.log() - q.log())).sum())
+    assert float(distillation_kl(student, teacher_logp)) == pytest.approx(slow / 10, rel=1e-5)
+    assert float(distillation_kl(teacher, teacher_logp)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_last_block_init_copies_and_random_init_does_not():
+    backbone = random_backbone()
+    last = ExitAdapters(backbone.config, [1, 3])
+    last.initialise(backbone, "last")
+    for block in last.blocks.values():
+        for key, value in backbone.blocks[-1].state_dict().items():
+            assert torch.equal(block.state_dict()[key], value)
+    fresh = ExitAdapters(backbone.config, [2])
+    fresh.initialise(backbone, "random")
+    assert not torch.equal(fresh.blocks["2"].ffn.up.weight, backbone.blocks[-1].ffn.up.weight)
+    with pytest.raises(ValueError, match="init='copy' is invalid"):
+        fresh.initialise(backbone, "copy")
+
+
+@pytest.mark.parametrize("exits", [[0], [4], [1, 7], [], [2.5]])
+def test_exits_outside_one_to_l_minus_one_are_refused(exits):
+    with pytest.raises(ValueError, match=r"exits=.* is invalid: .* in 1\.\.3"):
+        check_exits(exits, 4)
+
+
+def test_default_exits():
+    assert default_exits(4) == [1, 2, 3]
+    assert default_exits(13) == [3, 6, 10]
+    assert default_exits(2) == [1]
+
+
+def test_training_leaves_the_backbone_bit_identical():
+    backbone = random_backbone()
+    before = {k: v.clone() for k, v in backbone.state_dict().items()}
+    module = AdapterModule(backbone, [1, 2], lr=1e-2)
+    adapter_before = module.adapters.blocks["1"].ffn.up.weight.detach().clone()
+    tokens = torch.randint(0, 97, (16, 17))
+    batches = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=4)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=4, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(module, train_dataloaders=batches)
+    assert all(not p.requires_grad for p in backbone.parameters())
+    optimised = {id(p) for group in trainer.optimizers[0].param_groups for p in group["params"]}
+    assert optimised == {id(p) for p in module.adapters.parameters()}
+    for key, value in backbone.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert not torch.equal(module.adapters.blocks["1"].ffn.up.weight, adapter_before)  # it did train
+
+
+def test_adapter_files_round_trip_and_refuse_another_shape(tmp_path):
+    backbone = random_backbone()
+    adapters = ExitAdapters(backbone.config, [2])
+    adapters.initialise(backbone, "random")
+    save_adapters(adapters, tmp_path / "a", {"backbone": "x", "model": backbone.config.to_dict()})
+    loaded, meta = load_adapters(tmp_path / "a", backbone)
+    assert meta["exits"] == [2]
+    assert torch.equal(loaded.blocks["2"].attn.qkv.weight, adapters.blocks["2"].attn.qkv.weight)
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        save_adapters(adapters, tmp_path / "a", {"model": backbone.config.to_dict()})
+    other = Decoder(ModelConfig(vocab_size=97, d_model=32, n_layers=4, n_heads=2, max_seq_len=SEQ_LEN))
+    with pytest.raises(CheckpointError, match="another model shape"):
+        load_adapters(tmp_path / "a", other)
+
+
+# -------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    from data_prep.prepare import main as prepare
+
+    out = tmp_path_factory.mktemp("adapters") / "data"
+    assert prepare(["--corpus", "builtin", "--tokenizer", "train", "--vocab-size", "384", "--max-tokens", "160k",
+                    "--val-fraction", "0.1", "--out", str(out), "--no-progress"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def backbone_dir(prepared, tmp_path_factory):
+    """A backbone trained for a short while with a plain loop on the prepared tokens."""
+    from framework.data import TokenDataModule
+
+    torch.manual_seed(0)
+    model = Decoder(small_config())
+    data = TokenDataModule(str(prepared), seq_len=SEQ_LEN, batch_size=16, seed=0)
+    data.setup("fit")
+    steps = 160
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 16) * (1 - s / steps))
+    done = 0
+    while done < steps:
+        for inputs, targets in data.train_dataloader():
+            loss = F.cross_entropy(model(inputs).flatten(0, 1), targets.flatten())
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            schedule.step()
+            done += 1
+            if done == steps:
+                break
+    out = tmp_path_factory.mktemp("adapters") / "backbone"
+    export_decoder(model.eval(), out)
+    return out
+
+
+def test_fit_then_eval_reduces_the_exit_loss(prepared, backbone_dir, tmp_path, capsys):
+    out = tmp_path / "adapters"
+    assert fit_main(["--ckpt", str(backbone_dir), "--data", str(prepared), "--out", str(out), "--exits", "1,2",
+                     "--max-steps", "50", "--batch-size", "8", "--seq-len", str(SEQ_LEN), "--lr", "2e-3",
+                     "--accelerator", "cpu", "--val-batches", "2"]) == 0
+    meta = json.loads((out / "adapters.json").read_text())
+    assert meta["exits"] == [1, 2] and meta["backbone"] == str(backbone_dir.resolve())
+    saved = set(__import__("safetensors.torch", fromlist=["load_file"]).load_file(out / "adapters.safetensors"))
+    assert saved and all(k.startswith("blocks.1.") or k.startswith("blocks.2.") for k in saved)  # adapters only
+
+    report_path = tmp_path / "report.json"
+    assert eval_main(["--adapters", str(out), "--data", str(prepared), "--out", str(report_path),
+                      "--seq-len", str(SEQ_LEN), "--batches", "6"]) == 0
+    report = json.loads(report_path.read_text())
+    assert (tmp_path / "report.png").stat().st_size > 0
+    final = report["final_loss"]
+    for e in ("1", "2"):
+        # The objective: the adapter exit is far closer to the full model than the plain exit ...
+        assert report["adapter_kl"][e] < 0.5 * report["plain_kl"][e], report
+        # ... and so is its cross-entropy, which moves from the plain exit's toward the full model's.
+        assert abs(report["adapter_loss"][e] - final) < abs(report["plain_loss"][e] - final), report
+    assert report["exit_loss"]["4"] == final and report["num_layers"] == 4
+    assert "exit 1: plain" in capsys.readouterr().out
+
+
+def test_fit_refuses_bad_input_before_training(prepared, backbone_dir, tmp_path, capsys):
+    base = ["--data", str(prepared), "--out", str(tmp_path / "a")]
+    cases = [
+        (["--ckpt", str(tmp_path / "missing")], "does not exist"),
+        (["--ckpt", str(backbone_dir), "--exits", "0,2"], "exits=[0, 2] is invalid"),
+        (["--ckpt", str(backbone_dir), "--exits", "4"], "exits=[4] is invalid"),
+        (["--ckpt", str(backbone_dir), "--max-steps", "0"], "--max-steps=0 is invalid"),
+        (["--ckpt", str(backbone_dir), "--strategy", "fsdp"], "invalid choice"),
+    ]
+    for args, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            fit_main(base + args)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "a" / "adapters.safetensors").exists()
+
+
+def test_eval_refuses_a_folder_without_adapters(prepared, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        eval_main(["--adapters", str(tmp_path), "--data", str(prepared), "--out", str(tmp_path / "r.json")])
+    assert "has no adapters.safetensors" in capsys.readouterr().err
