@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -70,21 +71,26 @@ def counted_tokens(targets: torch.Tensor) -> int:
 
 
 @torch.inference_mode()
-def exit_losses(decoder: Decoder, batches: Iterable[Batch], *, chunk_tokens: int | None = None) -> dict:
-    """Mean validation loss at every exit layer 1..L, from one pass over ``batches``."""
+def exit_losses(decoder: Decoder, batches: Iterable[Batch], *, chunk_tokens: int | None = None,
+                exits: Sequence[int] | None = None) -> dict:
+    """Mean validation loss at every exit layer 1..L (or only at ``exits``), from one
+    pass over ``batches``; the blocks run up to the deepest exit asked for."""
     chunk_tokens = chunk_tokens or default_chunk_tokens(decoder)
     device = decoder.embed.weight.device
     num_layers = len(decoder.blocks)
-    sums = torch.zeros(num_layers, dtype=torch.float64, device=device)
+    exits = sorted(set(range(1, num_layers + 1) if exits is None else exits))
+    for k in exits:
+        decoder.active_layers(k)  # validates 1..L before any work
+    sums = torch.zeros(len(exits), dtype=torch.float64, device=device)
     tokens = 0
     for inputs, targets in batches:
-        states = decoder.hidden(inputs.to(device), all_layers=True)
-        for layer, state in enumerate(states):
-            sums[layer] += summed_cross_entropy(decoder, state, targets, chunk_tokens)
+        states = decoder.hidden(inputs.to(device), exit_layer=exits[-1], all_layers=True)
+        for index, k in enumerate(exits):
+            sums[index] += summed_cross_entropy(decoder, states[k - 1], targets, chunk_tokens)
         tokens += counted_tokens(targets)
     _require_tokens(tokens)
     return {"num_layers": num_layers,
-            "exit_loss": {str(k + 1): float(sums[k] / tokens) for k in range(num_layers)},
+            "exit_loss": {str(k): float(sums[i] / tokens) for i, k in enumerate(exits)},
             "tokens": tokens}
 
 
@@ -215,7 +221,7 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')}={value} is invalid: must be a positive integer")
-    args.labels = args.label or [_default_label(p) for p in args.ckpt]
+    args.labels = args.label or default_labels(args.ckpt)
     if len(args.labels) != len(args.ckpt):
         parser.error(f"--label has {len(args.labels)} names for {len(args.ckpt)} checkpoints: give one per --ckpt")
     if len(set(args.labels)) != len(args.labels):
@@ -224,7 +230,7 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for path in (args.out, args.plot):
         if Path(path).exists() and not args.overwrite:
             parser.error(f"{path!r} already exists; pass --overwrite to replace it")
-    if not Path(args.data).is_dir():
+    if "://" not in args.data and not Path(args.data).is_dir():  # URLs are litdata's to check
         parser.error(f"--data {args.data!r} is not a folder: expected one made by `layerdrop prepare`")
     for path in args.ckpt:
         if not Path(path).exists():
@@ -237,9 +243,18 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     args.seq_len = args.seq_len or args.configs[0].max_seq_len
 
 
-def _default_label(path: str) -> str:
-    p = Path(path)
-    return p.name if p.is_dir() else p.stem
+def default_labels(paths: Sequence[str]) -> list[str]:
+    """Short distinct names: the file or folder name, else run/name (runs/x/checkpoints/
+    last.ckpt -> x/last), else the whole path."""
+    def run_and_name(path: Path) -> str:
+        run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+        return f"{run.name}/{path.stem if path.suffix == '.ckpt' else path.name}"
+
+    for naming in (lambda p: p.stem if p.suffix == ".ckpt" else p.name, run_and_name, str):
+        labels = [naming(Path(p)) for p in paths]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(p) for p in paths]
 
 
 def _device(parser: argparse.ArgumentParser, name: str) -> torch.device:
@@ -283,13 +298,44 @@ def _evaluate_each(args: argparse.Namespace, evaluate) -> list[dict]:
     return reports
 
 
+def parse_exit_layers(spec: str, num_layers: int) -> list[int]:
+    """"4,8,12" or "2-6" (or both, comma separated) -> sorted exits, each in 1..L."""
+    exits: set[int] = set()
+    for part in (p.strip() for p in spec.split(",")):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match:
+            raise ValueError(f"exit layers {spec!r} are invalid: give exits in 1..{num_layers} like 2,4 or 2-6")
+        start, end = int(match.group(1)), int(match.group(2) or match.group(1))
+        exits.update(range(start, end + 1))
+    bad = sorted(k for k in exits if not 1 <= k <= num_layers)
+    if bad or not exits:
+        raise ValueError(f"exit layers {spec!r} are invalid: {bad} outside 1..{num_layers} "
+                         f"(the model has {num_layers} layers)")
+    return sorted(exits)
+
+
+def _exit_layers(parser: argparse.ArgumentParser, spec: str | None, num_layers: int) -> list[int] | None:
+    if spec is None:
+        return None
+    try:
+        return parse_exit_layers(spec, num_layers)
+    except ValueError as err:
+        parser.error(str(err))
+
+
 def exits_main(argv: list[str] | None = None) -> int:
     parser = _common_parser("layerdrop eval exits",
                             "Validation loss at every early-exit layer 1..L, in one pass over the data.")
+    parser.add_argument("--exit-layers", default=None, metavar="SPEC",
+                        help="only these exits, e.g. 4,8,12 or 2-6 (default: all, 1..L); each costs one "
+                             "head + cross-entropy over the data")
     args = parser.parse_args(argv)
     _check_common(parser, args)
+    exits = [_exit_layers(parser, args.exit_layers, cfg.n_layers) for cfg in args.configs]
     data = _read_data(parser, args)
-    reports = _evaluate_each(args, lambda d: exit_losses(d, data, chunk_tokens=args.chunk_tokens))
+    queue = iter(exits)
+    reports = _evaluate_each(args, lambda d: exit_losses(d, data, chunk_tokens=args.chunk_tokens,
+                                                         exits=next(queue)))
     report = _combined(reports)
     report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
     _write(report, args.out)

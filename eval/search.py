@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from eval.exits import run_from
 from eval.speculative import SkipDraft, compare, plain_decode
 from framework.model import Decoder
 
@@ -251,13 +252,21 @@ class CalibrationObjective:
         continuations = [plain_decode(model, p, new_tokens)[0] for p in prompts]
         self.sequences = torch.stack([torch.cat([p, torch.tensor(c)]) for p, c in zip(prompts, continuations)])
         self.continuations = torch.tensor(continuations)
+        self._prefix: list[torch.Tensor] | None = None
 
     @torch.inference_mode()
     def agreement(self, skip: Sequence[int]) -> torch.Tensor:
         """[prompts, new_tokens] bool: the draft's teacher-forced prediction of each
         continuation token equals it (column 0 comes from the prefill, never drafted)."""
-        logits = self.model(self.sequences[:, :-1], skip_layers=skip)
-        predictions = logits[:, self.prompt_len - 1:].argmax(-1)
+        num_layers = len(self.model.blocks)
+        if self._prefix is None:
+            # A draft equals the full model up to its first skipped block: keep the full
+            # model's stream before every block and resume each set from there.
+            inputs = self.sequences[:, :-1]
+            self._prefix = [self.model.embed(inputs)] + self.model.hidden(inputs, all_layers=True)
+        first = min(skip, default=num_layers)
+        h = run_from(self.model, self._prefix[first], [i for i in range(first, num_layers) if i not in skip])
+        predictions = self.model.logits(h[:, self.prompt_len - 1:]).argmax(-1)
         return predictions == self.continuations
 
     def estimate(self, skip: Sequence[int]) -> dict:

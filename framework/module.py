@@ -53,6 +53,7 @@ class MicroBatchStats:
     rates: list[float]
     executed: Flops
     dense: Flops
+    kept_counts: list[tuple[int, int]]  # (attention rows, FFN rows) each layer ran on
 
 
 class LayerDropModule(pl.LightningModule):
@@ -170,9 +171,10 @@ class LayerDropModule(pl.LightningModule):
 
     def _stats(self, inputs: torch.Tensor, rates: list[float], drop: DropPlan | None) -> MicroBatchStats:
         batch, seq = inputs.shape
-        dense = dense_step_flops(self.model_cfg, batch, seq)
-        executed = dense if drop is None else executed_step_flops(self.model_cfg, drop, seq)
-        return MicroBatchStats(tokens=inputs.numel(), rates=rates, executed=executed, dense=dense)
+        kept = [(batch, batch)] * self.model_cfg.n_layers if drop is None else drop.kept_counts()
+        return MicroBatchStats(tokens=inputs.numel(), rates=rates, kept_counts=kept,
+                               executed=executed_step_flops(self.model_cfg, kept, seq, batch_size=batch),
+                               dense=dense_step_flops(self.model_cfg, batch, seq))
 
     # ------------------------------------------------------------- validation
 

@@ -129,22 +129,31 @@ def score_continuations(decoder: torch.nn.Module, pairs: Sequence[TokenPair], *,
 
 
 def _score_batch(decoder, batch, device, exit_layer, skip_layers, full_logits):
+    """One right-padded forward; the continuation positions of every row go through the
+    head together."""
     width = max(len(r[1]) for r in batch)
     tokens = torch.zeros(len(batch), width, dtype=torch.long)
-    for row, (_, inputs, _, _) in enumerate(batch):
+    rows, positions, targets = [], [], []
+    for row, (_, inputs, length, continuation) in enumerate(batch):
         tokens[row, :len(inputs)] = torch.tensor(inputs)
+        rows += [row] * length
+        positions += range(len(inputs) - length, len(inputs))
+        targets += continuation
     tokens = tokens.to(device)
+    rows, positions = torch.tensor(rows, device=device), torch.tensor(positions, device=device)
     if full_logits:
-        logits = decoder(tokens, exit_layer=exit_layer, skip_layers=skip_layers)
+        logits = decoder(tokens, exit_layer=exit_layer, skip_layers=skip_layers)[rows, positions]
     else:
         hidden = decoder.hidden(tokens, exit_layer=exit_layer, skip_layers=skip_layers)
-    for row, (index, inputs, length, continuation) in enumerate(batch):
-        positions = slice(len(inputs) - length, len(inputs))
-        row_logits = logits[row, positions] if full_logits else decoder.logits(hidden[row, positions])
-        logprobs = F.log_softmax(row_logits.float(), dim=-1)
-        target = torch.tensor(continuation, device=device)
-        total = float(logprobs.gather(-1, target[:, None]).sum())
-        yield index, (total, bool((logprobs.argmax(-1) == target).all()))
+        logits = decoder.logits(hidden[rows, positions])
+    logprobs = F.log_softmax(logits.float(), dim=-1)
+    targets = torch.tensor(targets, device=device)
+    picked = logprobs.gather(-1, targets[:, None])[:, 0].double().cpu()
+    hits = (logprobs.argmax(-1) == targets).cpu()
+    start = 0
+    for index, _, length, _ in batch:
+        yield index, (float(picked[start:start + length].sum()), bool(hits[start:start + length].all()))
+        start += length
 
 
 def choice_predictions(loglikelihoods: Sequence[float], choices: Sequence[str]) -> tuple[int, int, int]:

@@ -98,10 +98,21 @@ def test_single_on_several_devices_is_refused():
         build_strategy("single", accelerator="cpu", devices=2, num_nodes=2)
 
 
-@pytest.mark.parametrize("devices", [0, -1, 1.5, True, "two"])
+@pytest.mark.parametrize("devices", [0, -2, 1.5, True, "two", "0", []])
 def test_bad_device_count_is_refused(devices):
-    with pytest.raises(ValueError, match=r"devices=.* is invalid: must be an integer >= 1"):
+    with pytest.raises(ValueError, match=r"devices=.* is invalid: must be a count >= 1, a list of device indices"):
         build_strategy("ddp", accelerator="cpu", devices=devices)
+
+
+@pytest.mark.parametrize("devices, world", [("2", 4), ("0,1,2", 6), ([0, 3], 4), (2, 4)])
+def test_devices_are_read_as_lightning_reads_them(devices, world):
+    """A command line passes devices as a string; Lightning takes counts and index lists."""
+    strategy = build_strategy("fsdp", accelerator="gpu", devices=devices, num_nodes=2)
+    assert strategy._data_parallel_size == world
+
+
+def test_fsdp_over_nodes_of_one_device_each_is_allowed():
+    assert build_strategy("fsdp", accelerator="cpu", devices="1", num_nodes=2)._data_parallel_size == 2
 
 
 def test_bad_node_count_is_refused():

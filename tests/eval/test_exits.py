@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eval.exits import IGNORE_INDEX, capped_batches, exit_losses, exits_main, skip_losses, skip_main
+from eval.exits import (IGNORE_INDEX, capped_batches, default_labels, exit_losses, exits_main, parse_exit_layers,
+                        skip_losses, skip_main)
 from framework.checkpoint import export_decoder
 from framework.config import ModelConfig
 from framework.model import Decoder
@@ -58,6 +59,27 @@ def test_every_exit_equals_a_forward_with_that_exit_layer(chunk_tokens):
     assert len(set(round(v, 4) for v in report["exit_loss"].values())) == 4  # the exits really differ
 
 
+def test_a_subset_of_exits_gives_the_same_numbers():
+    decoder, data = tiny_decoder(n_layers=4), batches()
+    every = exit_losses(decoder, data)["exit_loss"]
+    subset = exit_losses(decoder, data, exits=[3, 1])
+    assert subset["exit_loss"] == {"1": pytest.approx(every["1"]), "3": pytest.approx(every["3"])}
+    with pytest.raises(ValueError, match="exit_layer=5 is invalid: must be an integer in 1..4"):
+        exit_losses(decoder, data, exits=[5])
+
+
+@pytest.mark.parametrize("spec, expected", [("2-4,6", [2, 3, 4, 6]), ("1-6", [1, 2, 3, 4, 5, 6]), ("5", [5])])
+def test_exit_layer_specs(spec, expected):
+    assert parse_exit_layers(spec, 6) == expected
+
+
+@pytest.mark.parametrize("spec, message", [("0", r"\[0\] outside 1..6"), ("3-7", r"\[7\] outside 1..6"),
+                                           ("x", "like 2,4 or 2-6")])
+def test_bad_exit_layer_specs(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_exit_layers(spec, 6)
+
+
 def test_every_skip_set_equals_a_forward_with_those_layers_skipped():
     decoder, data = tiny_decoder(n_layers=4), batches()
     skips = [(), (1, 3), (0,), (2,), (1, 2)]
@@ -81,6 +103,13 @@ def test_caps_limit_tokens_and_batches():
     assert sum(t.numel() for _, t in capped_batches(data, max_tokens=5)) == 10  # at least one sequence
     assert len(list(capped_batches(data, max_batches=2))) == 2
     assert len(list(capped_batches(data))) == 4
+
+
+def test_default_labels_are_short_and_distinct():
+    assert default_labels(["runs/dense/checkpoints/last.ckpt", "runs/ild/checkpoints/last.ckpt"]) == \
+        ["dense/last", "ild/last"]
+    assert default_labels(["out/dense", "out/dropout"]) == ["dense", "dropout"]
+    assert default_labels(["runs/a/step-1.ckpt", "runs/a/step-2.ckpt"]) == ["step-1", "step-2"]
 
 
 # ---------------------------------------------------------------- the commands
@@ -123,6 +152,9 @@ def test_exits_command_writes_the_report_and_plot_for_two_models(prepared, capsy
     assert (prepared / "exits.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, err = run(exits_main, ["--ckpt", prepared / "dense", "--data", prepared / "data", "--out", out], capsys)
     assert code == 2 and "already exists; pass --overwrite" in err
+    code, err = run(exits_main, ["--ckpt", prepared / "dense", "--data", prepared / "data", "--exit-layers", "0-2",
+                                 "--out", prepared / "never.json"], capsys)
+    assert code == 2 and "[0] outside 1..3" in err
 
 
 def test_skip_command_sweeps_sets_in_parameter_order(prepared, capsys):

@@ -147,6 +147,15 @@ def test_teacher_forced_replay_matches_real_decoding_for_an_exit_draft(model, pr
             len(rounds), sum(k for k, _ in rounds), sum(a for _, a in rounds))
 
 
+def test_agreement_resumed_from_the_prefix_equals_a_plain_skip_forward(model, prompts):
+    objective = CalibrationObjective(model, prompts, new_tokens=10, gamma=3)
+    for skip in [(), (0,), (2,), (1, 3), (0, 1, 2)]:
+        with torch.inference_mode():
+            logits = model(objective.sequences[:, :-1], skip_layers=skip)
+        direct = logits[:, len(prompts[0]) - 1:].argmax(-1) == objective.continuations
+        assert torch.equal(objective.agreement(skip), direct), skip
+
+
 def test_objective_of_the_full_model_accepts_everything(model, prompts):
     objective = CalibrationObjective(model, prompts, new_tokens=16, gamma=4)
     full = objective.estimate(())
