@@ -45,8 +45,9 @@ from framework.multiple_choice import score_continuations
 
 TOKENIZER_FILE = "tokenizer.json"
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<|im_end|>", "<|eot_id|>")
-# Generation arguments a greedy decoder honours or for which greedy is the answer.
-_GREEDY_NEUTRAL = ("top_p", "top_k", "num_beams")
+# Sampling filters: they only act when do_sample is true (Hugging Face semantics), which
+# the adapter refuses, so with greedy decoding they are moot.
+_GREEDY_NEUTRAL = ("top_p", "top_k")
 
 
 def training_data_dir(ckpt: Path) -> Path | None:
@@ -112,6 +113,13 @@ def _positive_int(name: str, value: Any) -> int:
     return number
 
 
+def _layer_number(value: Any, num_layers: int) -> int:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"exit_layer={value!r} is invalid: must be an integer in 1..{num_layers}") from None
+
+
 @register_model("layerdrop")
 class LayerDropLM(TemplateLM):
     """A layerdrop Decoder (optionally early-exited or with layers skipped) for lm-eval."""
@@ -133,7 +141,7 @@ class LayerDropLM(TemplateLM):
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.decoder, self.model_cfg = load_decoder(path, map_location=self._device)
         n = self.model_cfg.n_layers
-        self.exit_layer = None if exit_layer in (None, "", "None") else int(exit_layer)
+        self.exit_layer = None if exit_layer in (None, "", "None") else _layer_number(exit_layer, n)
         self.skip_layers = () if skip_layers in (None, "", "None") else parse_skip_set(skip_layers, n)
         self.decoder.active_layers(self.exit_layer, self.skip_layers)  # validates both
         tokenizer_path, manifest_eos = (Path(tokenizer), None) if tokenizer else find_tokenizer(path)
@@ -221,13 +229,16 @@ class LayerDropLM(TemplateLM):
         max_new = _positive_int("max_gen_toks", kwargs.pop("max_gen_toks", self.max_gen_toks))
         do_sample = bool(kwargs.pop("do_sample", False))
         temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
-        if do_sample or temperature > 0:
-            raise ValueError(f"do_sample={do_sample}, temperature={temperature}: the layerdrop model decodes "
-                             "greedily only (set do_sample=false, temperature=0)")
+        num_beams = int(kwargs.pop("num_beams", 1) or 1)
+        if do_sample or temperature > 0 or num_beams != 1:
+            raise ValueError(f"do_sample={do_sample}, temperature={temperature}, num_beams={num_beams}: the "
+                             "layerdrop model decodes greedily only (do_sample=false, temperature=0, num_beams=1)")
         unknown = sorted(k for k in kwargs if k not in _GREEDY_NEUTRAL)
         if unknown:
+            allowed = ", ".join(("until", "max_gen_toks", "do_sample=false", "temperature=0", "num_beams=1")
+                                + _GREEDY_NEUTRAL)
             raise ValueError(f"generation arguments {unknown} are not supported by the layerdrop model; "
-                             f"allowed: until, max_gen_toks, do_sample=false, temperature=0, {', '.join(_GREEDY_NEUTRAL)}")
+                             f"allowed: {allowed}")
         if max_new >= self.max_length:
             raise ValueError(f"max_gen_toks={max_new} leaves no room for a prompt in max_length={self.max_length}")
         return until, max_new

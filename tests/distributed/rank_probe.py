@@ -3,8 +3,9 @@
 Per optimizer step: the training loss, and the number of rows every block was
 *called* on (a forward pre-hook on each block reads the kept-row index of its drop
 plan), so a test sees both that every rank called every block on every step (zero
-rows included) and that the ranks drew different masks. At the end: the FLOPs
-saving this rank logged, and (optionally) its full parameters.
+rows included) and that the ranks drew different masks. At the end: the last value
+of every metric this rank handed to its loggers (a capturing logger is added on every
+rank; the run's own loggers write on rank 0 only), and optionally its parameters.
 
 Given to ``layerdrop pretrain`` through a recipe: ``trainer.callbacks: [{class_path:
 rank_probe.RankProbe, init_args: {out_dir: ...}}]`` with this folder on PYTHONPATH.
@@ -18,6 +19,29 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.loggers import Logger
+
+
+class LastValues(Logger):
+    """Keeps the last value of every metric it is given, on whichever rank it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: dict[str, float] = {}
+
+    @property
+    def name(self) -> str:
+        return "last_values"
+
+    @property
+    def version(self) -> int:
+        return 0
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.values.update({k: float(v) for k, v in metrics.items()})
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
 
 
 class RankProbe(pl.Callback):
@@ -27,8 +51,10 @@ class RankProbe(pl.Callback):
         self.steps: list[dict[str, Any]] = []
         self._calls: list[int] = []
         self._handles: list[Any] = []
+        self._logged = LastValues()
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        trainer.loggers = [*trainer.loggers, self._logged]
         for block in pl_module.model.blocks:
             self._handles.append(block.register_forward_pre_hook(self._record_call, with_kwargs=True))
 
@@ -51,7 +77,7 @@ class RankProbe(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for handle in self._handles:
             handle.remove()
-        logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("flops/", "layer_dropout/"))}
+        logged = self._logged.values
         record = {"rank": trainer.global_rank, "world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
                   "strategy": type(trainer.strategy).__name__, "steps": self.steps, "logged": logged}
         self.out_dir.mkdir(parents=True, exist_ok=True)

@@ -155,6 +155,7 @@ def test_generation_stops_at_the_first_stop_string(lm):
 @pytest.mark.parametrize("gen_kwargs, message", [
     ({"do_sample": True}, "decodes greedily only"),
     ({"temperature": 0.7}, "decodes greedily only"),
+    ({"num_beams": 4}, "decodes greedily only"),
     ({"repetition_penalty": 1.2}, "not supported by the layerdrop model"),
     ({"max_gen_toks": 64}, "leaves no room for a prompt"),
 ])
@@ -166,6 +167,7 @@ def test_unsupported_generation_arguments_are_refused(lm, gen_kwargs, message):
 @pytest.mark.parametrize("model_args, message", [
     ({"exit_layer": 0}, r"exit_layer=0 is invalid: must be an integer in 1..3"),
     ({"exit_layer": 4}, r"exit_layer=4 is invalid: must be an integer in 1..3"),
+    ({"exit_layer": "two"}, r"exit_layer='two' is invalid: must be an integer in 1..3"),
     ({"skip_layers": "2;3"}, r"layers \[3\] are outside 0..2"),
     ({"batch_size": "auto"}, "batch_size='auto' is not supported"),
     ({"batch_size": 0}, "batch_size=0 is invalid"),
