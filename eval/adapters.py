@@ -355,6 +355,10 @@ def eval_parser() -> argparse.ArgumentParser:
 def eval_main(argv: list[str] | None = None) -> int:
     parser = eval_parser()
     args = parser.parse_args(argv)
+    for name in ("seq_len", "batch_size", "max_tokens", "batches"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name.replace('_', '-')}={value} is invalid: must be a positive integer")
     args.plot = args.plot or str(Path(args.out).with_suffix(".png"))
     for path in (args.out, args.plot):
         if Path(path).exists() and not args.overwrite:
@@ -368,11 +372,14 @@ def eval_main(argv: list[str] | None = None) -> int:
         adapters, _ = load_adapters(args.adapters, backbone)
     except CheckpointError as err:
         parser.error(str(err))
-    from eval.exits import CachedBatches, capped_batches, validation_batches
+    from eval.exits import ValidationData
 
-    loader = validation_batches(args.data, seq_len=args.seq_len or backbone.config.max_seq_len,
-                                batch_size=args.batch_size)
-    data = CachedBatches(capped_batches(loader, max_tokens=args.max_tokens, max_batches=args.batches))
+    try:
+        data = ValidationData(args.data, seq_len=args.seq_len or backbone.config.max_seq_len,
+                              batch_size=args.batch_size, max_tokens=args.max_tokens, max_batches=args.batches,
+                              model_vocab_size=backbone.config.vocab_size)
+    except (ValueError, FileNotFoundError) as err:
+        parser.error(f"--data {args.data!r}: {err}")
     report = {"adapters": str(args.adapters), "backbone": str(args.ckpt or meta["backbone"]),
               **evaluate(backbone, adapters, data), "plot": args.plot}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -387,7 +387,7 @@ def load_prompts(*, data: str | None = None, prompts_file: str | None = None, co
     from eval.exits import validation_batches
 
     out: list[torch.Tensor] = []
-    for inputs, _ in validation_batches(str(data), seq_len=length, batch_size=count):
+    for inputs, _ in validation_batches(str(data), seq_len=length, batch_size=count, max_batches=1):
         out.extend(row.clone() for row in inputs)
         if len(out) >= count:
             break

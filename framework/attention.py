@@ -55,8 +55,10 @@ def _flex_kernel(compiled: bool):
     from torch.nn.attention.flex_attention import flex_attention
 
     # Eager Flex materialises the scores; compiled it is a fused kernel. Compile only
-    # where Triton exists (CUDA); the CPU path is for tests of the forward.
-    return torch.compile(flex_attention, dynamic=False) if compiled else flex_attention
+    # where Triton exists (CUDA); the CPU path is for tests of the forward. Shapes are
+    # left to Dynamo's automatic dynamism: layer dropout changes the kept batch size
+    # every step, and a static compile would recompile per size until the cache limit.
+    return torch.compile(flex_attention) if compiled else flex_attention
 
 
 @lru_cache(maxsize=16)
