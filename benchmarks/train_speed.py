@@ -14,9 +14,11 @@ Two measurements on the tiny recipe's shape (d=256, L=6, vocab 8192, 8 × 128 to
      Goal: realized / theoretical >= 0.9 on CPU.
 
 Every variant runs ``--reps`` times, interleaved (rotated each repetition) so that load
-from other jobs hits all alike; per-step times after ``--warmup`` steps are pooled and
-their medians compared. CPU time of this process is reported beside wall time: it is
-steadier when the machine is shared.
+from other jobs hits all alike. Within a repetition each variant's step time is the
+median over its steps after ``--warmup``; the ratios are formed within a repetition
+(the variants ran minutes apart at most) and the median over repetitions is reported,
+so a machine whose load drifts during the benchmark does not bias them. CPU time of
+this process is reported beside wall time: it is steadier when the machine is shared.
 
     .venv/bin/python benchmarks/train_speed.py          # writes benchmarks/results/train_speed.json
 """
@@ -60,9 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=8192)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=14, help="optimizer steps per repetition")
-    parser.add_argument("--warmup", type=int, default=4, help="steps left out of the timing")
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=12, help="optimizer steps per repetition")
+    parser.add_argument("--warmup", type=int, default=3, help="steps left out of the timing")
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS)
     return parser.parse_args(argv)
 
@@ -142,23 +144,26 @@ def plain_run(args: argparse.Namespace, seed: int) -> StepClock:
     return clock
 
 
-def measure(args: argparse.Namespace) -> dict[str, StepClock | list]:
+def measure(args: argparse.Namespace) -> dict[str, dict]:
+    """{clock: {variant: [median step seconds of each repetition]}} and the ILD FLOPs."""
     variants = {"plain_dense": lambda seed: plain_run(args, seed),
                 "lightning_dense": lambda seed: lightning_run(args, 0.0, seed),
                 "lightning_ild": lambda seed: lightning_run(args, 0.4, seed)}
-    pooled: dict[str, dict[str, list[float]]] = {name: {"wall": [], "cpu": []} for name in variants}
+    medians: dict[str, dict[str, list[float]]] = {"wall": {n: [] for n in variants},
+                                                  "cpu": {n: [] for n in variants}}
     flops = {"executed": 0.0, "dense": 0.0}
     names = list(variants)
     for rep in range(args.reps):
         for name in names[rep % len(names):] + names[: rep % len(names)]:
             clock = variants[name](rep)
-            pooled[name]["wall"] += clock.wall[args.warmup:]
-            pooled[name]["cpu"] += clock.cpu[args.warmup:]
+            medians["wall"][name].append(statistics.median(clock.wall[args.warmup:]))
+            medians["cpu"][name].append(statistics.median(clock.cpu[args.warmup:]))
             if name == "lightning_ild":
                 flops["executed"] += clock.executed
                 flops["dense"] += clock.dense
-            print(f"rep {rep} {name}: median step {statistics.median(clock.wall[args.warmup:]):.3f} s", flush=True)
-    return {"pooled": pooled, "flops": flops}
+            print(f"rep {rep} {name}: median step {medians['wall'][name][-1]:.3f} s wall, "
+                  f"{medians['cpu'][name][-1]:.3f} s CPU", flush=True)
+    return {"medians": medians, "flops": flops}
 
 
 def summarise(args: argparse.Namespace, measured: dict) -> dict:
@@ -168,18 +173,20 @@ def summarise(args: argparse.Namespace, measured: dict) -> dict:
                           "processor": platform.processor() or platform.machine(), "torch": torch.__version__,
                           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}}
     theoretical = 1.0 - measured["flops"]["executed"] / measured["flops"]["dense"]
-    for clock in ("wall", "cpu"):
-        median = {name: statistics.median(times[clock]) for name, times in measured["pooled"].items()}
-        realized = 1.0 - median["lightning_ild"] / median["lightning_dense"]
+    for clock, per_rep in measured["medians"].items():
+        reps = range(args.reps)
+        overhead = [per_rep["plain_dense"][r] / per_rep["lightning_dense"][r] for r in reps]
+        saving = [1.0 - per_rep["lightning_ild"][r] / per_rep["lightning_dense"][r] for r in reps]
+        step = {name: statistics.median(values) for name, values in per_rep.items()}
         result[clock] = {
-            "median_step_s": median,
-            "tokens_per_s": {name: tokens / s for name, s in median.items()},
-            "lightning_over_plain": median["plain_dense"] / median["lightning_dense"],
-            "realized_saving": realized,
-            "realized_over_theoretical": realized / theoretical,
+            "median_step_s": step,
+            "tokens_per_s": {name: tokens / s for name, s in step.items()},
+            "per_repetition_step_s": per_rep,
+            "lightning_over_plain": statistics.median(overhead),
+            "realized_saving": statistics.median(saving),
+            "realized_over_theoretical": statistics.median(saving) / theoretical,
         }
     result["theoretical_saving"] = theoretical
-    result["samples"] = {name: len(times["wall"]) for name, times in measured["pooled"].items()}
     return result
 
 

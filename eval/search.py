@@ -255,26 +255,33 @@ class CalibrationObjective:
         self._prefix: list[torch.Tensor] | None = None
 
     @torch.inference_mode()
-    def agreement(self, skip: Sequence[int]) -> torch.Tensor:
+    def agreement(self, skip: Sequence[int] = (), exit_layer: int | None = None) -> torch.Tensor:
         """[prompts, new_tokens] bool: the draft's teacher-forced prediction of each
-        continuation token equals it (column 0 comes from the prefill, never drafted)."""
+        continuation token equals it (column 0 comes from the prefill, never drafted).
+        The draft skips ``skip``, or exits after ``exit_layer`` (LayerSkip-style)."""
         num_layers = len(self.model.blocks)
         if self._prefix is None:
-            # A draft equals the full model up to its first skipped block: keep the full
-            # model's stream before every block and resume each set from there.
+            # A draft equals the full model up to its first skipped block (or its exit):
+            # keep the full model's stream before every block and resume from there.
             inputs = self.sequences[:, :-1]
             self._prefix = [self.model.embed(inputs)] + self.model.hidden(inputs, all_layers=True)
-        first = min(skip, default=num_layers)
-        h = run_from(self.model, self._prefix[first], [i for i in range(first, num_layers) if i not in skip])
+        if exit_layer is not None:
+            self.model.active_layers(exit_layer)  # validates 1..L
+            h = self._prefix[exit_layer]
+        else:
+            first = min(skip, default=num_layers)
+            h = run_from(self.model, self._prefix[first], [i for i in range(first, num_layers) if i not in skip])
         predictions = self.model.logits(h[:, self.prompt_len - 1:]).argmax(-1)
         return predictions == self.continuations
 
-    def estimate(self, skip: Sequence[int]) -> dict:
+    def estimate(self, skip: Sequence[int] = (), exit_layer: int | None = None) -> dict:
+        """Estimated speedup, acceptance and relative draft cost of one draft."""
         num_layers = len(self.model.blocks)
-        draft_cost = self.costs.draft(num_layers - len(set(skip)), num_layers)
+        layers_run = exit_layer if exit_layer is not None else num_layers - len(set(skip))
+        draft_cost = self.costs.draft(layers_run, num_layers)
         cost = drafted = accepted = 0.0
         steps = 0
-        for row in self.agreement(skip).tolist():
+        for row in self.agreement(skip, exit_layer).tolist():
             for k, a in replay_rounds(row, self.gamma):
                 cost += k * draft_cost + self.costs.verify[k]
                 drafted += k
