@@ -25,13 +25,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import lightning.pytorch as pl
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
+from torch.utils.checkpoint import checkpoint
 
 from framework.checkpoint import CheckpointError, load_decoder
 from framework.config import ModelConfig
@@ -88,10 +89,14 @@ class ExitAdapters(nn.Module):
                     nn.init.ones_(module.weight)
                     nn.init.zeros_(module.bias)
 
+    def exit_hidden(self, states: Sequence[torch.Tensor], bias: torch.Tensor | None) -> dict[int, torch.Tensor]:
+        """``states[k-1]`` (the stream after block k-1) through adapter k."""
+        return {e: self.blocks[str(e)](states[e - 1], bias) for e in self.exits}
+
     def exit_logits(self, backbone: Decoder, states: Sequence[torch.Tensor], bias: torch.Tensor | None
                     ) -> dict[int, torch.Tensor]:
-        """``states[k-1]`` (after block k-1) through adapter k, then the shared norm + head."""
-        return {e: backbone.logits(self.blocks[str(e)](states[e - 1], bias)) for e in self.exits}
+        """Each adapter's output through the backbone's shared final norm + head."""
+        return {e: backbone.logits(h) for e, h in self.exit_hidden(states, bias).items()}
 
 
 def distillation_kl(student_logits: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
@@ -101,14 +106,42 @@ def distillation_kl(student_logits: torch.Tensor, teacher_logprobs: torch.Tensor
     return F.kl_div(student, teacher, log_target=True, reduction="sum") / teacher.shape[0]
 
 
+def chunked_distillation_kl(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor,
+                            logits_fn: Callable[[torch.Tensor], torch.Tensor], chunk_tokens: int) -> torch.Tensor:
+    """``distillation_kl`` of the logits of two residual streams [..., d], ``chunk_tokens``
+    rows at a time: with a 128k vocabulary the logits of a micro-batch would be the
+    largest tensors of the step, so (as framework/loss.py does for the cross-entropy)
+    only one chunk's exist at once, the student's recomputed in backward."""
+    student = student_hidden.reshape(-1, student_hidden.shape[-1])
+    teacher = teacher_hidden.reshape(-1, teacher_hidden.shape[-1])
+    if student.shape[0] <= chunk_tokens:
+        return _summed_kl(student, teacher, logits_fn) / student.shape[0]
+    total = student.new_zeros((), dtype=torch.float32)
+    for start in range(0, student.shape[0], chunk_tokens):
+        piece = slice(start, start + chunk_tokens)
+        total = total + checkpoint(_summed_kl, student[piece], teacher[piece], logits_fn, use_reentrant=False)
+    return total / student.shape[0]
+
+
+def _summed_kl(student: torch.Tensor, teacher: torch.Tensor,
+               logits_fn: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    with torch.no_grad():
+        teacher_logprobs = F.log_softmax(logits_fn(teacher).float(), dim=-1)
+    return distillation_kl(logits_fn(student), teacher_logprobs) * student.shape[0]
+
+
 class AdapterModule(pl.LightningModule):
     """Trains ``ExitAdapters`` against the frozen ``backbone``'s final-layer distribution."""
 
     def __init__(self, backbone: Decoder, exits: Sequence[int], *, init: str = "last", lr: float = 1e-3,
-                 weight_decay: float = 0.0, lr_schedule: LRScheduleConfig | None = None) -> None:
+                 weight_decay: float = 0.0, lr_schedule: LRScheduleConfig | None = None,
+                 loss_chunk_tokens: int = 4096) -> None:
         super().__init__()
         if not lr > 0:
             raise ValueError(f"lr={lr!r} is invalid: must be > 0")
+        if isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 1:
+            raise ValueError(f"loss_chunk_tokens={loss_chunk_tokens!r} is invalid: must be a positive integer")
+        self.loss_chunk_tokens = loss_chunk_tokens
         self.backbone = backbone
         for param in self.backbone.parameters():
             param.requires_grad_(False)
@@ -125,10 +158,9 @@ class AdapterModule(pl.LightningModule):
     def exit_kls(self, inputs: torch.Tensor) -> dict[int, torch.Tensor]:
         with torch.no_grad():
             states = self.backbone.hidden(inputs, all_layers=True)
-            teacher = F.log_softmax(self.backbone.logits(states[-1]).float(), dim=-1)
         bias = self.backbone.attention_bias(inputs.shape[1], None)
-        logits = self.adapters.exit_logits(self.backbone, states, bias)
-        return {e: distillation_kl(student, teacher) for e, student in logits.items()}
+        return {e: chunked_distillation_kl(hidden, states[-1], self.backbone.logits, self.loss_chunk_tokens)
+                for e, hidden in self.adapters.exit_hidden(states, bias).items()}
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         kls = self.exit_kls(batch[0])
@@ -260,10 +292,13 @@ def fit_parser() -> argparse.ArgumentParser:
                    help="adapter initialisation: a copy of the backbone's last block (default) or random")
     p.add_argument("--max-steps", type=int, default=200, help="optimizer steps (default 200)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per micro-batch (default 8)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: the backbone's max_seq_len)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per sequence (default: the backbone's max_seq_len)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay (default 0)")
     p.add_argument("--warmup-steps", type=int, default=0, help="linear warmup steps before linear decay")
+    p.add_argument("--loss-chunk-tokens", type=int, default=4096,
+                   help="tokens per logits chunk of the KL (bounds memory with big vocabularies; default 4096)")
     p.add_argument("--strategy", choices=FIT_STRATEGIES, default="single", help="Lightning strategy (default single)")
     p.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (default)")
     p.add_argument("--devices", type=int, default=1, help="devices per node (default 1)")
@@ -291,7 +326,8 @@ def fit_main(argv: list[str] | None = None) -> int:
     try:
         check_exits(exits, backbone.config.n_layers)
         module = AdapterModule(backbone, exits, init=args.init, lr=args.lr, weight_decay=args.weight_decay,
-                               lr_schedule=LRScheduleConfig(warmup_steps=args.warmup_steps))
+                               lr_schedule=LRScheduleConfig(warmup_steps=args.warmup_steps),
+                               loss_chunk_tokens=args.loss_chunk_tokens)
         trainer = _trainer(args)
     except ValueError as err:
         parser.error(str(err))

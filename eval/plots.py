@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 
 def _save(fig, path: str | Path) -> Path:
@@ -46,9 +47,10 @@ def plot_skip(reports: Sequence[dict], path: str | Path) -> Path:
     """Each report: {"label", "results": [{"skip_layers", "loss", "params_kept", "name"}]}.
 
     Points are the skip sets; the line joins each model's best loss per parameter
-    count (its frontier); alternating sets are marked and named.
+    count (its frontier); alternating sets are drawn as diamonds, named once.
     """
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    named: set[str] = set()
     for report in reports:
         rows = sorted(report["results"], key=lambda r: r["params_kept"])
         scatter = ax.scatter([r["params_kept"] for r in rows], [r["loss"] for r in rows], s=14, alpha=0.6,
@@ -61,8 +63,11 @@ def plot_skip(reports: Sequence[dict], path: str | Path) -> Path:
         for r in rows:
             if r.get("name", "").startswith("alternate"):
                 ax.scatter([r["params_kept"]], [r["loss"]], marker="D", s=36, color=colour, edgecolor="black")
-                ax.annotate(r["name"], (r["params_kept"], r["loss"]), fontsize=7, xytext=(4, 4),
-                            textcoords="offset points")
+                if r["name"] not in named:
+                    named.add(r["name"])
+                    ax.annotate(r["name"], (r["params_kept"], r["loss"]), fontsize=7, xytext=(4, 4),
+                                textcoords="offset points")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1e6:g}M"))
     ax.set_xlabel("parameters kept (memory footprint)")
     ax.set_ylabel("validation loss")
     ax.set_title("Intermediate layer skipping")

@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -207,22 +206,22 @@ class DraftCosts:
     @classmethod
     @torch.inference_mode()
     def measure(cls, model: Decoder, context: int, gamma: int, repeats: int = 15) -> "DraftCosts":
+        """Forward times at ``context`` cached tokens: the fastest of ``repeats`` runs,
+        interleaved, so that other processes' load disturbs every shape alike."""
         num_layers = len(model.blocks)
         cache = model.new_cache(1, context + gamma + 2)
         model(torch.zeros(1, context, dtype=torch.long), cache=cache)
-
-        def seconds(tokens: int, skip: Sequence[int]) -> float:
-            runs = []
-            for _ in range(repeats + 2):
+        shapes = [(m, ()) for m in range(1, gamma + 2)] + [(1, tuple(range(num_layers)))]
+        fastest = {shape: math.inf for shape in shapes}
+        for run in range(repeats + 2):
+            for tokens, skip in shapes:
                 tick = time.perf_counter()
                 model(torch.zeros(1, tokens, dtype=torch.long), skip_layers=skip, cache=cache)
-                runs.append(time.perf_counter() - tick)
+                if run >= 2:  # the first runs warm up the allocator
+                    fastest[(tokens, skip)] = min(fastest[(tokens, skip)], time.perf_counter() - tick)
                 cache.crop(context)
-            return statistics.median(runs[2:])
-
-        full = seconds(1, ())
-        return cls(empty=seconds(1, range(num_layers)) / full,
-                   verify=[seconds(m, ()) / full for m in range(1, gamma + 2)])
+        full = fastest[(1, ())]
+        return cls(empty=fastest[shapes[-1]] / full, verify=[fastest[(m, ())] / full for m in range(1, gamma + 2)])
 
 
 def replay_rounds(agree: Sequence[bool], gamma: int) -> list[tuple[int, int]]:
@@ -253,6 +252,7 @@ class CalibrationObjective:
         self.sequences = torch.stack([torch.cat([p, torch.tensor(c)]) for p, c in zip(prompts, continuations)])
         self.continuations = torch.tensor(continuations)
         self._prefix: list[torch.Tensor] | None = None
+        self._estimates: dict[tuple, dict] = {}
 
     @torch.inference_mode()
     def agreement(self, skip: Sequence[int] = (), exit_layer: int | None = None) -> torch.Tensor:
@@ -276,6 +276,12 @@ class CalibrationObjective:
 
     def estimate(self, skip: Sequence[int] = (), exit_layer: int | None = None) -> dict:
         """Estimated speedup, acceptance and relative draft cost of one draft."""
+        key = (tuple(sorted(set(skip))), exit_layer)
+        if key not in self._estimates:
+            self._estimates[key] = self._estimate(*key)
+        return self._estimates[key]
+
+    def _estimate(self, skip: Sequence[int], exit_layer: int | None) -> dict:
         num_layers = len(self.model.blocks)
         layers_run = exit_layer if exit_layer is not None else num_layers - len(set(skip))
         draft_cost = self.costs.draft(layers_run, num_layers)
@@ -319,41 +325,47 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def search(model: Decoder, prompts: Sequence[torch.Tensor], *, methods: Sequence[str] = METHODS,
-           budget: int = 60, gamma: int = 5, cost: str = "measured", calibration: int = 8,
-           max_new_tokens: int = 64, repeats: int = 3, seed: int = 0) -> dict:
-    """Search on the first ``calibration`` prompts, confirm each method's winner by
-    decoding the others; the report's ``best`` is the fastest measured lossless set."""
+def calibrate(model: Decoder, prompts: Sequence[torch.Tensor], *, gamma: int = 5, cost: str = "measured",
+              max_new_tokens: int = 64) -> CalibrationObjective:
+    """The search objective on ``prompts``, with measured or layer-count costs."""
     if cost not in COSTS:
         raise ValueError(f"cost={cost!r} is invalid: allowed: {', '.join(COSTS)}")
-    if len(prompts) <= calibration:
-        raise ValueError(f"{len(prompts)} prompts are too few: {calibration} calibrate the search and at "
-                         "least one more confirms it")
-    started = time.perf_counter()
     costs = (DraftCosts.measure(model, len(prompts[0]) + max_new_tokens // 2, gamma) if cost == "measured"
              else DraftCosts.from_layers(gamma))
-    objective = CalibrationObjective(model, prompts[:calibration], new_tokens=max_new_tokens, gamma=gamma,
-                                     costs=costs)
+    return CalibrationObjective(model, prompts, new_tokens=max_new_tokens, gamma=gamma, costs=costs)
+
+
+def search(model: Decoder, objective: CalibrationObjective, confirm_prompts: Sequence[torch.Tensor], *,
+           methods: Sequence[str] = METHODS, budget: int = 60, max_new_tokens: int = 64, repeats: int = 3,
+           seed: int = 0) -> dict:
+    """Every method on ``objective``, then each winner confirmed by decoding
+    ``confirm_prompts``; the report's ``best`` is the fastest measured lossless set."""
+    if not confirm_prompts:
+        raise ValueError("no prompts left to confirm the search with: give at least one")
+    started = time.perf_counter()
     results = run_search(objective, len(model.blocks), methods=methods, budget=budget, seed=seed)
     search_seconds = time.perf_counter() - started
     confirmed: dict[tuple[int, ...], dict] = {}
-    for name, r in results.items():
-        key = tuple(r["skip_layers"])
+    for r in results.values():
+        key = tuple(r.pop("skip_layers"))
         if key not in confirmed:
-            confirmed[key] = compare(model, SkipDraft(key), prompts[calibration:], max_new_tokens=max_new_tokens,
-                                     gamma=gamma, repeats=repeats)
-        estimate = objective.estimate(key)
-        run = confirmed[key]
-        r.update(estimated_speedup=estimate["speedup"], estimated_acceptance=estimate["acceptance"],
-                 measured_speedup=run["speedup"], acceptance_rate=run["acceptance_rate"],
-                 draft_time_ratio=run["draft_time_ratio"], identical_to_greedy=run["identical_to_greedy"])
+            confirmed[key] = compare(model, SkipDraft(key), confirm_prompts, max_new_tokens=max_new_tokens,
+                                     gamma=objective.gamma, repeats=repeats)
+        estimate, run = objective.estimate(key), confirmed[key]
         del r["value"]
+        r.update(skip_layers=list(key), estimated_speedup=estimate["speedup"],
+                 estimated_acceptance=estimate["acceptance"], measured_speedup=run["speedup"],
+                 acceptance_rate=run["acceptance_rate"], draft_time_ratio=run["draft_time_ratio"],
+                 identical_to_greedy=run["identical_to_greedy"])
     lossless = {n: r for n, r in results.items() if r["identical_to_greedy"]} or results
     winner = max(lossless, key=lambda n: lossless[n]["measured_speedup"])
-    return {"num_layers": len(model.blocks), "gamma": gamma, "budget": budget, "cost_model": cost,
-            "costs": {"empty": costs.empty, "verify": costs.verify}, "search_seconds": search_seconds,
-            "calibration_prompts": calibration, "confirm_prompts": len(prompts) - calibration,
-            "methods": results, "best": {"method": winner, **confirmed[tuple(results[winner]["skip_layers"])]}}
+    exits = {str(e): objective.estimate(exit_layer=e) for e in range(1, len(model.blocks))}
+    return {"num_layers": len(model.blocks), "gamma": objective.gamma, "budget": budget,
+            "costs": {"empty": objective.costs.empty, "verify": objective.costs.verify},
+            "search_seconds": search_seconds, "calibration_prompts": len(objective.sequences),
+            "confirm_prompts": len(confirm_prompts), "methods": results,
+            "exit_draft_estimates": exits,
+            "best": {"method": winner, **confirmed[tuple(results[winner]["skip_layers"])]}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -379,9 +391,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{len(prompts)} prompts are too few: --calibration-prompts "
                              f"{args.calibration_prompts} + --confirm-prompts {args.confirm_prompts} need {count}")
         check_vocabulary(prompts, cfg.vocab_size)
-        report = search(model, prompts, methods=methods, budget=args.budget, gamma=args.gamma, cost=args.cost,
-                        calibration=args.calibration_prompts, max_new_tokens=args.max_new_tokens,
-                        repeats=args.repeats, seed=args.seed)
+        objective = calibrate(model, prompts[:args.calibration_prompts], gamma=args.gamma, cost=args.cost,
+                              max_new_tokens=args.max_new_tokens)
+        report = search(model, objective, prompts[args.calibration_prompts:], methods=methods,
+                        budget=args.budget, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                        seed=args.seed)
+        report["cost_model"] = args.cost
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         parser.error(str(err))
     report["ckpt"] = str(args.ckpt)

@@ -119,10 +119,8 @@ class LayerDropModule(pl.LightningModule):
         self._parallelize()
 
     def _parallelize(self) -> None:
-        try:
-            from framework.strategies import parallelize
-        except ImportError:  # the distributed layer is optional for single-device runs
-            return
+        from framework.strategies import parallelize
+
         self.model = parallelize(self.model, device_mesh=getattr(self, "device_mesh", None),
                                  activation_checkpointing=self.activation_checkpointing,
                                  compile=self.compile_blocks)

@@ -191,11 +191,9 @@ def default_precision(config: dict[str, Any]) -> Any:
 def named_strategy(config: dict[str, Any]) -> Any:
     """Recipe strategy names (framework.strategies.STRATEGIES) become strategy objects;
     anything else goes to Lightning as given."""
+    from framework.strategies import STRATEGIES, build_strategy
+
     name = config.get("strategy", "auto")
-    try:
-        from framework.strategies import STRATEGIES, build_strategy
-    except ImportError:
-        return name
     if not isinstance(name, str) or name not in STRATEGIES:
         return name
     return build_strategy(name, accelerator=str(config.get("accelerator", "auto")),

@@ -207,3 +207,11 @@ def test_checkpoint_folder_is_made_absolute(tmp_path, monkeypatch):
                             default_root_dir="run")
     trainer.fit(tiny_module(), RandomTokens())
     assert trainer.checkpoint_callback.dirpath == os.path.realpath(tmp_path / "run" / "checkpoints")
+
+
+def test_step_metrics_follow_the_trainer_log_cadence_and_step_numbers():
+    torch.manual_seed(0)
+    _, logger = fit(tiny_module(), 4, log_every_n_steps=2)
+    steps = {key: [s for s, _ in logger.metrics[key]] for key in ("train/loss", "layer_dropout/mean_p",
+                                                                  "flops/saved_pct")}
+    assert steps["layer_dropout/mean_p"] == steps["flops/saved_pct"] == steps["train/loss"] == [1, 3]

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from eval.adapters import (AdapterModule, ExitAdapters, check_exits, default_exits, distillation_kl, eval_main,
-                           fit_main, load_adapters, save_adapters)
+from eval.adapters import (AdapterModule, ExitAdapters, check_exits, chunked_distillation_kl, default_exits,
+                           distillation_kl, eval_main, fit_main, load_adapters, save_adapters)
 from framework.checkpoint import CheckpointError, export_decoder
 from framework.config import ModelConfig
 from framework.model import Decoder
@@ -57,6 +57,19 @@ def test_kl_matches_a_slow_reference():
             slow += float((p * (p.log() - q.log())).sum())
     assert float(distillation_kl(student, teacher_logp)) == pytest.approx(slow / 10, rel=1e-5)
     assert float(distillation_kl(teacher, teacher_logp)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_chunked_kl_equals_the_whole_batch_kl_with_the_same_gradients():
+    backbone = random_backbone()
+    torch.manual_seed(1)
+    student = torch.randn(3, 7, 64, requires_grad=True)
+    teacher = torch.randn(3, 7, 64)
+    whole = distillation_kl(backbone.logits(student), F.log_softmax(backbone.logits(teacher), -1))
+    (grad_whole,) = torch.autograd.grad(whole, student)
+    chunked = chunked_distillation_kl(student, teacher, backbone.logits, chunk_tokens=4)
+    (grad_chunked,) = torch.autograd.grad(chunked, student)
+    assert float(chunked) == pytest.approx(float(whole), rel=1e-5)
+    assert torch.allclose(grad_chunked, grad_whole, atol=1e-7)
 
 
 def test_last_block_init_copies_and_random_init_does_not():

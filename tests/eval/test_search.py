@@ -139,7 +139,8 @@ def test_teacher_forced_replay_matches_real_decoding_for_an_exit_draft(model, pr
     objective = CalibrationObjective(model, prompts, new_tokens=new_tokens, gamma=gamma)
     with torch.inference_mode():
         logits = model(objective.sequences[:, :-1], exit_layer=exit_layer)
-    agree = logits[:, len(prompts[0]) - 1:].argmax(-1) == objective.continuations
+    agree = objective.agreement(exit_layer=exit_layer)
+    assert torch.equal(agree, logits[:, len(prompts[0]) - 1:].argmax(-1) == objective.continuations)
     for prompt, row in zip(prompts, agree.tolist()):
         rounds = replay_rounds(row, gamma)
         _, stats = SelfSpeculativeDecoder(model, ExitDraft(exit_layer), gamma=gamma).generate(prompt, new_tokens)
@@ -194,6 +195,7 @@ def test_cli_search_reports_every_method(exported, capsys):
         for key in ("skip_layers", "estimated_speedup", "measured_speedup", "acceptance_rate"):
             assert key in r
     assert report["best"]["method"] in METHODS and "speedup" in report["best"]
+    assert set(report["exit_draft_estimates"]) == {"1", "2", "3"}
     assert "best:" in capsys.readouterr().out
 
 
