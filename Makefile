@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt Makefile
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --timeout 600 tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --timeout 600 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -x -m "not slow and not multiprocess" tests
@@ -53,8 +53,9 @@ demo: $(STAMP)
 	  $(VENV)/bin/layerdrop pretrain --config recipes/tiny.yaml --data.data_dir $(DEMO_DIR)/data \
 	    --trainer.default_root_dir $(DEMO_DIR)/tiny --resume auto; \
 	fi
-	@# ---- evaluation of the demo model (the eval commands append theirs here) ----
-	@# e.g. $(VENV)/bin/layerdrop eval exits --ckpt $(DEMO_DIR)/tiny/checkpoints/last.ckpt ...
+	@# ---- evaluation of the demo model: validation loss at every early exit ----
+	$(VENV)/bin/layerdrop eval exits --ckpt $(DEMO_DIR)/tiny/checkpoints/last.ckpt --data $(DEMO_DIR)/data \
+	  --out $(DEMO_DIR)/reports/exits.json --overwrite
 
 bench: $(STAMP)
 	$(PY) benchmarks/layer_dropout_speed.py

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eval.search import METHODS, CalibrationObjective, calibrate, search  # noqa: E402
-from eval.speculative import ExitDraft, SkipDraft, compare, load_prompts  # noqa: E402
+from eval.speculative import AdaptiveThreshold, ExitDraft, SkipDraft, compare, load_prompts  # noqa: E402
 from framework.checkpoint import load_decoder  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out"
@@ -80,16 +80,20 @@ def exhaustive(objective: CalibrationObjective, num_layers: int) -> dict:
     return {"skip_layers": list(best[1]), "estimated_speedup": best[0], "sets": 2 ** num_layers - 1}
 
 
-def best_exit_draft(model, objective: CalibrationObjective, estimates: dict, prompts, args) -> dict:
-    """The early-exit draft with the best estimate, confirmed by real decoding."""
-    exit_layer = int(max(estimates, key=lambda e: estimates[e]["speedup"]))
-    report = compare(model, ExitDraft(exit_layer), prompts, max_new_tokens=args.max_new_tokens,
-                     gamma=objective.gamma, repeats=args.repeats)
-    keys = ("exit_layer", "speedup", "acceptance_rate", "draft_time_ratio", "identical_to_greedy")
-    return {**{k: report[k] for k in keys}, "estimated_speedup": estimates[str(exit_layer)]["speedup"]}
+SUMMARY_KEYS = ("speedup", "acceptance_rate", "draft_time_ratio", "identical_to_greedy", "tokens_per_round")
 
 
-def measure(name: str, ckpt: Path, args: argparse.Namespace) -> dict:
+def run(model, draft, prompts, args, **options) -> dict:
+    report = compare(model, draft, prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                     seed=args.seed, **{"gamma": args.gamma, **options})
+    return {k: report[k] for k in SUMMARY_KEYS}
+
+
+def adaptive_options(args: argparse.Namespace) -> dict:
+    return {"gamma": args.adaptive_gamma, "adaptive": AdaptiveThreshold(target=args.target_acceptance)}
+
+
+def measure(ckpt: Path, args: argparse.Namespace) -> dict:
     model, cfg = load_decoder(ckpt)
     count = args.calibration_prompts + args.confirm_prompts
     prompts = load_prompts(data=str(args.data), count=count, length=args.prompt_len)
@@ -105,34 +109,44 @@ def measure(name: str, ckpt: Path, args: argparse.Namespace) -> dict:
         for r in report["methods"].values():
             r["evaluations_to_within_5pct_of_exhaustive"] = next(
                 (i + 1 for i, v in enumerate(r["best_so_far"]) if v >= 0.95 * top), None)
-    exit_draft = best_exit_draft(model, objective, report["exit_draft_estimates"], confirm, args)
     best = report["best"]
-    # Greedy continuations of small, briefly trained models fall into loops; sampling
-    # (lossless in distribution) measures the same draft away from them.
-    sampled = compare(model, SkipDraft(best["skip_layers"]), confirm, max_new_tokens=args.max_new_tokens,
-                      gamma=args.gamma, repeats=args.repeats, temperature=1.0, seed=args.seed)
-    return {"ckpt": str(ckpt), "num_layers": cfg.n_layers, "d_model": cfg.d_model,
-            "speedup": best["speedup"], "acceptance_rate": best["acceptance_rate"],
-            "draft_time_ratio": best["draft_time_ratio"], "identical_to_greedy": best["identical_to_greedy"],
-            "skip_layers": best["skip_layers"], "best_method": best["method"],
-            "tokens_per_s": best["tokens_per_s"], "plain_tokens_per_s": best["plain_tokens_per_s"],
-            "search": report["methods"], "exhaustive": reference, "costs": report["costs"],
-            "exit_draft": exit_draft, "exit_draft_estimates": report["exit_draft_estimates"],
-            "sampling": {k: sampled[k] for k in ("speedup", "acceptance_rate", "draft_time_ratio", "temperature")},
-            "seconds": time.perf_counter() - started}
+    skip = SkipDraft(best["skip_layers"])
+    estimates = report["exit_draft_estimates"]
+    exit_layer = int(max(estimates, key=lambda e: estimates[e]["speedup"]))
+    return {
+        "ckpt": str(ckpt), "num_layers": cfg.n_layers, "d_model": cfg.d_model,
+        **{k: best[k] for k in SUMMARY_KEYS}, "skip_layers": best["skip_layers"], "best_method": best["method"],
+        "tokens_per_s": best["tokens_per_s"], "plain_tokens_per_s": best["plain_tokens_per_s"],
+        "search": report["methods"], "exhaustive": reference, "costs": report["costs"],
+        "exit_draft": {"exit_layer": exit_layer, "estimated_speedup": estimates[str(exit_layer)]["speedup"],
+                       **run(model, ExitDraft(exit_layer), confirm, args)},
+        "exit_draft_estimates": estimates,
+        # Draft & Verify's adaptive draft length (γ at most adaptive_gamma), same drafts.
+        "adaptive_skip": run(model, skip, confirm, args, **adaptive_options(args)),
+        "adaptive_exit": run(model, ExitDraft(exit_layer), confirm, args, **adaptive_options(args)),
+        # Greedy continuations of small, briefly trained models fall into loops; sampling
+        # (lossless in distribution) measures the same draft away from them.
+        "sampling": run(model, skip, confirm, args, temperature=1.0),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _cell(r: dict) -> str:
+    return f"{r['speedup']:.2f}× (α {r['acceptance_rate']:.0%})"
 
 
 def table(results: dict) -> str:
-    lines = ["| model | draft (skip set) | speedup | α | T_draft/T_target | lossless | exit draft (LayerSkip) |"
-             " sampling T=1 | evals to 5% (BO / GA / HC / SA) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | skip set (search) | speedup γ=5 | α | T_draft/T_target | lossless | exit draft γ=5 "
+             "| adaptive γ: skip set | adaptive γ: exit | sampling T=1 | evals to 5% (BO / GA / HC / SA) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results["models"].items():
         evals = " / ".join(str(r["search"][m]["evaluations_to_within_5pct"]) for m in METHODS)
         ex = r["exit_draft"]
+        lossless = all(x["identical_to_greedy"] for x in (r, ex, r["adaptive_skip"], r["adaptive_exit"]))
         lines.append(f"| {name} | {r['skip_layers']} | {r['speedup']:.2f}× | {r['acceptance_rate']:.0%} | "
-                     f"{r['draft_time_ratio']:.2f} | {r['identical_to_greedy']} | E={ex['exit_layer']}: "
-                     f"{ex['speedup']:.2f}× (α {ex['acceptance_rate']:.0%}) | {r['sampling']['speedup']:.2f}× "
-                     f"(α {r['sampling']['acceptance_rate']:.0%}) | {evals} |")
+                     f"{r['draft_time_ratio']:.2f} | {lossless} | E={ex['exit_layer']}: {_cell(ex)} | "
+                     f"{_cell(r['adaptive_skip'])} | E={ex['exit_layer']}: {_cell(r['adaptive_exit'])} | "
+                     f"{_cell(r['sampling'])} | {evals} |")
     return "\n".join(lines)
 
 
@@ -147,7 +161,9 @@ def main() -> int:
     p.add_argument("--confirm-prompts", type=int, default=6)
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per prompt (median)")
+    p.add_argument("--adaptive-gamma", type=int, default=10, help="the most draft tokens with adaptive drafting")
+    p.add_argument("--target-acceptance", type=float, default=0.7, help="of the adaptive threshold")
+    p.add_argument("--repeats", type=int, default=2, help="timed runs per prompt (median)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "speculative_speed.json")
@@ -162,13 +178,14 @@ def main() -> int:
             models[spec], trained[spec] = train_missing(spec, args.data)
     started = time.perf_counter()
     results = {"benchmark": "speculative_speed", "threads": args.threads, "gamma": args.gamma,
+               "adaptive_gamma": args.adaptive_gamma, "target_acceptance": args.target_acceptance,
                "budget_per_method": args.budget, "prompt_len": args.prompt_len,
                "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
                "torch": torch.__version__, "machine": platform.machine(), "training_seconds": trained,
                "models": {}}
     for name, ckpt in models.items():
         print(f"measuring {name} ({ckpt}) ...", flush=True)
-        results["models"][name] = measure(name, ckpt, args)
+        results["models"][name] = measure(ckpt, args)
     results["measure_seconds"] = time.perf_counter() - started
     results["table"] = table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
