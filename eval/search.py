@@ -7,20 +7,23 @@ budget of objective evaluations (distinct skip sets; a revisit is free).
 
 The objective is cheap, no decoding:
 - acceptance: the full model greedily continues some calibration prompts once; for a
-  set S, ONE teacher-forced forward of the draft over those sequences gives its next-
-  token prediction at every position, and the rounds of greedy self-speculative
-  decoding are replayed on that trajectory (draft min(γ, left) tokens, accept while the
-  draft agrees, add one token from the verifier);
+  set S, ONE teacher-forced forward of the draft over those sequences (resumed from the
+  full model's stream before S's first block) gives its next-token prediction at every
+  position, and the rounds of greedy self-speculative decoding are replayed on that
+  trajectory (draft min(γ, left) tokens, accept while the draft agrees, add one token
+  from the verifier);
 - cost: one draft forward costs c(S) = (t_0 + (L - |S|)/L · (t_L - t_0)) / t_L of a
-  full one (t_0 the forward without blocks, t_L with all: measured once), a verify
-  forward over m tokens v(m) (measured once, m = 1..γ+1), or with ``--cost layers``
-  c = (L - |S|)/L and v = 1;
+  full one (t_0 the forward without blocks, t_L with all), a verify forward over m
+  tokens v(m), m = 1..γ+1 (all measured once, before the search), or with
+  ``--cost layers`` c = (L - |S|)/L and v = 1;
 - estimated speedup = (N - 1) / Σ_rounds (k·c(S) + v(k + 1)), against the N - 1 steps of
   plain decoding after the shared prefill.
 
 The draft in decoding reads the full model's K/V for past positions where the teacher-
-forced pass uses its own, so the estimate is an estimate: the winners are confirmed by
-real decoding (eval/speculative.py), which reports the measured speedup.
+forced pass uses its own, so the estimate is an estimate (exact for early-exit drafts,
+whose layers are the full model's): the winners are confirmed by real decoding
+(eval/speculative.py), which reports the measured speedup. The LayerSkip-style
+early-exit draft is estimated the same way at every exit layer.
 """
 
 from __future__ import annotations

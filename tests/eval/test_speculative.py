@@ -173,7 +173,7 @@ def test_sampling_preserves_the_full_models_distribution():
     gen = torch.Generator().manual_seed(0)
     decoder = SelfSpeculativeDecoder(model, SkipDraft(skip), gamma=2, temperature=1.0, generator=gen)
     counts = torch.zeros(8, 8)
-    runs, rejected = 2500, 0
+    runs, rejected = 1500, 0
     for _ in range(runs):
         out, stats = decoder.generate(prompt, 4)  # round 1 drafts t2, t3: rejection at either, or a bonus
         counts[out[1], out[2]] += 1
