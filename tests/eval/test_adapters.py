@@ -24,14 +24,6 @@ from framework.model import Decoder
 SEQ_LEN = 64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models only lose from intra-op threads (and under pytest -n 2 they fight)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def small_config(vocab: int = 384) -> ModelConfig:
     return ModelConfig(vocab_size=vocab, d_model=64, n_layers=4, n_heads=2, max_seq_len=SEQ_LEN, attention="sdpa")

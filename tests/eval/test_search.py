@@ -17,14 +17,6 @@ from framework.config import ModelConfig
 from framework.model import Decoder
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models only lose from intra-op threads (and under pytest -n 2 they fight)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 L = 8
 # A speedup-shaped synthetic objective: skipping a layer saves its cost, but the
 # "important" layers cut acceptance (0, 5, 7 hard), and layers 2 and 3 hurt together.

@@ -21,14 +21,6 @@ from framework.config import ModelConfig
 from framework.model import Decoder
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models only lose from intra-op threads (and under pytest -n 2 they fight)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 NUM_LAYERS = 4
 
 
