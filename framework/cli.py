@@ -19,12 +19,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("framework.checkpoint:export_main", "checkpoint -> model.safetensors + config.json"),
     "eval exits": ("eval.exits:exits_main", "validation loss at every early-exit layer (one pass)"),
     "eval skip": ("eval.exits:skip_main", "loss vs parameters kept when skipping layer sets"),
+    "eval heldout": ("eval.heldout:main", "validation loss at every exit on many held-out tokens, with its noise"),
     "eval coord-check": ("eval.coord_check:main", "the paper's coordinate check (Fig. 2)"),
     "eval downstream": ("eval.downstream:main", "downstream benchmarks through lm-eval"),
     "adapters fit": ("eval.adapters:fit_main", "train exit adapters on a frozen backbone"),
     "adapters eval": ("eval.adapters:eval_main", "per-exit loss with adapters vs plain early exit"),
     "speculate search": ("eval.search:main", "search the draft's skip set for the fastest lossless draft"),
     "speculate run": ("eval.speculative:main", "self-speculative decoding with a skip-set draft"),
+    "sweep": ("eval.sweep:main", "a grid of pretraining runs + their evaluations (local pool or SLURM array)"),
+    "report": ("eval.report:main", "the paper's tables and plots from a sweep folder (Markdown + PNG + JSON)"),
 }
 
 

@@ -7,9 +7,11 @@ tokens; blocks follow each other without overlap and never straddle a chunk).
 * train: litdata ``StreamingDataset`` + ``StreamingDataLoader``, shuffled with
   ``seed`` (a new order every epoch), sharded over ranks and loader workers by
   litdata, ``drop_last`` so every rank sees the same number of batches;
-* val: a fixed set, the first ``val_batches * batch_size`` blocks of the val split
-  in order, whatever the number of ranks (Lightning's DistributedSampler shares
-  them out), so validation losses of different runs compare;
+* val: a fixed set of ``val_batches * batch_size`` blocks spread evenly over the
+  whole val split (every k-th block, in order; the whole split when it is smaller),
+  whatever the number of ranks (Lightning's DistributedSampler shares them out), so
+  validation losses of different runs compare. Spread, not a prefix: a prefix of a
+  split is a handful of documents, a spread sample draws on every part of it;
 * the folder may be a local path or any URL litdata streams from (``s3://``,
   ``gs://``, ``local:``...); ``manifest.json`` is read at ``setup`` and checked
   against the model (``model_vocab_size``) and ``seq_len`` before a batch is drawn.
@@ -76,17 +78,26 @@ def read_manifest(data_dir: str, storage_options: dict | None = None) -> dict:
             return json.load(handle)
 
 
-class FixedBlocks(Dataset):
-    """The first ``count`` blocks of a StreamingDataset, by global index (map-style)."""
+def spread_indices(total: int, count: int) -> list[int]:
+    """``count`` block indices out of ``total``, evenly spaced and in order (all when
+    ``count >= total``)."""
+    if count >= total:
+        return list(range(total))
+    return [i * total // count for i in range(count)]
 
-    def __init__(self, dataset: StreamingDataset, count: int) -> None:
-        self.dataset, self.count = dataset, count
+
+class FixedBlocks(Dataset):
+    """``count`` blocks of a StreamingDataset spread evenly over it (map-style)."""
+
+    def __init__(self, dataset: StreamingDataset, count: int, total: int | None = None) -> None:
+        self.dataset = dataset
+        self.indices = spread_indices(len(dataset) if total is None else total, count)
 
     def __len__(self) -> int:
-        return self.count
+        return len(self.indices)
 
     def __getitem__(self, index: int) -> Any:
-        return self.dataset[int(index)]
+        return self.dataset[self.indices[int(index)]]
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -102,7 +113,8 @@ class TokenDataModule(L.LightningDataModule):
         seq_len: tokens per training sequence (blocks of seq_len + 1 are read).
         batch_size: sequences per batch on each device (the micro-batch).
         num_workers: loader worker processes per device (0: in the main process).
-        val_batches: size of the fixed validation set, in batches of ``batch_size``.
+        val_batches: size of the fixed validation set, in batches of ``batch_size``
+            (spread over the whole val split; more than the split holds: all of it).
         seed: shuffling seed of the train split.
         shuffle: shuffle the train split (off: corpus order, for debugging).
         model_vocab_size: when given, `setup` checks the data fits the embedding.
@@ -202,8 +214,9 @@ class TokenDataModule(L.LightningDataModule):
         return loader
 
     def val_dataloader(self) -> DataLoader:
-        count = min(self.blocks("val"), self.val_batches * self.batch_size)
-        return DataLoader(FixedBlocks(self._dataset("val", shuffle=False), count), batch_size=self.batch_size,
+        total = self.blocks("val")
+        count = min(total, self.val_batches * self.batch_size)
+        return DataLoader(FixedBlocks(self._dataset("val", shuffle=False), count, total), batch_size=self.batch_size,
                           shuffle=False, num_workers=0, collate_fn=shift_collate)
 
     # -- exact resume ---------------------------------------------------------------

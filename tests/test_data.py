@@ -84,12 +84,22 @@ def test_shuffle_depends_on_the_seed(data_dir):
     assert first != _blocks(_module(data_dir, seed=4).train_dataloader(), limit=3)
 
 
-def test_val_set_is_fixed_capped_and_in_order(data_dir):
+def test_val_set_is_fixed_capped_spread_over_the_split_and_in_order(data_dir):
     module = _module(data_dir, val_batches=3)
     loader = module.val_dataloader()
     served = _blocks(loader)
-    assert len(loader) == 3 and served == _reference_blocks(data_dir, "val")[:3 * BATCH]
+    reference = _reference_blocks(data_dir, "val")
+    step = len(reference) / (3 * BATCH)
+    assert step > 2  # the fixture's val split is much larger than the val set
+    expected = [reference[int(i * len(reference) // (3 * BATCH))] for i in range(3 * BATCH)]
+    assert len(loader) == 3 and served == expected
+    assert served[-1] in reference[len(reference) // 2:]  # from the whole split, not a prefix
     assert _blocks(module.val_dataloader()) == served
+
+
+def test_a_val_set_larger_than_the_split_is_the_whole_split(data_dir):
+    module = _module(data_dir, val_batches=10**6)
+    assert _blocks(module.val_dataloader()) == _reference_blocks(data_dir, "val")
 
 
 def test_missing_manifest_is_a_clear_error(tmp_path):
