@@ -50,6 +50,7 @@ from eval.sweep_spec import (EvalSpec, Run, Sweep, SweepError, format_flops, get
                              run_recipe)
 
 PROG = "layerdrop sweep"
+STOPPED = 128 + signal.SIGTERM
 LAUNCH_SCRIPT = Path(__file__).resolve().parent.parent / "recipes" / "launch" / "slurm.sbatch"
 
 
@@ -105,6 +106,23 @@ class Runner:
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # spinning threads steal a shared machine's cores
         return env
 
+    def spawn(self, argv: list[str], env: dict[str, str] | None = None, **popen: Any) -> subprocess.Popen | None:
+        """Start a child the stop handler knows about; None once the sweep is stopping."""
+        with self.lock:
+            if self.stopping:
+                return None
+            child = subprocess.Popen(argv, env=env or self.env(), **popen)
+            self.children.add(child)
+            return child
+
+    def reap(self, child: subprocess.Popen) -> float:
+        """Wait for a child; its own CPU seconds (getrusage of all children would mix runs)."""
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+        with self.lock:
+            self.children.discard(child)
+        return usage.ru_utime + usage.ru_stime
+
     def call(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[int, float, float]:
         """Run ``argv`` with its output appended to ``log``: (return code, CPU s, wall s)."""
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -112,17 +130,11 @@ class Runner:
         with open(log, "a") as out:
             out.write(f"\n$ {shlex.join(argv)}\n")
             out.flush()
-            with self.lock:
-                if self.stopping:
-                    return 128 + signal.SIGTERM, 0.0, 0.0
-                child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env or self.env())
-                self.children.add(child)
-            # wait4 gives this child's own CPU time (getrusage of all children would mix runs).
-            _, status, usage = os.wait4(child.pid, 0)
-            child.returncode = os.waitstatus_to_exitcode(status)
-            with self.lock:
-                self.children.discard(child)
-        return child.returncode, usage.ru_utime + usage.ru_stime, time.monotonic() - start
+            child = self.spawn(argv, env, stdout=out, stderr=subprocess.STDOUT)
+            if child is None:
+                return STOPPED, 0.0, 0.0
+            cpu = self.reap(child)
+        return child.returncode, cpu, time.monotonic() - start
 
     def stop(self) -> None:
         """Forward a stop to every running child (pretrain saves nothing extra: its last
@@ -146,12 +158,17 @@ class Runner:
         folder.recipe.write_text(text)
         if folder.config.is_file():
             return None
-        result = subprocess.run([*layerdrop(), "pretrain", "--config", str(folder.recipe), "--print_config"],
-                                capture_output=True, text=True, env=self.env())
-        if result.returncode != 0:
-            return "invalid recipe: " + last_line(result.stderr or result.stdout)
+        child = self.spawn([*layerdrop(), "pretrain", "--config", str(folder.recipe), "--print_config"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if child is None:
+            return "stopped"
+        stdout, stderr = child.communicate()
+        with self.lock:
+            self.children.discard(child)
+        if child.returncode != 0:
+            return "stopped" if self.stopping else "invalid recipe: " + last_line(stderr or stdout)
         header = f"# resolved config of sweep run {folder.run.name} ({self.sweep.path})\n"
-        write_atomic(folder.config, header + result.stdout)
+        write_atomic(folder.config, header + stdout)
         return None
 
     def train_argv(self, folder: RunFolder) -> tuple[list[str], dict[str, str]]:
@@ -176,6 +193,8 @@ class Runner:
         """Every missing stage of one run; returns its status."""
         folder = RunFolder(self.root, run)
         status = {**folder.status(), "run": run.name, "config": run.config_name, "seed": run.seed}
+        if self.stopping:
+            return {**status, "state": "stopped", "error": "not started: the sweep was stopped"}
         status.setdefault("stages", {})
         try:
             with run_lock(folder.dir):
@@ -193,7 +212,8 @@ class Runner:
             write_json(folder.status_file, status)
 
         def fail(stage: str, error: str) -> dict:
-            status.update(state="failed", failed_stage=stage, error=error)
+            # A stop asked for (SIGTERM/SIGINT to the sweep) is not a failure: the run resumes.
+            status.update(state="stopped" if self.stopping else "failed", failed_stage=stage, error=error)
             write_json(folder.status_file, status)
             return status
 
