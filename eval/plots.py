@@ -1,25 +1,38 @@
-"""PNG plots of the evaluation reports (matplotlib, Agg backend: no display needed).
+"""PNG plots of the evaluation reports and of a sweep (matplotlib, Agg: no display needed).
 
-- exit curve: validation loss vs exit layer, one line per checkpoint (paper Fig. 5);
-- skip curve: validation loss vs parameters kept, one series per checkpoint
-  (paper Figs 6 and A.3, "memory footprint" axis);
-- coordinate check: RMS of the final residual stream vs training step, one panel per
-  r_train, one line per layer density (paper Fig. 2).
+Evaluation commands:
+- exit curve: validation loss vs exit layer, one series per model (paper Fig. 5); a line
+  joins only neighbouring exits, so exits without a value (exit adapters at a few
+  layers) are markers, never a line drawn through layers that have none;
+- skip plot: loss vs parameters kept for multi-layer skip sets (paper Figs 6, A.3), and
+  beside it, when single layers were skipped, loss vs the layer skipped: single-layer
+  sets all keep the same parameters, so on one axis they would be indistinguishable;
+- coordinate check: RMS of the final residual stream vs step (paper Fig. 2).
+
+`layerdrop report` (one colour per configuration, runs of one configuration share it):
+- validation loss vs training FLOPs over training (Fig. 9, the Pareto view);
+- early-exit degradation and skip degradation vs P̄ (the third claim), with Spearman's ρ;
+- p(ℓ, t) heatmaps, one per distinct distribution × schedule.
+
+Each ``*_figure`` function builds the figure (tests read its lines); ``plot_*`` saves it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
+from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+MARKERS = "osD^v<>pPhX*"
 
-def _save(fig, path: str | Path) -> Path:
+
+def _save(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -28,52 +41,108 @@ def _save(fig, path: str | Path) -> Path:
     return path
 
 
-def plot_exits(reports: Sequence[dict], path: str | Path) -> Path:
-    """Each report: {"label", "exit_loss": {"1": …}}."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for report in reports:
+def colours(labels: Sequence[str]) -> dict[str, tuple]:
+    """A distinct colour per label, in order (tab10, then tab20 for more)."""
+    distinct = list(dict.fromkeys(labels))
+    cmap = plt.get_cmap("tab10" if len(distinct) <= 10 else "tab20")
+    return {label: cmap(i % cmap.N) for i, label in enumerate(distinct)}
+
+
+def _runs_of_neighbours(layers: Sequence[int]) -> list[list[int]]:
+    """[1, 2, 3, 6, 8, 9] -> [[1, 2, 3], [6], [8, 9]]: the exits a line may join."""
+    runs: list[list[int]] = []
+    for layer in layers:
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    return runs
+
+
+# ------------------------------------------------------------------ evaluation plots
+def exits_figure(reports: Sequence[dict], *, title: str = "Early exit", colour_of: dict | None = None) -> Figure:
+    """Each report: {"label", "exit_loss": {"1": …}} (optionally "linestyle")."""
+    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    colour_of = colour_of or colours([r.get("label", "model") for r in reports])
+    for index, report in enumerate(reports):
+        label = report.get("label", "model")
         layers = sorted(int(k) for k in report["exit_loss"])
-        losses = [report["exit_loss"][str(k)] for k in layers]
-        ax.plot(layers, losses, marker="o", markersize=3, label=report.get("label", "model"))
+        colour = colour_of[label]
+        for part, segment in enumerate(_runs_of_neighbours(layers)):
+            ax.plot(segment, [report["exit_loss"][str(k)] for k in segment], color=colour,
+                    marker=MARKERS[index % len(MARKERS)], markersize=4, linestyle=report.get("linestyle", "-"),
+                    label=label if part == 0 else None)
     ax.set_xlabel("exit layer (blocks run)")
     ax.set_ylabel("validation loss")
-    ax.set_title("Early exit")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
-    return _save(fig, path)
+    ax.legend(fontsize=7)
+    return fig
 
 
-def plot_skip(reports: Sequence[dict], path: str | Path) -> Path:
+def plot_exits(reports: Sequence[dict], path: str | Path, **kwargs) -> Path:
+    return _save(exits_figure(reports, **kwargs), path)
+
+
+def skip_figure(reports: Sequence[dict], *, colour_of: dict | None = None) -> Figure:
     """Each report: {"label", "results": [{"skip_layers", "loss", "params_kept", "name"}]}.
 
-    Points are the skip sets; the line joins each model's best loss per parameter
-    count (its frontier); alternating sets are drawn as diamonds, named once.
+    Left: sets of several layers (and the full model) by parameters kept; the "middle"
+    family is joined by a line, alternate sets are diamonds named once, other sets are
+    crosses. Right (when any): every single-layer set by the layer it skips.
     """
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    singles = any(len(r["skip_layers"]) == 1 for report in reports for r in report["results"])
+    fig, axes = plt.subplots(1, 2 if singles else 1, figsize=(11.5 if singles else 6.8, 4.4), squeeze=False)
+    left = axes[0][0]
+    colour_of = colour_of or colours([r.get("label", "model") for r in reports])
     named: set[str] = set()
     for report in reports:
-        rows = sorted(report["results"], key=lambda r: r["params_kept"])
-        scatter = ax.scatter([r["params_kept"] for r in rows], [r["loss"] for r in rows], s=14, alpha=0.6,
-                             label=report.get("label", "model"))
-        colour = scatter.get_facecolor()[0]
-        best: dict[int, float] = {}
+        label, colour = report.get("label", "model"), colour_of[report.get("label", "model")]
+        rows = sorted((r for r in report["results"] if len(r["skip_layers"]) != 1), key=lambda r: r["params_kept"])
+        middle = [r for r in rows if _is_middle(r["skip_layers"], report.get("num_layers"))]
+        if middle:
+            left.plot([r["params_kept"] for r in middle], [r["loss"] for r in middle], color=colour, marker="o",
+                      markersize=3, linewidth=1, label=label)
         for r in rows:
-            best[r["params_kept"]] = min(r["loss"], best.get(r["params_kept"], float("inf")))
-        ax.plot(list(best), list(best.values()), color=colour, linewidth=1)
-        for r in rows:
-            if r.get("name", "").startswith("alternate"):
-                ax.scatter([r["params_kept"]], [r["loss"]], marker="D", s=36, color=colour, edgecolor="black")
-                if r["name"] not in named:
-                    named.add(r["name"])
-                    ax.annotate(r["name"], (r["params_kept"], r["loss"]), fontsize=7, xytext=(4, 4),
-                                textcoords="offset points")
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1e6:g}M"))
-    ax.set_xlabel("parameters kept (memory footprint)")
-    ax.set_ylabel("validation loss")
-    ax.set_title("Intermediate layer skipping")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return _save(fig, path)
+            if r in middle:
+                continue
+            alternate = r.get("name", "").startswith("alternate")
+            left.scatter([r["params_kept"]], [r["loss"]], marker="D" if alternate else "x", s=34 if alternate else 24,
+                         color=colour, edgecolor="black" if alternate else None, zorder=3,
+                         label=None if middle else label)
+            if alternate and r["name"] not in named:
+                named.add(r["name"])
+                left.annotate(r["name"], (r["params_kept"], r["loss"]), fontsize=7, xytext=(4, 4),
+                              textcoords="offset points")
+        if singles:
+            ones = sorted((r for r in report["results"] if len(r["skip_layers"]) == 1), key=lambda r: r["skip_layers"])
+            axes[0][1].plot([r["skip_layers"][0] for r in ones], [r["loss"] for r in ones], color=colour, marker="o",
+                            markersize=3, label=label)
+    left.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1e6:g}M"))
+    left.set_xlabel("parameters kept (memory footprint)")
+    left.set_ylabel("validation loss")
+    left.set_title("Skipping several layers (line: the middle ones)")
+    if singles:
+        right = axes[0][1]
+        right.set_xlabel("the one layer skipped (0 = first)")
+        right.set_title("Skipping one layer")
+        right.grid(alpha=0.3)
+        right.xaxis.get_major_locator().set_params(integer=True)
+    left.grid(alpha=0.3)
+    left.legend(fontsize=7)
+    return fig
+
+
+def _is_middle(skip: Sequence[int], num_layers: int | None) -> bool:
+    """The "middle" sweep's sets: a contiguous block centred between the kept first and last."""
+    if not skip or num_layers is None or len(skip) < 2:
+        return False
+    start, k = skip[0], len(skip)
+    return list(skip) == list(range(start, start + k)) and start == 1 + (num_layers - 2 - k) // 2
+
+
+def plot_skip(reports: Sequence[dict], path: str | Path, **kwargs) -> Path:
+    return _save(skip_figure(reports, **kwargs), path)
 
 
 def plot_coord_check(report: dict, path: str | Path) -> Path:
@@ -99,4 +168,82 @@ def plot_coord_check(report: dict, path: str | Path) -> Path:
     return _save(fig, path)
 
 
-__all__ = ["plot_exits", "plot_skip", "plot_coord_check"]
+# ---------------------------------------------------------------------- sweep plots
+def pareto_figure(curves: Sequence[dict], colour_of: dict) -> Figure:
+    """Each curve: {"label", "run", "training_flops": [...], "val_loss": [...]}; the end of
+    each run is a marker."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    seen: set[str] = set()
+    for curve in curves:
+        if not curve["training_flops"]:
+            continue
+        label = curve["label"]
+        colour = colour_of[label]
+        ax.plot(curve["training_flops"], curve["val_loss"], color=colour, linewidth=1, alpha=0.85,
+                label=None if label in seen else label)
+        ax.scatter(curve["training_flops"][-1:], curve["val_loss"][-1:], color=colour, s=14, zorder=3)
+        seen.add(label)
+    ax.set_xlabel("non-embedding training FLOPs executed")
+    ax.set_ylabel("validation loss (during training)")
+    ax.set_title("Validation loss vs training FLOPs (every run)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6, ncol=2)
+    return fig
+
+
+def degradation_figure(points: Sequence[dict], colour_of: dict, correlations: dict) -> Figure:
+    """P̄ achieved vs early-exit and skip degradation, one point per run."""
+    keys = [k for k in ("exit_degradation", "skip_degradation") if any(p.get(k) is not None for p in points)]
+    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(5.6 * max(1, len(keys)), 4.4), squeeze=False)
+    titles = {"exit_degradation": "early exit: mean over exits 1..L-1 of loss - loss at L",
+              "skip_degradation": "layer skipping: mean over skip sets of loss - full loss"}
+    for ax, key in zip(axes[0], keys):
+        seen: set[str] = set()
+        for index, point in enumerate(p for p in points if p.get(key) is not None):
+            label = point["configuration"]
+            ax.scatter([point["mean_dropout_achieved"]], [point[key]], color=colour_of[label], s=28,
+                       marker=MARKERS[list(colour_of).index(label) % len(MARKERS)], edgecolor="black",
+                       linewidth=0.4, label=None if label in seen else label)
+            seen.add(label)
+        rho = correlations.get(key, {}).get("spearman")
+        ax.set_title(titles[key] + (f"\nSpearman ρ = {rho:+.2f}" if rho is not None else ""), fontsize=9)
+        ax.set_xlabel("P̄ achieved (share of block FLOPs dropped)")
+        ax.set_ylabel("loss increase (nats)")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=6, ncol=1, loc="best")
+    return fig
+
+
+def heatmap_figure(maps: Sequence[dict]) -> Figure:
+    """Each map: {"title", "rates": [[p_(ℓ,t) for t] for ℓ]} (layers × steps)."""
+    columns = min(4, max(1, len(maps)))
+    rows = (len(maps) + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.8 * rows), squeeze=False)
+    top = max((max(map(max, m["rates"])) for m in maps), default=1.0) or 1.0
+    for ax, item in zip(axes.flat, maps):
+        image = ax.imshow(item["rates"], aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=top,
+                          extent=(0, item.get("steps", len(item["rates"][0])), -0.5, len(item["rates"]) - 0.5))
+        ax.set_title(item["title"], fontsize=8)
+        ax.set_xlabel("optimizer step t", fontsize=7)
+        ax.set_ylabel("layer ℓ", fontsize=7)
+        ax.tick_params(labelsize=6)
+    for ax in list(axes.flat)[len(maps):]:
+        ax.axis("off")
+    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="p(ℓ, t)")
+    return fig
+
+
+def save(build: Callable[..., Figure], path: str | Path, *args, **kwargs) -> Path:
+    """Build a figure and save it (figures with a colorbar are laid out by hand)."""
+    fig = build(*args, **kwargs)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if build is not heatmap_figure:
+        fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+__all__ = ["plot_exits", "plot_skip", "plot_coord_check", "exits_figure", "skip_figure", "pareto_figure",
+           "degradation_figure", "heatmap_figure", "colours", "save"]

@@ -301,6 +301,36 @@ class run_lock:
         self.handle.close()
 
 
+def machine_info() -> dict:
+    """Where the sweep ran (for the report): CPU model, cores, memory, versions."""
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        memory = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30)
+    except (OSError, ValueError):
+        memory = None
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return {"host": {"cpu": cpu, "cores": os.cpu_count(), "memory_gb": memory, "gpus": gpus},
+            "python": platform.python_version(), "torch": torch.__version__}
+
+
+def record_invocation(root: Path, argv: list[str], args: argparse.Namespace) -> None:
+    """<out>/machine.json: the machine and every distinct command that ran this sweep."""
+    path = root / "machine.json"
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    command = shlex.join(["layerdrop", "sweep", *argv])
+    record.update(machine_info(), jobs=args.jobs, threads_per_job=args.threads_per_job)
+    record["commands"] = list(dict.fromkeys([*record.get("commands", []), command]))
+    write_json(path, record)
+
+
 def prepare_data(sweep: Sweep, runner: Runner) -> None:
     if (sweep.data_dir / "manifest.json").is_file():
         return
@@ -443,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
         prepare_data(sweep, runner)
         if args.slurm:
             return write_slurm(sweep, root, runs, args)
+        if args.launcher == "local":
+            record_invocation(root, list(sys.argv[1:] if argv is None else argv), args)
         return run_all(runner, runs, args.jobs)
     except (SweepError, ValueError) as err:
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)

@@ -1,0 +1,160 @@
+"""The Markdown of `layerdrop report`, rendered from report.json's content alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _f(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _flops(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3g}"
+
+
+def _comparison(c: dict) -> str:
+    se = f" ± {c['se']:.4f}" if c.get("se") is not None else ""
+    return f"{c['a']} vs {c['b']}: {c['diff']:+.4f} ({c['pct']:+.2f}%){se} → {c['verdict']}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _how_it_was_run(report: dict) -> list[str]:
+    machine = report.get("machine") or {}
+    runs = report["runs"]
+    lines = ["## How it was run", ""]
+    if machine.get("commands"):
+        lines += ["```bash", *machine["commands"], "```", ""]
+    if machine.get("host"):
+        host = machine["host"]
+        lines.append(f"Machine: {host.get('cpu', '?')}, {host.get('cores', '?')} cores, "
+                     f"{host.get('memory_gb', '?')} GiB; Python {machine.get('python', '?')}, "
+                     f"torch {machine.get('torch', '?')}; {machine.get('jobs', '?')} runs at a time, "
+                     f"{machine.get('threads_per_job', '?')} thread(s) each. {machine.get('note', '')}".rstrip())
+        lines.append("")
+    if machine.get("model"):
+        lines += [machine["model"], ""]
+    cpu = sum(r["cpu_seconds"] for r in runs)
+    tokens = {r["tokens"] for r in runs}
+    lines.append(f"{len(runs)} runs, {', '.join(f'{t:,}' for t in sorted(tokens))} training tokens each; "
+                 f"{cpu / 3600:.2f} CPU-hours in all (training and evaluations, measured as process CPU time: "
+                 f"{cpu / 7200:.2f} hours of a 2-core machine).")
+    if report.get("skipped_runs"):
+        lines += ["", "Runs not in this report (unfinished or failed): " + "; ".join(report["skipped_runs"])]
+    return lines + [""]
+
+
+def _findings(report: dict) -> list[str]:
+    lines = ["## The paper's findings at this scale", "",
+             "Verdicts (report_tables.py, findings.py): a difference counts when it exceeds 2 standard errors "
+             "of seed noise and evaluation noise combined; **reproduced**: every comparison goes the paper's way; "
+             "**not reproduced**: one goes the other way; **within noise**: neither.", ""]
+    rows = []
+    for f in report["findings"]:
+        numbers = "<br>".join(_comparison(c) for c in f["comparisons"])
+        if f.get("correlations"):
+            numbers = "<br>".join(f"{k.replace('_', ' ')}: ρ = {v['spearman']:+.2f}, p = {v['p_value']:.3f} "
+                                  f"({v['runs']} runs)" for k, v in f["correlations"].items())
+        rows.append([f["claim"], f["test"], f"**{f['verdict']}**", numbers or "–"])
+    return lines + _table(["paper", "tested here as", "verdict", "numbers (a − b in loss, ± 1 SE)"], rows) + [""]
+
+
+def _configurations(report: dict) -> list[str]:
+    noise = report["noise"]
+    lines = ["## Configurations (Table 2/3 form)", "",
+             f"Validation loss: `eval heldout` on the held-out split (mean ± std over seeds); %Δ vs "
+             f"{noise.get('baseline') or 'dense'}; verdict against seed + evaluation noise (2 SE).", ""]
+    rows = []
+    for row in report["configurations"]:
+        vs = row.get("vs_dense")
+        std = f" ± {row['val_loss_std']:.4f}" if row["val_loss_std"] is not None else ""
+        rows.append([row["configuration"], str(row["seeds"]), _f(row["mean_dropout_predicted"], 3),
+                     _f(row["mean_dropout_achieved"], 3), _flops(row["training_flops"]),
+                     f"{row['training_flops_saved_pct']:.1f}%", f"{_f(row['val_loss_mean'])}{std}",
+                     f"{vs['pct']:+.2f}%" if vs else "–", vs["verdict"] if vs else "baseline"])
+    lines += _table(["configuration", "seeds", "P̄ predicted", "P̄ achieved", "training FLOPs", "FLOPs saved",
+                     "val loss", "%Δ", "vs dense"], rows)
+    return lines + [""]
+
+
+def _noise(report: dict) -> list[str]:
+    noise = report["noise"]
+    runs = [r for r in report["runs"] if r["heldout_standard_error"] is not None]
+    lines = ["## Noise", ""]
+    if noise.get("seed_std") is not None:
+        lines.append(f"- Seed noise: σ = {noise['seed_std']:.4f} nats (pooled std over seeds of the configurations "
+                     f"run with several seeds, {noise['seed_dof']} degrees of freedom).")
+    if runs:
+        tokens = sorted({r["heldout_tokens"] for r in runs})
+        errors = [r["heldout_standard_error"] for r in runs]
+        lines.append(f"- Evaluation noise: the held-out loss of a run is measured on {', '.join(f'{t:,}' for t in tokens)} "
+                     f"tokens with a standard error of {min(errors):.4f}–{max(errors):.4f} nats (64 slices); the "
+                     f"difference between two runs on the same tokens is much less noisy: its paired standard "
+                     f"error has median {_f(noise.get('evaluation_se_median'))} nats over the comparisons with dense.")
+    diffs = [abs(r["val_loss"] - r["end_of_training_val_loss"]) for r in report["runs"]
+             if r["val_loss"] is not None and r["end_of_training_val_loss"] is not None]
+    if diffs:
+        lines.append(f"- The end-of-training validation (32k tokens spread over the split) differs from the "
+                     f"held-out loss by {min(diffs):.4f}–{max(diffs):.4f} nats across runs; comparisons use the "
+                     "held-out loss.")
+    return lines + [""]
+
+
+def _images(report: dict) -> list[str]:
+    captions = {
+        "pareto": "Validation loss vs non-embedding training FLOPs executed, every run (Fig. 9's view); "
+                  "a marker ends each run.",
+        "exits": "Early-exit loss of every configuration, mean over its seeds (Figs 5, A.2).",
+        "skip": "Layer skipping (Fig. A.3): several middle layers by parameters kept (left; diamonds: "
+                "alternate layers), and every single layer (right).",
+        "degradation": "The third claim: early-exit and skip degradation vs P̄, one point per run.",
+        "heatmaps": "p(ℓ, t) of each distribution × schedule in the sweep.",
+    }
+    lines = ["## Plots", ""]
+    for name, path in report.get("images", {}).items():
+        lines += [f"![{name}]({path})", "", captions.get(name, ""), ""]
+    return lines
+
+
+def _speculative(report: dict) -> list[str]:
+    if not report["speculative"]:
+        return []
+    lines = ["## Self-speculative decoding (Table 4 form)", "",
+             "The best draft found by `speculate search` (Bayesian optimisation, genetic, hill climbing, "
+             "simulated annealing); speedup, acceptance α and draft/target time measured by real greedy "
+             "decoding on this CPU (timings on a shared machine: treat them as rough).", ""]
+    rows = [[r["configuration"], str(len(r["runs"])), " / ".join(f"{s:.2f}×" for s in r["speedup_per_seed"]),
+             f"{r['acceptance_rate_mean']:.0%}", f"{r['draft_time_ratio_mean']:.2f}",
+             "; ".join(",".join(map(str, s or [])) for s in r["skip_layers"]), str(r["identical_to_greedy"])]
+            for r in report["speculative"]]
+    return lines + _table(["configuration", "seeds", "speedup", "α", "T_draft/T_target", "skipped layers",
+                           "identical to greedy"], rows) + [""]
+
+
+def _runs(report: dict) -> list[str]:
+    rows = [[r["run"], r["configuration"], str(r["seed"]), _f(r["val_loss"]), _f(r["end_of_training_val_loss"]),
+             _f(r["mean_dropout_achieved"], 3), _flops(r["training_flops"]), f"{r['cpu_seconds']:.0f}"]
+            for r in report["runs"]]
+    return ["## Every run", ""] + _table(["run", "configuration", "seed", "held-out loss", "end-of-training val",
+                                          "P̄ achieved", "training FLOPs", "CPU s"], rows) + [""]
+
+
+def markdown(report: dict, *, title: str) -> str:
+    lines = [f"# {title}", "",
+             "Written by `layerdrop report` from a `layerdrop sweep` folder; every number is in report.json "
+             "beside this file, and runs/ holds each run's config, summary and evaluations, from which "
+             "`layerdrop report` rebuilds this page.", ""]
+    for part in (_how_it_was_run, _findings, _configurations, _noise, _images, _speculative, _runs):
+        lines += part(report)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+__all__ = ["markdown"]
