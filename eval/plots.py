@@ -87,9 +87,9 @@ def plot_exits(reports: Sequence[dict], path: str | Path, **kwargs) -> Path:
 def skip_figure(reports: Sequence[dict], *, colour_of: dict | None = None) -> Figure:
     """Each report: {"label", "results": [{"skip_layers", "loss", "params_kept", "name"}]}.
 
-    Left: sets of several layers (and the full model) by parameters kept; the "middle"
-    family is joined by a line, alternate sets are diamonds named once, other sets are
-    crosses. Right (when any): every single-layer set by the layer it skips.
+    Left: sets of several layers (and the full model) by parameters kept; the full model
+    and the "middle" family are joined by a line, alternate sets are diamonds named once,
+    other sets are crosses. Right (when any): every single-layer set by the layer it skips.
     """
     singles = any(len(r["skip_layers"]) == 1 for report in reports for r in report["results"])
     fig, axes = plt.subplots(1, 2 if singles else 1, figsize=(11.5 if singles else 6.8, 4.4), squeeze=False)
@@ -99,7 +99,7 @@ def skip_figure(reports: Sequence[dict], *, colour_of: dict | None = None) -> Fi
     for report in reports:
         label, colour = report.get("label", "model"), colour_of[report.get("label", "model")]
         rows = sorted((r for r in report["results"] if len(r["skip_layers"]) != 1), key=lambda r: r["params_kept"])
-        middle = [r for r in rows if _is_middle(r["skip_layers"], report.get("num_layers"))]
+        middle = [r for r in rows if not r["skip_layers"] or _is_middle(r["skip_layers"], report.get("num_layers"))]
         if middle:
             left.plot([r["params_kept"] for r in middle], [r["loss"] for r in middle], color=colour, marker="o",
                       markersize=3, linewidth=1, label=label)
@@ -187,7 +187,8 @@ def pareto_figure(curves: Sequence[dict], colour_of: dict) -> Figure:
     ax.set_ylabel("validation loss (during training)")
     ax.set_title("Validation loss vs training FLOPs (every run)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
+    if seen:
+        ax.legend(fontsize=6, ncol=2)
     return fig
 
 

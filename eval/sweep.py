@@ -482,7 +482,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_all(runner: Runner, runs: list[Run], jobs: int) -> int:
-    todo = [r for r in runs if RunFolder(runner.root, r).state(runner.sweep.evals) != "done"]
+    states = {r.name: RunFolder(runner.root, r).state(runner.sweep.evals) for r in runs}
+    todo = [r for r in runs if states[r.name] != "done"]
+    # Started runs first (their work is half done), then breadth first over the seeds: a
+    # sweep stopped half way has every configuration once before it has any twice.
+    seed_rank = {seed: i for i, seed in enumerate(dict.fromkeys(sorted(r.seed for r in runs)))}
+    todo.sort(key=lambda r: (states[r.name] not in ("partial", "trained"), seed_rank[r.seed]))
     print(f"{len(runs)} runs: {len(runs) - len(todo)} done, {len(todo)} to run, {jobs} at a time", flush=True)
     previous = {sig: signal.signal(sig, lambda *_: runner.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
     results = []
