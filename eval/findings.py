@@ -201,7 +201,7 @@ def _pareto(recommended: list[Configuration], base: Configuration | None) -> dic
         comparisons.append(compare([v for _, v in finals], dense, sigma, None, configuration.label,
                                    f"{base.label} at the same FLOPs"))
     return finding("pareto", "At the same training FLOPs, training with layer dropout reaches lower loss "
-                   "(Fig 9, abstract)", "end-of-training validation (curves, 32k-token set) vs the dense curves "
+                   "(Fig 9, abstract)", "end-of-training validation (the training-time val set) vs the dense curves "
                    "interpolated at the same executed FLOPs", comparisons)
 
 

@@ -117,8 +117,13 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
 
 def run_row(run: RunResult) -> dict:
     heldout = run.eval_with("groups")
+    data = run.config.get("data", {})
+    batches = min(b for b in (data.get("val_batches"), run.config.get("trainer", {}).get("limit_val_batches"))
+                  if isinstance(b, int)) if isinstance(data.get("val_batches"), int) else None
     return {"run": run.name, "configuration": run.label, "seed": run.seed, "val_loss": run.val_loss,
             "heldout_tokens": heldout["tokens"] if heldout else None,
+            "heldout_slices": len(heldout["groups"]["tokens"]) if heldout else None,
+            "training_val_tokens": batches * data["batch_size"] * data["seq_len"] if batches else None,
             "heldout_standard_error": heldout["standard_error"][str(run.num_layers)] if heldout else None,
             "end_of_training_val_loss": run.summary.get("val_loss"),
             "mean_dropout_predicted": run.summary["mean_dropout_predicted"],

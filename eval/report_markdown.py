@@ -95,14 +95,18 @@ def _noise(report: dict) -> list[str]:
     if runs:
         tokens = sorted({r["heldout_tokens"] for r in runs})
         errors = [r["heldout_standard_error"] for r in runs]
+        slices = sorted({r["heldout_slices"] for r in runs})
         lines.append(f"- Evaluation noise: the held-out loss of a run is measured on {', '.join(f'{t:,}' for t in tokens)} "
-                     f"tokens with a standard error of {min(errors):.4f}–{max(errors):.4f} nats (64 slices); the "
+                     f"tokens with a standard error of {min(errors):.4f}–{max(errors):.4f} nats (from "
+                     f"{', '.join(map(str, slices))} consecutive slices); the "
                      f"difference between two runs on the same tokens is much less noisy: its paired standard "
                      f"error has median {_f(noise.get('evaluation_se_median'))} nats over the comparisons with dense.")
     diffs = [abs(r["val_loss"] - r["end_of_training_val_loss"]) for r in report["runs"]
              if r["val_loss"] is not None and r["end_of_training_val_loss"] is not None]
+    sizes = sorted({r["training_val_tokens"] for r in report["runs"] if r.get("training_val_tokens")})
     if diffs:
-        lines.append(f"- The end-of-training validation (32k tokens spread over the split) differs from the "
+        size = f"{', '.join(f'{t:,}' for t in sizes)} tokens spread over the split" if sizes else "its val set"
+        lines.append(f"- The end-of-training validation ({size}) differs from the "
                      f"held-out loss by {min(diffs):.4f}–{max(diffs):.4f} nats across runs; comparisons use the "
                      "held-out loss.")
     return lines + [""]

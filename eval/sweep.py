@@ -360,7 +360,10 @@ def dry_run(sweep: Sweep, root: Path, runs: list[Run], flops_per_second: float |
               f"{format_flops(p.training_flops):>14}  {p.tokens:>11,}  {p.tokens_per_parameter:5.1f}  {state}")
     line = f"{len(rows)} runs, predicted training compute {format_flops(total)} FLOPs"
     if flops_per_second:
-        line += f" = {total / flops_per_second / 3600:.2f} hours at {format_flops(flops_per_second)} FLOP/s"
+        seconds = total / flops_per_second
+        span = f"{seconds / 3600:.2f} hours" if seconds >= 3600 else f"{seconds / 60:.1f} minutes" \
+            if seconds >= 60 else f"{seconds:.1f} seconds"
+        line += f" = {span} at {format_flops(flops_per_second)} FLOP/s"
     print(line + f"; evaluations: {', '.join(s.name for s in sweep.evals) or 'none'}")
     print("P̄: predicted share of the blocks' (non-embedding) training FLOPs saved; all saved: of every "
           "training FLOP, the unembedding included; TPP: tokens per non-embedding parameter")

@@ -4,6 +4,7 @@ sweep end to end (stopped, resumed, a failed run, idempotent, then its report)."
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -130,7 +131,7 @@ def test_dry_run_lists_runs_with_predictions_and_writes_nothing(tmp_path, data, 
     assert main([str(sweep_file(tmp_path, data)), "--out", str(out), "--dry-run", "--flops-per-second", "1e9"]) == 0
     text = capsys.readouterr().out
     assert "p_max=0.5,seed=1" in text and "0.1250" in text and "5 runs, predicted training compute" in text
-    assert "hours at 1.00e9 FLOP/s" in text and "pending" in text
+    assert re.search(r"= [0-9.]+ (seconds|minutes|hours) at 1.00e9 FLOP/s", text) and "pending" in text
     assert not out.exists()
 
 
