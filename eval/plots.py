@@ -193,40 +193,45 @@ def pareto_figure(curves: Sequence[dict], colour_of: dict) -> Figure:
 
 
 def degradation_figure(points: Sequence[dict], colour_of: dict, correlations: dict) -> Figure:
-    """P̄ achieved vs early-exit and skip degradation, one point per run."""
+    """P̄ achieved vs early-exit and skip degradation, one point per run; one legend below."""
     keys = [k for k in ("exit_degradation", "skip_degradation") if any(p.get(k) is not None for p in points)]
-    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(5.6 * max(1, len(keys)), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, max(1, len(keys)), figsize=(5.6 * max(1, len(keys)), 5.2), squeeze=False,
+                             layout="constrained")
     titles = {"exit_degradation": "early exit: mean over exits 1..L-1 of loss - loss at L",
               "skip_degradation": "layer skipping: mean over skip sets of loss - full loss"}
+    handles: dict[str, object] = {}
     for ax, key in zip(axes[0], keys):
-        seen: set[str] = set()
-        for index, point in enumerate(p for p in points if p.get(key) is not None):
+        for point in (p for p in points if p.get(key) is not None):
             label = point["configuration"]
-            ax.scatter([point["mean_dropout_achieved"]], [point[key]], color=colour_of[label], s=28,
-                       marker=MARKERS[list(colour_of).index(label) % len(MARKERS)], edgecolor="black",
-                       linewidth=0.4, label=None if label in seen else label)
-            seen.add(label)
+            handles[label] = ax.scatter([point["mean_dropout_achieved"]], [point[key]], color=colour_of[label], s=28,
+                                        marker=MARKERS[list(colour_of).index(label) % len(MARKERS)],
+                                        edgecolor="black", linewidth=0.4)
         rho = correlations.get(key, {}).get("spearman")
         ax.set_title(titles[key] + (f"\nSpearman ρ = {rho:+.2f}" if rho is not None else ""), fontsize=9)
         ax.set_xlabel("P̄ achieved (share of block FLOPs dropped)")
         ax.set_ylabel("loss increase (nats)")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=6, ncol=1, loc="best")
+    ordered = [label for label in colour_of if label in handles]
+    fig.legend([handles[label] for label in ordered], ordered, loc="outside lower center", ncol=4, fontsize=7)
     return fig
 
 
 def heatmap_figure(maps: Sequence[dict]) -> Figure:
-    """Each map: {"title", "rates": [[p_(ℓ,t) for t] for ℓ]} (layers × steps)."""
+    """Each map: {"title", "rates": [[p_(ℓ,t) for t] for ℓ], "steps"} (layers × steps)."""
     columns = min(4, max(1, len(maps)))
     rows = (len(maps) + columns - 1) // columns
-    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.8 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.6 * columns + 1.2, 3.0 * rows), squeeze=False,
+                             layout="constrained")
     top = max((max(map(max, m["rates"])) for m in maps), default=1.0) or 1.0
     for ax, item in zip(axes.flat, maps):
+        layers = len(item["rates"])
         image = ax.imshow(item["rates"], aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=top,
-                          extent=(0, item.get("steps", len(item["rates"][0])), -0.5, len(item["rates"]) - 0.5))
+                          interpolation="nearest",
+                          extent=(0, item.get("steps", len(item["rates"][0])), -0.5, layers - 0.5))
         ax.set_title(item["title"], fontsize=8)
         ax.set_xlabel("optimizer step t", fontsize=7)
         ax.set_ylabel("layer ℓ", fontsize=7)
+        ax.set_yticks(range(0, layers, max(1, layers // 6)))
         ax.tick_params(labelsize=6)
     for ax in list(axes.flat)[len(maps):]:
         ax.axis("off")
@@ -235,11 +240,11 @@ def heatmap_figure(maps: Sequence[dict]) -> Figure:
 
 
 def save(build: Callable[..., Figure], path: str | Path, *args, **kwargs) -> Path:
-    """Build a figure and save it (figures with a colorbar are laid out by hand)."""
+    """Build a figure and save it (figures laid out by matplotlib's constrained layout keep it)."""
     fig = build(*args, **kwargs)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if build is not heatmap_figure:
+    if fig.get_layout_engine() is None:
         fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
