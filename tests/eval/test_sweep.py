@@ -27,6 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "recipes" / "tiny.yaml"
 
 
+EVALS = [{"name": "heldout", "command": "eval heldout", "args": {"max-tokens": 2048, "groups": 4, "batch-size": 4}},
+         {"name": "skip", "command": "eval skip", "args": {"sets": ["none"], "sweep": ["single"], "max-tokens": 1024}}]
+
+
 def sweep_file(folder: Path, data: Path, **extra) -> Path:
     spec = {
         "base": str(TINY),
@@ -43,10 +47,7 @@ def sweep_file(folder: Path, data: Path, **extra) -> Path:
         # data.seq_len beyond max_seq_len: pretrain refuses it, after the config is written
         "runs": {"broken": {"data.seq_len": 64, "seeds": [0]}},
         "seeds": [0, 1],
-        "evals": [{"name": "heldout", "command": "eval heldout", "args": {"max-tokens": 2048, "groups": 4,
-                                                                          "batch-size": 4}},
-                  {"name": "skip", "command": "eval skip", "args": {"sets": ["none"], "sweep": ["single"],
-                                                                    "max-tokens": 1024}}],
+        "evals": EVALS,
         **extra,
     }
     path = folder / "sweep.yaml"
@@ -179,8 +180,10 @@ def _status(out: Path, run: str) -> dict:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+@pytest.mark.timeout(1800)  # ~1 min on an idle 2-core machine; many subprocesses when it is shared
 def test_a_sweep_stops_resumes_reports_a_failed_run_and_is_idempotent(tmp_path, data):
-    path, out = sweep_file(tmp_path, data), tmp_path / "out"
+    # one evaluation (the report's skip and speculative forms are tested on hand-made runs)
+    path, out = sweep_file(tmp_path, data, evals=EVALS[:1]), tmp_path / "out"
     grid = ["p_max=0.0,seed=0", "p_max=0.0,seed=1", "p_max=0.5,seed=0", "p_max=0.5,seed=1"]
     # 1. stop the sweep (SIGTERM, as a scheduler or a person would) once a run has a checkpoint
     sweep = subprocess.Popen(_sweep_command(path, out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -198,14 +201,14 @@ def test_a_sweep_stops_resumes_reports_a_failed_run_and_is_idempotent(tmp_path, 
     assert all(_status(out, r)["state"] != "failed" for r in grid if (out / "runs" / r / "status.json").is_file())
 
     # 2. run it again: the stopped run resumes, the others run, the broken one fails alone
-    second = subprocess.run(_sweep_command(path, out), capture_output=True, text=True, timeout=600)
+    second = subprocess.run(_sweep_command(path, out), capture_output=True, text=True, timeout=1500)
     assert second.returncode == 1, second.stdout + second.stderr
     assert "broken,seed=0 (pretrain)" in second.stderr and "seq_len=64" in second.stderr
     assert _status(out, "broken,seed=0")["state"] == "failed"
     for run in grid:
         folder = out / "runs" / run
         assert json.loads((folder / "summary.json").read_text())["steps"] == 24
-        assert (folder / "evals" / "heldout.json").is_file() and (folder / "evals" / "skip.json").is_file()
+        assert (folder / "evals" / "heldout.json").is_file()
         config = yaml.safe_load((folder / "config.yaml").read_text())  # the resolved config
         assert config["seed_everything"] == int(run[-1]) and config["trainer"]["max_steps"] == 24
         assert config["model"]["layer_dropout"]["p_max"] == float(run.split(",")[0].split("=")[1])
@@ -248,7 +251,7 @@ def test_a_sweep_stops_resumes_reports_a_failed_run_and_is_idempotent(tmp_path, 
     assert vs["verdict"] == ("better" if vs["diff"] < -2 * vs["se"] else
                              "worse" if vs["diff"] > 2 * vs["se"] else "within noise")
     assert (report_dir / "README.md").read_text().count("p_max=0.5,seed=") == 2
-    assert {"pareto", "exits", "skip", "degradation", "heatmaps"} <= set(report["images"])
+    assert {"pareto", "exits", "degradation", "heatmaps"} <= set(report["images"])
     # the committed copy alone rebuilds the same numbers
     again = tmp_path / "again"
     assert report_main([str(report_dir), "--out", str(again)]) == 0
