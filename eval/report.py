@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
 import sys
 from pathlib import Path
+
+import yaml
 
 from eval import plots
 from eval.findings import all_findings
 from eval.report_markdown import markdown
 from eval.report_tables import (configuration_table, correlation, elasticity_points, group, speculative_table)
-from eval.sweep_results import RunResult, copy_results, load_results
+from eval.sweep_results import RunResult, copy_results, load_results, with_aliases
 from framework.config import LayerDropoutConfig
 from framework.schedules import dropout_rates
 
@@ -90,6 +93,31 @@ def heatmaps(configurations) -> list[dict]:
     return maps
 
 
+def model_summary(results: list[RunResult]) -> dict:
+    """The model and budget of the sweep's runs (each distinct shape once, with its run count)."""
+    from eval.sweep_spec import non_embedding_parameters
+    from framework.config import ModelConfig
+
+    shapes: dict[str, dict] = {}
+    for run in results:
+        decoder = {k: v for k, v in run.config["model"]["decoder"].items()
+                   if k not in ("logit_multiplier", "residual_multiplier")}
+        try:
+            model = ModelConfig(**decoder)  # the resolved config's values, defaults filled in
+        except (TypeError, ValueError):  # a hand-made config that is not a decoder's
+            continue
+        params = non_embedding_parameters(model)
+        data = run.config.get("data", {})
+        shape = {"d_model": model.d_model, "n_layers": model.n_layers, "n_heads": model.n_heads,
+                 "vocab_size": model.vocab_size,
+                 "non_embedding_params": params, "tokens": run.summary["tokens"], "steps": run.summary["steps"],
+                 "batch_size": data.get("batch_size"), "seq_len": data.get("seq_len"),
+                 "tokens_per_parameter": run.summary["tokens"] / params}
+        key = json.dumps(shape, sort_keys=True)
+        shapes.setdefault(key, {**shape, "runs": 0})["runs"] += 1
+    return {"shapes": list(shapes.values())}
+
+
 def build_report(root: Path) -> tuple[dict, list[RunResult]]:
     results, skipped = load_results(root)
     if not results:
@@ -100,8 +128,11 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
     points = elasticity_points(results)
     correlations = {k: correlation(points, k) for k in ("exit_degradation", "skip_degradation")}
     machine = json.loads((root / "machine.json").read_text()) if (root / "machine.json").is_file() else {}
+    sweep_file = root / "sweep.yaml"
+    prepare = (yaml.safe_load(sweep_file.read_text()).get("data") or {}).get("prepare") if sweep_file.is_file() else None
     report = {
-        "sweep": str(root), "machine": machine, "skipped_runs": skipped,
+        "sweep": str(root), "machine": machine, "skipped_runs": skipped, "model": model_summary(results),
+        "prepare": [str(a) for a in prepare] if prepare else None,
         "noise": noise, "configurations": table,
         "findings": all_findings(configurations, results, points),
         "elasticity": {"points": points, "correlations": correlations},
@@ -160,6 +191,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", default=None, metavar="DIR", help="where README.md, report.json, images/ and "
                         "runs/ go (default: SWEEP_DIR/report)")
     parser.add_argument("--title", default="Reproducing the paper", help="the report's heading")
+    parser.add_argument("--path-alias", action="append", default=[], metavar="PATH=ALIAS",
+                        help="write ALIAS for PATH in everything the report writes (repeatable), e.g. "
+                             "/scratch/me/sweeps/paper-cpu=sweeps/paper-cpu, to commit a report without "
+                             "machine-specific paths")
     return parser
 
 
@@ -168,18 +203,30 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = Path(args.sweep_dir)
     out = Path(args.out) if args.out else root / "report"
+    aliases = {}
+    for item in args.path_alias:
+        path, _, alias = item.partition("=")
+        if not path or not alias:
+            parser.error(f"--path-alias {item!r} is invalid: expected PATH=ALIAS")
+        aliases[path] = alias
     try:
         report, results = build_report(root)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    copy_results(results, out, root / "sweep.yaml")
+    copy_results(results, out, root / "sweep.yaml", aliases)
     if (root / "machine.json").is_file() and (root / "machine.json").resolve() != (out / "machine.json").resolve():
-        (out / "machine.json").write_text((root / "machine.json").read_text())
+        (out / "machine.json").write_text(with_aliases((root / "machine.json").read_text(), aliases))
     report["images"] = write_images(report, out)
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    (out / "README.md").write_text(markdown(report, title=args.title))
+    report["report_command"] = shlex.join(["layerdrop", "report", *(sys.argv[1:] if argv is None else argv)])
+    if aliases:  # the command as it reads once the paths are aliased (its --path-alias words dropped)
+        words = (sys.argv[1:] if argv is None else argv)
+        kept = [w for i, w in enumerate(words) if w != "--path-alias" and not (i and words[i - 1] == "--path-alias")
+                and not w.startswith("--path-alias=")]
+        report["report_command"] = shlex.join(["layerdrop", "report", *kept])
+    (out / "report.json").write_text(with_aliases(json.dumps(report, indent=1, default=str), aliases) + "\n")
+    (out / "README.md").write_text(with_aliases(markdown(report, title=args.title), aliases))
     verdicts = ", ".join(f"{f['id']}: {f['verdict']}" for f in report["findings"])
     print(f"{len(results)} runs in {len(report['configurations'])} configurations ({verdicts})")
     print(f"wrote {out / 'README.md'}, {out / 'report.json'} and {len(report['images'])} images")

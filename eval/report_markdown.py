@@ -31,22 +31,34 @@ def _how_it_was_run(report: dict) -> list[str]:
     machine = report.get("machine") or {}
     runs = report["runs"]
     lines = ["## How it was run", ""]
-    if machine.get("commands"):
-        lines += ["```bash", *machine["commands"], "```", ""]
+    commands = []
+    if report.get("prepare"):
+        commands.append("# the data (the sweep prepares it when its folder is missing):")
+        commands.append(" ".join(["layerdrop", "prepare", *report["prepare"], "--out", "DATA_DIR"]))
+    commands += machine.get("commands", [])
+    if report.get("report_command"):
+        commands.append(report["report_command"])
+    if commands:
+        lines += ["```bash", *commands, "```", ""]
     if machine.get("host"):
         host = machine["host"]
+        gpus = f", GPUs: {', '.join(host['gpus'])}" if host.get("gpus") else ", no GPU"
         lines.append(f"Machine: {host.get('cpu', '?')}, {host.get('cores', '?')} cores, "
-                     f"{host.get('memory_gb', '?')} GiB; Python {machine.get('python', '?')}, "
+                     f"{host.get('memory_gb', '?')} GiB{gpus}; Python {machine.get('python', '?')}, "
                      f"torch {machine.get('torch', '?')}; {machine.get('jobs', '?')} runs at a time, "
-                     f"{machine.get('threads_per_job', '?')} thread(s) each. {machine.get('note', '')}".rstrip())
+                     f"{machine.get('threads_per_job', '?')} thread(s) each.")
         lines.append("")
-    if machine.get("model"):
-        lines += [machine["model"], ""]
+    for shape in (report.get("model") or {}).get("shapes", []):
+        lines.append(f"Model: d = {shape['d_model']}, L = {shape['n_layers']}, {shape['n_heads']} heads, vocabulary "
+                     f"{shape['vocab_size']:,}; {shape['non_embedding_params']:,} non-embedding parameters; "
+                     f"{shape['steps']:,} steps × {shape['batch_size']} sequences × {shape['seq_len']} tokens = "
+                     f"{shape['tokens']:,} tokens = **{shape['tokens_per_parameter']:.1f} tokens per "
+                     f"non-embedding parameter** ({shape['runs']} runs).")
+        lines.append("")
     cpu = sum(r["cpu_seconds"] for r in runs)
-    tokens = {r["tokens"] for r in runs}
-    lines.append(f"{len(runs)} runs, {', '.join(f'{t:,}' for t in sorted(tokens))} training tokens each; "
-                 f"{cpu / 3600:.2f} CPU-hours in all (training and evaluations, measured as process CPU time: "
-                 f"{cpu / 7200:.2f} hours of a 2-core machine).")
+    lines.append(f"{len(runs)} runs; {cpu / 3600:.2f} CPU-hours in all for training and evaluations, measured "
+                 f"as each subprocess's CPU time (= {cpu / 7200:.2f} hours of a 2-core machine; wall time "
+                 "depends on what else runs).")
     if report.get("skipped_runs"):
         lines += ["", "Runs not in this report (unfinished or failed): " + "; ".join(report["skipped_runs"])]
     return lines + [""]

@@ -209,8 +209,14 @@ def label_configurations(results: list[RunResult]) -> None:
 
 
 # --------------------------------------------------------------------------- copying
-def copy_results(results: list[RunResult], destination: Path, sweep_file: Path | None) -> None:
-    """The small files of every run (+ curve.json and the sweep file) under ``destination``."""
+def copy_results(results: list[RunResult], destination: Path, sweep_file: Path | None,
+                 aliases: dict[str, str] | None = None) -> None:
+    """The small files of every run (+ curve.json and the sweep file) under ``destination``,
+    with each path in ``aliases`` written as its alias (a committed copy names no machine's
+    folders)."""
+    def copy(source: Path, target: Path) -> None:
+        target.write_text(with_aliases(source.read_text(), aliases))
+
     for result in results:
         target = destination / "runs" / result.name
         if target.resolve() == result.folder.resolve():
@@ -218,13 +224,20 @@ def copy_results(results: list[RunResult], destination: Path, sweep_file: Path |
         (target / "evals").mkdir(parents=True, exist_ok=True)
         for name in SMALL_FILES:
             if (result.folder / name).is_file():
-                shutil.copyfile(result.folder / name, target / name)
+                copy(result.folder / name, target / name)
         for path in (result.folder / "evals").glob("*.json"):
-            shutil.copyfile(path, target / "evals" / path.name)
+            copy(path, target / "evals" / path.name)
         (target / "curve.json").write_text(json.dumps(result.curve, indent=1) + "\n")
     if sweep_file is not None and sweep_file.is_file() and sweep_file.resolve() != (destination / "sweep.yaml").resolve():
-        shutil.copyfile(sweep_file, destination / "sweep.yaml")
+        copy(sweep_file, destination / "sweep.yaml")
+
+
+def with_aliases(text: str, aliases: dict[str, str] | None) -> str:
+    """``text`` with every path of ``aliases`` replaced by its alias (longest paths first)."""
+    for path in sorted(aliases or {}, key=len, reverse=True):
+        text = text.replace(path, aliases[path])
+    return text
 
 
 __all__ = ["RunResult", "load_results", "tensorboard_curve", "dropout_label", "label_configurations",
-           "configuration_key", "copy_results", "flatten"]
+           "configuration_key", "copy_results", "with_aliases", "flatten"]

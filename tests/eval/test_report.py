@@ -167,3 +167,15 @@ def test_report_numbers_and_verdicts_from_the_run_folders(sweep, tmp_path):
 def test_a_folder_without_runs_is_a_one_line_error(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "not a sweep folder" in capsys.readouterr().err
+
+
+def test_path_aliases_leave_no_machine_path_in_what_the_report_writes(sweep, tmp_path):
+    out = tmp_path / "report"
+    assert main([str(sweep), "--out", str(out), "--path-alias", f"{sweep}=sweeps/x"]) == 0
+    written = [p for p in out.rglob("*") if p.is_file() and p.suffix in (".md", ".json", ".yaml")]
+    assert len(written) > 10
+    assert not [p for p in written if str(sweep) in p.read_text()]
+    assert "sweeps/x/runs/dense,seed=0" in (out / "runs" / "dense,seed=0" / "config.yaml").read_text()
+    assert "layerdrop report sweeps/x --out" in (out / "README.md").read_text()
+    with pytest.raises(SystemExit):
+        main([str(sweep), "--out", str(out), "--path-alias", "nothing"])
