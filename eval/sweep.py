@@ -116,11 +116,14 @@ class Runner:
             return child
 
     def reap(self, child: subprocess.Popen) -> float:
-        """Wait for a child; its own CPU seconds (getrusage of all children would mix runs)."""
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
+        """Wait for a child; its own CPU seconds (getrusage of all children would mix runs).
+        It leaves the stop handler's set before it is reaped: until then its pid cannot be
+        reused, so a stop never signals another process."""
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
         with self.lock:
             self.children.discard(child)
+            _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
         return usage.ru_utime + usage.ru_stime
 
     def call(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[int, float, float]:
@@ -142,8 +145,10 @@ class Runner:
         with self.lock:
             self.stopping = True
             for child in self.children:
-                if child.poll() is None:
-                    child.send_signal(signal.SIGTERM)
+                try:
+                    os.kill(child.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
 
     # -- stages ------------------------------------------------------------------------
     def write_config(self, folder: RunFolder) -> str | None:
@@ -158,17 +163,21 @@ class Runner:
         folder.recipe.write_text(text)
         if folder.config.is_file():
             return None
-        child = self.spawn([*layerdrop(), "pretrain", "--config", str(folder.recipe), "--print_config"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if child is None:
-            return "stopped"
-        stdout, stderr = child.communicate()
-        with self.lock:
-            self.children.discard(child)
+        partial = folder.config.with_name(f".{folder.config.name}.partial")
+        log = folder.log("config")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(partial, "w") as out, open(log, "a") as errors:
+            child = self.spawn([*layerdrop(), "pretrain", "--config", str(folder.recipe), "--print_config"],
+                               stdout=out, stderr=errors)
+            if child is None:
+                return "stopped"
+            self.reap(child)
         if child.returncode != 0:
-            return "stopped" if self.stopping else "invalid recipe: " + last_line(stderr or stdout)
+            partial.unlink(missing_ok=True)
+            return "stopped" if self.stopping else "invalid recipe: " + last_line(tail(log))
         header = f"# resolved config of sweep run {folder.run.name} ({self.sweep.path})\n"
-        write_atomic(folder.config, header + stdout)
+        write_atomic(folder.config, header + partial.read_text())
+        partial.unlink()
         return None
 
     def train_argv(self, folder: RunFolder) -> tuple[list[str], dict[str, str]]:

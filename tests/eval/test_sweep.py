@@ -259,3 +259,13 @@ def test_a_sweep_stops_resumes_reports_a_failed_run_and_is_idempotent(tmp_path, 
     assert rebuilt["configurations"] == report["configurations"]
     assert rebuilt["findings"] == report["findings"]
     assert not list(report_dir.glob("runs/*/checkpoints"))
+
+
+def test_a_key_the_recipe_does_not_have_fails_that_run_at_its_config(tmp_path, data):
+    sweep = load_sweep(sweep_file(tmp_path, data, runs={"typo": {"trainer.max_stepz": 3}}))
+    run = next(r for r in sweep.runs if r.name == "typo,seed=0")
+    folder = RunFolder(tmp_path / "out", run)
+    error = Runner(sweep, tmp_path / "out", threads=1).write_config(folder)
+    assert error.startswith("invalid recipe: ") and "max_stepz" in error
+    assert folder.recipe.is_file() and not folder.config.exists()
+    assert not list(folder.dir.glob(".*partial*"))
