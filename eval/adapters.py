@@ -68,7 +68,8 @@ class ExitAdapters(nn.Module):
     def __init__(self, cfg: ModelConfig, exits: Sequence[int]) -> None:
         super().__init__()
         self.exits = check_exits(list(exits), cfg.n_layers)
-        self.blocks = nn.ModuleDict({str(e): Block(cfg, cfg.n_layers - 1) for e in self.exits})
+        # Adapter i is layer n_layers + i of a KV cache made with extra_layers=len(exits).
+        self.blocks = nn.ModuleDict({str(e): Block(cfg, cfg.n_layers + i) for i, e in enumerate(self.exits)})
         self.init_std = cfg.init_std
 
     @torch.no_grad()

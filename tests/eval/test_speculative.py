@@ -14,8 +14,8 @@ import re
 import pytest
 import torch
 
-from eval.speculative import (AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, compare, main,
-                              plain_decode)
+from eval.speculate import compare, main
+from eval.speculative import AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, plain_decode
 from framework.checkpoint import export_decoder
 from framework.config import ModelConfig
 from framework.model import Decoder

@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from framework.config import ModelConfig
 from framework.model import Decoder
-from framework.multiple_choice import (Example, MultipleChoiceAccuracy, MultipleChoiceEval, choice_predictions,
+from eval.multiple_choice import (Example, MultipleChoiceAccuracy, MultipleChoiceEval, choice_predictions,
                                        encode_pair, read_examples, score_continuations, score_examples)
 
 EXAMPLES = [
