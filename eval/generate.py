@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     options.check_positive(parser, args, ("gamma", "max_new_tokens", "batch_size", "threads"))
     options.refuse_existing(parser, [args.out, args.stats], args.overwrite)
+    options.check_checkpoint(parser, args.ckpt)
     device = options.resolve_device(parser, args.device)
     options.apply_threads(args.threads)
     try:

@@ -198,6 +198,14 @@ class ContextLimit:
         self.cut.append((len(ids), room))
         return list(ids[-room:])
 
+    def fit_length(self, length: int, flag: str) -> int:
+        """A sequence length asked for with ``flag``, at most the window (said once)."""
+        if length <= self.max_seq_len:
+            return length
+        print(f"note: {flag} {length} is longer than the model's context (max_seq_len {self.max_seq_len}): "
+              f"{self.what}s of {self.max_seq_len} tokens are used", file=sys.stderr)
+        return self.max_seq_len
+
     def report(self, stream=None) -> str | None:
         """One line on stderr if anything was cut."""
         if not self.cut:

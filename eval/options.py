@@ -31,6 +31,12 @@ def add_checkpoint(parser: argparse.ArgumentParser, *, several: bool = False) ->
                             help="a .ckpt from `layerdrop pretrain` or an exported folder")
 
 
+def check_checkpoint(parser: argparse.ArgumentParser, path: str) -> None:
+    """The cheap check first: a missing checkpoint is named before anything else is read."""
+    if not Path(path).exists():
+        parser.error(f"checkpoint {path!r} does not exist")
+
+
 def add_device(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
 
@@ -123,6 +129,6 @@ def write_json(report: dict, path: str | Path) -> None:
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
 
 
-__all__ = ["LAYERS", "EXIT_HELP", "SKIP_HELP", "add_prompt_arguments", "add_checkpoint", "add_device", "add_threads", "add_tokenizer",
+__all__ = ["LAYERS", "EXIT_HELP", "SKIP_HELP", "add_prompt_arguments", "add_checkpoint", "check_checkpoint", "add_device", "add_threads", "add_tokenizer",
            "add_adapters", "add_output", "exists_message", "refuse_existing", "check_positive", "resolve_device",
            "apply_threads", "write_json"]

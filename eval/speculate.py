@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     options.check_positive(parser, args, ("gamma", "repeats", "num_prompts", "prompt_len", "max_new_tokens",
                                           "threads", "batch_size"))
     options.refuse_existing(parser, [args.out], args.overwrite)
+    options.check_checkpoint(parser, args.ckpt)
     device = options.resolve_device(parser, args.device)
     options.apply_threads(args.threads)
     codec = CodecLoader(args.ckpt, args.tokenizer)

@@ -16,7 +16,7 @@ import torch
 
 from eval.speculate import compare, main
 from eval.speculative import AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, plain_decode
-from framework.checkpoint import export_decoder
+from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
 from framework.model import Decoder
 
@@ -154,22 +154,38 @@ def _critical_value(dof: int, z: float = 3.719) -> float:
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
 
 
-def test_sampling_preserves_the_full_models_distribution():
+@pytest.fixture(scope="module")
+def sampling_setup():
     model = tiny_model(vocab=8, layers=2, d=16, std=0.6, seed=3)
-    skip = (1,)
-    prompt = torch.tensor([1, 5, 2])
-    exact = _joint_second_third(model, prompt, None)
-    drafty = _joint_second_third(model, prompt, skip)
+    skip, prompt = (1,), torch.tensor([1, 5, 2])
+    exact, drafty = _joint_second_third(model, prompt, None), _joint_second_third(model, prompt, skip)
     assert 0.5 * float((exact - drafty).abs().sum()) > 0.15  # the draft really is a different model
+    return model, skip, prompt, exact, drafty
 
-    gen = torch.Generator().manual_seed(0)
-    decoder = SelfSpeculativeDecoder(model, SkipDraft(skip), gamma=2, temperature=1.0, generator=gen)
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one_by_one", "one_batch"])
+def test_sampling_preserves_the_full_models_distribution(sampling_setup, batched):
+    """Samples of (t2, t3): one sequence at a time (round 1 drafts t2, t3: a rejection at
+    either, or a bonus token), or all in one batch (which keeps the rows' shortest
+    accepted prefix: resampled or accepted-draft tokens, never a bonus). The draft's own
+    distribution is ~100 times the critical value away at 800 samples."""
+    model, skip, prompt, exact, drafty = sampling_setup
+    runs = 3000 if batched else 800
+    if batched:
+        decoder = SelfSpeculativeDecoder(model, SkipDraft(skip), gamma=2, temperature=1.0, seed=0)
+        items, stats = decoder.generate_batch([prompt.tolist()] * runs, 4)
+        outputs, rejected = [item.tokens for item in items], stats.drafted - stats.accepted
+    else:
+        gen = torch.Generator().manual_seed(0)
+        decoder = SelfSpeculativeDecoder(model, SkipDraft(skip), gamma=2, temperature=1.0, generator=gen)
+        outputs, rejected = [], 0
+        for _ in range(runs):
+            out, stats = decoder.generate(prompt, 4)
+            outputs.append(out)
+            rejected += stats.drafted - stats.accepted
     counts = torch.zeros(8, 8)
-    runs, rejected = 1500, 0
-    for _ in range(runs):
-        out, stats = decoder.generate(prompt, 4)  # round 1 drafts t2, t3: rejection at either, or a bonus
+    for out in outputs:
         counts[out[1], out[2]] += 1
-        rejected += stats.drafted - stats.accepted
     assert rejected > runs // 10  # the rejection-and-resample branch ran many times
     stat, dof = _chi_square(counts, exact)
     assert stat < _critical_value(dof), f"χ²={stat:.1f} on {dof} dof against the full model"
@@ -222,7 +238,10 @@ def test_cli_writes_the_report(exported, capsys):
                  str(exported / "prompts.json"), "--max-new-tokens", "10", "--repeats", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["skip_layers"] == [1, 2] and report["draft"] == "skip"
-    assert isinstance(report["identical_to_greedy"], bool)
+    assert report["identical_to_greedy"] is True
+    model, _ = load_decoder(exported / "model")
+    for prompt, row in zip(json.loads((exported / "prompts.json").read_text()), report["outputs"]):
+        assert row["prompt"] == prompt and row["tokens"] == plain_decode(model, prompt, 10)[0]
     assert "speedup" in capsys.readouterr().out
 
 
