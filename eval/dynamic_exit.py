@@ -102,6 +102,10 @@ class DynamicExit:
         device = tokens.device
         bias = model.attention_bias(tokens.shape[1], cache)
         h = model.embed(tokens)
+        if self.threshold >= 1.0:  # no token may leave early: the full model, no head before the last
+            h = model.run_blocks(h, range(self.num_layers), bias=bias, cache=cache)
+            cache.advance(tokens.shape[1])
+            return model.logits(h[:, -1]), torch.full((rows,), self.num_layers, dtype=torch.long)
         active = torch.arange(rows, device=device)
         out: torch.Tensor | None = None
         blocks = torch.zeros(rows, dtype=torch.long)

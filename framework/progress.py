@@ -21,7 +21,7 @@ class _Lines:
     def __init__(self, total: int | None, what: str, every: float, stream) -> None:
         self.total, self.what, self.every, self.stream = total, what, every, stream
         self.done, self.started = 0, time.perf_counter()
-        self.last = self.started
+        self.last, self.shown = self.started, -1
 
     def advance(self, count: int = 1) -> None:
         self.done += count
@@ -31,10 +31,12 @@ class _Lines:
             self._line(now)
 
     def finish(self) -> None:
-        if time.perf_counter() - self.started >= self.every:  # short runs stay silent
+        # Short runs stay silent; a long one ends with its final count (once).
+        if time.perf_counter() - self.started >= self.every and self.done != self.shown:
             self._line(time.perf_counter())
 
     def _line(self, now: float) -> None:
+        self.shown = self.done
         share = f"/{self.total} ({self.done / self.total:.0%})" if self.total else ""
         print(f"{self.what}: {self.done}{share} in {now - self.started:.0f} s", file=self.stream, flush=True)
 
