@@ -152,7 +152,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--skip-layers", default=None, help=options.SKIP_HELP)
     options.add_adapters(parser, "with --exit-layer K, the exit reads through the adapter trained at K")
     options.add_tokenizer(parser)
-    parser.add_argument("--eot-token", default=None, help="end-of-text token (default: the data's EOS)")
     parser.add_argument("--max-length", type=int, default=None, help="context window (default: max_seq_len)")
     parser.add_argument("--max-gen-toks", type=int, default=None,
                         help="generation budget of tasks that set none (default: 256, at most half the context)")

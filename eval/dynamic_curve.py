@@ -142,7 +142,7 @@ def _parser() -> argparse.ArgumentParser:
     options.add_adapters(p, "candidate exits read through them")
     p.add_argument("--num-prompts", type=int, default=16, help="prompts to decode (default 16)")
     p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens (default 32)")
-    p.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per prompt (default 32)")
+    options.add_max_new_tokens(p, default=32)
     p.add_argument("--batch-size", type=int, default=8, help="prompts decoded together, sequences per loss batch")
     p.add_argument("--batches", type=int, default=4, help="validation batches of the loss (default 4)")
     p.add_argument("--seq-len", type=int, default=None, help="tokens per loss sequence (default: max_seq_len)")
@@ -181,9 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         thresholds = _thresholds(args.thresholds)
         cfg = read_model_config(args.ckpt)
         exits = parse_exit_layers(args.exits, cfg.n_layers) if args.exits else None
-        if args.max_new_tokens >= cfg.max_seq_len:
-            raise ValueError(f"--max-new-tokens={args.max_new_tokens} is invalid: must be below the model's context "
-                             f"(max_seq_len {cfg.max_seq_len}), which also holds the prompt")
+        args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         seq_len = ContextLimit(cfg.max_seq_len, "sequence").fit_length(args.seq_len or cfg.max_seq_len, "--seq-len")
         prompt_len = ContextLimit(cfg.max_seq_len - args.max_new_tokens, "prompt").fit_length(args.prompt_len,
                                                                                             "--prompt-len")

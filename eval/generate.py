@@ -83,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--exits", default=None, metavar="K,K",
                    help="dynamic: candidate exits, each in 1..L-1 (default: ~L/4, L/2, 3L/4, or the adapters')")
     options.add_adapters(p, "exit:K and dynamic read their exits through them; speculative can draft with one")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="at most this many tokens per prompt (default 64)")
+    options.add_max_new_tokens(p)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set holding this mass")
@@ -139,12 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         check_threshold(args.threshold)
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
         rows, from_file = _prompt_texts(parser, args)
-        codec = TextCodec.for_checkpoint(args.ckpt, args.tokenizer)
+        codec = TextCodec.for_checkpoint(args.ckpt, args.tokenizer, args.eot_token)
         cfg = read_model_config(args.ckpt)
         mode = parse_mode(args.mode, cfg.n_layers)
-        if args.max_new_tokens >= cfg.max_seq_len:
-            raise ValueError(f"--max-new-tokens={args.max_new_tokens} is invalid: must be below the model's "
-                             f"context (max_seq_len {cfg.max_seq_len}), which also holds the prompt")
+        args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         prompts = [codec.encode_prompt(r) if isinstance(r, str) else list(r) for r in rows]
         check_vocabulary(prompts, cfg.vocab_size)
         limit = ContextLimit(cfg.max_seq_len)
@@ -259,7 +257,8 @@ def _run(decode, prompts, texts, codec, args, *, stream: bool):
         streamer.finish(stop.cut(codec.decode(items[0].tokens)))
         return items, stats
     with progress(len(prompts), "generate: prompts", enabled=len(prompts) > args.batch_size) as bar:
-        return generate_in_batches(decode, prompts, args.batch_size, eos_id=eos, stop=stop, progress=bar.advance)
+        return generate_in_batches(decode, prompts, args.batch_size, max_new_tokens=args.max_new_tokens, eos_id=eos,
+                                   stop=stop, progress=bar.advance)
 
 
 def _write(results, texts, args, from_file: bool, codec) -> None:

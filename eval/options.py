@@ -48,6 +48,8 @@ def add_threads(parser: argparse.ArgumentParser) -> None:
 def add_tokenizer(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default=None, metavar="JSON",
                         help="tokenizer.json (default: beside the checkpoint, or in the data folder it trained on)")
+    parser.add_argument("--eot-token", default=None, metavar="TOKEN",
+                        help="the end-of-text token (default: the data manifest's EOS, else the usual names)")
 
 
 def add_adapters(parser: argparse.ArgumentParser, use: str) -> None:
@@ -69,8 +71,25 @@ def add_prompt_arguments(parser: argparse.ArgumentParser, *, count: int | None =
         parser.add_argument("--num-prompts", type=int, default=count,
                             help=f"at most this many prompts (default {count})")
     parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens, with --data (default 32)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
+    add_max_new_tokens(parser)
     add_tokenizer(parser)
+
+
+def add_max_new_tokens(parser: argparse.ArgumentParser, default: int = 64) -> None:
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"tokens generated per prompt (default {default}, at most half the model's context)")
+    parser.set_defaults(max_new_tokens_default=default)
+
+
+def max_new_tokens(args: argparse.Namespace, max_seq_len: int) -> int:
+    """--max-new-tokens, or its default capped at half the context; a value that leaves
+    the prompt no room is a ValueError."""
+    if args.max_new_tokens is None:
+        return max(1, min(args.max_new_tokens_default, max_seq_len // 2))
+    if args.max_new_tokens >= max_seq_len:
+        raise ValueError(f"--max-new-tokens={args.max_new_tokens} is invalid: must be below the model's context "
+                         f"(max_seq_len {max_seq_len}), which also holds the prompt")
+    return args.max_new_tokens
 
 
 def add_output(parser: argparse.ArgumentParser, *, plot: bool = False, required: bool = True,
@@ -129,6 +148,7 @@ def write_json(report: dict, path: str | Path) -> None:
     Path(path).write_text(json.dumps(report, indent=2) + "\n")
 
 
-__all__ = ["LAYERS", "EXIT_HELP", "SKIP_HELP", "add_prompt_arguments", "add_checkpoint", "check_checkpoint", "add_device", "add_threads", "add_tokenizer",
-           "add_adapters", "add_output", "exists_message", "refuse_existing", "check_positive", "resolve_device",
-           "apply_threads", "write_json"]
+__all__ = ["LAYERS", "EXIT_HELP", "SKIP_HELP", "add_prompt_arguments", "add_max_new_tokens", "max_new_tokens",
+           "add_checkpoint", "check_checkpoint", "add_device", "add_threads", "add_tokenizer", "add_adapters",
+           "add_output", "exists_message", "refuse_existing", "check_positive", "resolve_device", "apply_threads",
+           "write_json"]

@@ -403,16 +403,15 @@ def main(argv: list[str] | None = None) -> int:
     options.apply_threads(args.threads)
     count = args.calibration_prompts + args.confirm_prompts
     try:
+        codec = CodecLoader(args.ckpt, args.tokenizer, args.eot_token)
         prompts, _ = load_prompts(texts=args.prompt, prompts_file=args.prompts, data=args.data, count=count,
-                                  length=args.prompt_len, codec=CodecLoader(args.ckpt, args.tokenizer))
+                                  length=args.prompt_len, codec=codec)
         if len(prompts) < count:
             raise ValueError(f"{len(prompts)} prompts are too few: --calibration-prompts "
                              f"{args.calibration_prompts} + --confirm-prompts {args.confirm_prompts} need {count}")
         cfg = read_model_config(args.ckpt)
         check_vocabulary(prompts, cfg.vocab_size)
-        if args.max_new_tokens >= cfg.max_seq_len:
-            raise ValueError(f"--max-new-tokens={args.max_new_tokens} is invalid: must be below the model's "
-                             f"context (max_seq_len {cfg.max_seq_len}), which also holds the prompt")
+        args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         limit = ContextLimit(cfg.max_seq_len)
         prompts = [limit.fit(p, reserve=args.max_new_tokens) for p in prompts]
         model, cfg = load_decoder(args.ckpt, map_location=device)

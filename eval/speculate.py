@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     options.check_checkpoint(parser, args.ckpt)
     device = options.resolve_device(parser, args.device)
     options.apply_threads(args.threads)
-    codec = CodecLoader(args.ckpt, args.tokenizer)
+    codec = CodecLoader(args.ckpt, args.tokenizer, args.eot_token)
     try:
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
         adaptive = AdaptiveThreshold(args.target_acceptance, args.threshold) if args.adaptive else None
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                                       count=args.num_prompts, length=args.prompt_len, codec=codec)
         cfg = read_model_config(args.ckpt)
         check_vocabulary(prompts, cfg.vocab_size)
-        _check_room(args.max_new_tokens, cfg.max_seq_len)
+        args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         limit = ContextLimit(cfg.max_seq_len)
         prompts = [limit.fit(p, reserve=args.max_new_tokens) for p in prompts]
         eos_id = None if args.ignore_eos else codec.eos_id_or_none()
@@ -205,12 +205,6 @@ def main(argv: list[str] | None = None) -> int:
           f"T_draft/T_target {report['draft_time_ratio']:.2f}  identical_to_greedy {report['identical_to_greedy']}"
           f"  ({report['tokens_per_s']:.0f} vs {report['plain_tokens_per_s']:.0f} tokens/s); wrote {args.out}")
     return 0
-
-
-def _check_room(max_new_tokens: int, max_seq_len: int) -> None:
-    if max_new_tokens >= max_seq_len:
-        raise ValueError(f"--max-new-tokens={max_new_tokens} is invalid: must be below the model's context "
-                         f"(max_seq_len {max_seq_len}), which also holds the prompt")
 
 
 def _load_adapters(path: str | None, model: Decoder):

@@ -128,4 +128,5 @@ class CodecLoader:
             return None
 
 
-__all__ = ["TOKENIZER_FILE", "EOS_CANDIDATES", "training_data_dir", "find_tokenizer", "eos_id_of", "TextCodec", "CodecLoader"]
+__all__ = ["TOKENIZER_FILE", "EOS_CANDIDATES", "training_data_dir", "find_tokenizer", "eos_id_of", "TextCodec",
+           "CodecLoader"]
