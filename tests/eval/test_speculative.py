@@ -15,7 +15,12 @@ import pytest
 import torch
 
 from eval.speculate import compare, main
-from eval.speculative import AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, plain_decode
+from eval.adapters import ExitAdapters
+from eval.generation import BatchGenerator, StopStrings
+from eval.speculative import (AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, default_draft_exit,
+                              make_draft, plain_decode)
+from eval.adapters import save_adapters
+from eval.tokenizer import TextCodec
 from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
 from framework.model import Decoder
@@ -66,6 +71,52 @@ def test_exit_draft_is_token_identical_to_plain_greedy(model, prompts_and_refere
         out, _ = SelfSpeculativeDecoder(model, ExitDraft(exit_layer), gamma=gamma, adaptive=controller).generate(
             prompt, 20)
         assert out == reference, f"prompt {prompt.tolist()}"
+
+
+@pytest.fixture(scope="module")
+def adapters(model):
+    adapters = ExitAdapters(model.config, [1, 2])
+    adapters.initialise(model, "last")
+    return adapters.double().eval()
+
+
+@pytest.mark.parametrize("draft", ["skip:2", "skip:0,3", "exit:1", "exit:3", "adapter:2", None], ids=str)
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+def test_a_batch_of_prompts_of_different_lengths_is_token_identical_to_plain_greedy(
+        model, prompts_and_references, adapters, draft, adaptive):
+    """One padded batch; rows keep the shortest accepted prefix of the batch each round."""
+    prompts = [p.tolist() for p, _ in prompts_and_references]
+    controller = AdaptiveThreshold(target=0.6, threshold=0.3) if adaptive else None
+    decoder = SelfSpeculativeDecoder(model, make_draft(draft, NUM_LAYERS, adapters), gamma=4, adaptive=controller)
+    items, stats = decoder.generate_batch(prompts, 20)
+    assert [item.tokens for item in items] == [reference for _, reference in prompts_and_references]
+    assert 0 < stats.rounds and stats.accepted <= stats.drafted
+
+
+def test_a_batch_ends_rows_at_eos_and_stop_strings(model, prompts_and_references):
+    prompts = [p.tolist() for p, _ in prompts_and_references]
+    references = [r for _, r in prompts_and_references]
+    eos = references[1][5]
+    decode = lambda ids: "".join(chr(65 + t % 26) for t in ids)  # noqa: E731  a fake detokenizer
+    stop_text = decode(references[4])[7:9]
+    decoder = SelfSpeculativeDecoder(model, SkipDraft((1,)), gamma=3)
+    items, _ = decoder.generate_batch(prompts, 20, eos_id=eos, stop=StopStrings([stop_text], decode))
+    plain, _ = BatchGenerator(model).generate(prompts, 20, eos_id=eos, stop=StopStrings([stop_text], decode))
+    assert [i.tokens for i in items] == [i.tokens for i in plain]
+    assert [i.finish_reason for i in items] == [i.finish_reason for i in plain]
+    assert {"eos", "stop"} <= {i.finish_reason for i in items}
+
+
+def test_the_default_draft_and_draft_specs(adapters):
+    assert default_draft_exit(6) == 2 and default_draft_exit(13) == 4 and default_draft_exit(2) == 1
+    assert default_draft_exit(12, [3, 6, 9]) == 3
+    draft = make_draft(None, NUM_LAYERS, adapters)
+    assert isinstance(draft, ExitDraft) and draft.kind == "adapter" and draft.exit_layer == 1
+    assert make_draft("skip:1-2", NUM_LAYERS).skip_layers == (1, 2)
+    with pytest.raises(ValueError, match="draft 'jump:2' is invalid: allowed: exit:E"):
+        make_draft("jump:2", NUM_LAYERS)
+    with pytest.raises(ValueError, match=r"the adapters have exits \[1, 2\]"):
+        make_draft("adapter:3", NUM_LAYERS, adapters)
 
 
 def test_empty_skip_set_accepts_every_draft_token(model, prompts_and_references):
@@ -243,6 +294,37 @@ def test_cli_writes_the_report(exported, capsys):
     for prompt, row in zip(json.loads((exported / "prompts.json").read_text()), report["outputs"]):
         assert row["prompt"] == prompt and row["tokens"] == plain_decode(model, prompt, 10)[0]
     assert "speedup" in capsys.readouterr().out
+
+
+def test_cli_takes_text_prompts_and_adapters(tmp_path, capsys):
+    from tiny_lm import export_tiny_model
+
+    folder = export_tiny_model(tmp_path / "model", seed=1)
+    backbone, _ = load_decoder(folder)
+    adapters = ExitAdapters(backbone.config, [1])
+    adapters.initialise(backbone, "last")
+    save_adapters(adapters, tmp_path / "adapters", {"model": backbone.config.to_dict()})
+    out = tmp_path / "run.json"
+    assert main(["--ckpt", str(folder), "--prompt", "Snow is", "--prompt", "The sun rises in the",
+                 "--adapters", str(tmp_path / "adapters"), "--max-new-tokens", "8", "--repeats", "1",
+                 "--batch-size", "2", "--device", "cpu", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["draft"] == "adapter" and report["exit_layer"] == 1 and report["identical_to_greedy"] is True
+    codec = TextCodec.for_checkpoint(folder)
+    for text, row in zip(["Snow is", "The sun rises in the"], report["outputs"]):
+        items, _ = BatchGenerator(backbone).generate([codec.encode_prompt(text)], 8, eos_id=codec.eos_id)
+        assert row["prompt"] == text and row["tokens"] == items[0].tokens and row["text"] == codec.decode(row["tokens"])
+
+
+def test_cli_names_an_empty_prompts_file_before_loading_the_model(exported, tmp_path, capsys, monkeypatch):
+    import framework.checkpoint
+
+    monkeypatch.setattr(framework.checkpoint, "load_decoder", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "empty.json").write_text("")
+    with pytest.raises(SystemExit):
+        main(["--ckpt", str(exported / "model"), "--prompts", str(tmp_path / "empty.json"), "--out",
+              str(tmp_path / "r.json")])
+    assert f"--prompts '{tmp_path / 'empty.json'}' is empty" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,message", [
