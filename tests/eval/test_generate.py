@@ -11,7 +11,6 @@ import io
 import json
 
 import pytest
-import torch
 
 from eval.adapters import ExitAdapters, save_adapters
 from eval.generate import Streamer, main, parse_mode
