@@ -292,12 +292,14 @@ def _load_backbone(parser: argparse.ArgumentParser, path: str, device: str = "cp
 def fit_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="layerdrop adapters fit",
                                 description="Train Balcony-style exit adapters on a frozen backbone "
-                                            "(KL to the full model's next-token distribution).")
+                                            "(KL to the full model's next-token distribution). "
+                                            f"Layer numbering: {options.LAYERS}.")
     p.add_argument("--ckpt", required=True, help="backbone: a .ckpt from `layerdrop pretrain` or an exported folder")
     p.add_argument("--data", required=True, metavar="DIR", help="a folder made by `layerdrop prepare`")
     p.add_argument("--out", required=True, metavar="DIR", help="where adapters.safetensors + adapters.json go")
     p.add_argument("--exits", type=_int_list, default=None,
-                   help="exit layers, e.g. 2,4,6 (each in 1..L-1; default: L/4, L/2, 3L/4)")
+                   help="exits, e.g. 2,4,6: exit K reads the stream after blocks 0..K-1 (K in 1..L-1; default: "
+                        "L/4, L/2, 3L/4)")
     p.add_argument("--init", choices=INITS, default="last",
                    help="adapter initialisation: a copy of the backbone's last block (default) or random")
     p.add_argument("--max-steps", type=int, default=200, help="optimizer steps (default 200)")
