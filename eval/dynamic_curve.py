@@ -97,10 +97,7 @@ def curve(model: Decoder, prompts: Sequence[Sequence[int]], batches, *, threshol
 
 def plot_curve(report: dict, path: str | Path, label: str | None = None) -> Path:
     """Agreement with full greedy and validation loss vs layers per token, one point a threshold."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from eval.plots import _save, plt  # the project's matplotlib setup (Agg) and file writing
 
     rows = sorted(report["thresholds"], key=lambda r: r["layers_per_token"])
     layers = [r["layers_per_token"] for r in rows]
@@ -118,12 +115,7 @@ def plot_curve(report: dict, path: str | Path, label: str | None = None) -> Path
     bottom.set_xlabel(f"layers per token (of {report['num_layers']})")
     bottom.set_ylabel("validation loss as decoded")
     bottom.grid(alpha=0.3)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 # -------------------------------------------------------------------------- CLI
