@@ -77,6 +77,9 @@ class DynamicExit:
         self.candidates, self.adapters, self.num_layers = chosen, adapters, num_layers
         self.extra_layers = len(adapters.exits) if adapters is not None else 0
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        pass  # no state between steps: everything lives in the cache
+
     def _adapter(self, exit_layer: int):
         return None if self.adapters is None else self.adapters.blocks[str(exit_layer)]
 

@@ -49,6 +49,17 @@ def test_threshold_one_is_the_full_model(model, prompts, adapters, use_adapters)
     assert stats.block_evaluations == LAYERS * stats.new_tokens
 
 
+def test_a_padded_batch_gives_each_prompt_its_own_tokens_and_rows_leave_at_eos(model, prompts):
+    route = DynamicExit(model, threshold=0.02, exits=[1, 2, 3])
+    alone = [BatchGenerator(model, route).generate([p], 12)[0][0] for p in prompts]
+    eos = alone[1].tokens[3]
+    batched, _ = BatchGenerator(model, route).generate(prompts, 12, eos_id=eos)
+    for item, single in zip(batched, alone):
+        cut = single.tokens.index(eos) if eos in single.tokens else 12
+        assert item.tokens == single.tokens[:cut] and item.blocks == single.blocks[:cut]
+    assert len({b for item in alone for b in item.blocks}) > 1
+
+
 @pytest.mark.parametrize("use_adapters", [False, True], ids=["shared_head", "adapters"])
 def test_threshold_zero_exits_every_token_at_the_first_candidate(model, prompts, adapters, use_adapters):
     first = 2 if not use_adapters else 1
