@@ -22,7 +22,7 @@ The objective is cheap, no decoding:
 The draft in decoding reads the full model's K/V for past positions where the teacher-
 forced pass uses its own, so the estimate is an estimate (exact for early-exit drafts,
 whose layers are the full model's): the winners are confirmed by real decoding
-(eval/speculative.py), which reports the measured speedup. The LayerSkip-style
+(eval/speculate.py times it), which gives the measured speedup. The LayerSkip-style
 early-exit draft is estimated the same way at every exit layer.
 """
 
