@@ -3,7 +3,7 @@
     layerdrop generate --ckpt runs/demo/tiny/checkpoints/last.ckpt --prompt "def main("
     layerdrop generate --ckpt CKPT --prompt "def main(" --mode exit:3          # blocks 0..2 only
     layerdrop generate --ckpt CKPT --prompt "def main(" --mode skip:1,3        # blocks 1 and 3 skipped
-    layerdrop generate --ckpt CKPT --prompt "def main(" --mode speculative     # lossless, faster
+    layerdrop generate --ckpt CKPT --prompt "def main(" --mode speculative     # full's text, drafted and verified
     layerdrop generate --ckpt CKPT --prompt "def main(" --mode dynamic --threshold 0.8
     layerdrop generate --ckpt CKPT --prompts prompts.jsonl --batch-size 16 --out out.jsonl
 
@@ -61,8 +61,8 @@ def parse_mode(spec: str, num_layers: int) -> tuple[str, object]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerdrop generate", description=__doc__.split("\n\n")[0],
-                                epilog=f"Layer numbering: {options.LAYERS}. See the module help for each mode.",
+    p = argparse.ArgumentParser(prog="layerdrop generate", description=__doc__.split(":", 1)[1].strip(),
+                                epilog=f"Layer numbering: {options.LAYERS}.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_checkpoint(p)
     source = p.add_mutually_exclusive_group()
