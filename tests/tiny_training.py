@@ -21,9 +21,9 @@ SEQ = 16
 def tiny_module(p_max: float = 0.4, schedule: str = "decreasing", layers: int = 4, **kwargs: Any) -> LayerDropModule:
     kwargs.setdefault("parametrization", ParametrizationConfig(d_base=16, n_layers_base=2, lr=1e-2))
     kwargs.setdefault("lr_schedule", LRScheduleConfig(warmup_steps=1))
+    kwargs.setdefault("layer_dropout", LayerDropoutConfig(p_max=p_max, schedule=schedule, seed=7))
     return LayerDropModule(
-        decoder=ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=layers, n_heads=2, max_seq_len=SEQ),
-        layer_dropout=LayerDropoutConfig(p_max=p_max, schedule=schedule, seed=7), **kwargs)
+        decoder=ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=layers, n_heads=2, max_seq_len=SEQ), **kwargs)
 
 
 class RandomTokens(pl.LightningDataModule):
@@ -117,7 +117,8 @@ class RecordLosses(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         import json
 
-        record = {"step": pl_module.schedule_position[0], "micro": batch_idx % trainer.accumulate_grad_batches,
+        stats = outputs["stats"]
+        record = {"step": stats.step, "micro": stats.micro_batch,
                   "loss": float(outputs["loss"]), "batch": int(batch[0].sum())}
         with open(self.path, "a") as handle:
             handle.write(json.dumps(record) + "\n")
