@@ -3,7 +3,9 @@ logger that keeps what it is given, and a quiet CPU Trainer."""
 
 from __future__ import annotations
 
-from typing import Any
+import shutil
+from pathlib import Path
+from typing import Any, Callable
 
 import lightning.pytorch as pl
 import torch
@@ -80,20 +82,24 @@ def quiet_trainer(**kwargs: Any) -> pl.Trainer:
     return pl.Trainer(**{**defaults, **kwargs})
 
 
-def prepare_tiny_data(out, vocab_size: int = 300, max_tokens: str = "40k") -> str:
-    """A real prepared folder (builtin corpus -> trained BPE -> litdata chunks), small."""
-    from data_prep.prepare import main as prepare
+def shared_once(base: Path, name: str, make: Callable[[Path], None]) -> Path:
+    """``base/name``, made once by whichever pytest-xdist worker gets there first (the
+    others wait on a file lock and reuse it)."""
+    from filelock import FileLock
 
-    assert prepare(["--corpus", "builtin", "--tokenizer", "train", "--vocab-size", str(vocab_size),
-                    "--max-tokens", max_tokens, "--chunk-tokens", "8192", "--val-fraction", "0.05",
-                    "--workers", "1", "--no-progress", "--out", str(out)]) == 0
-    return str(out)
+    target = base / name
+    with FileLock(str(base / f"{name}.lock")):
+        if not (target / ".done").exists():
+            if target.exists():
+                shutil.rmtree(target)  # a half-made attempt that failed
+            target.mkdir(parents=True)
+            make(target)
+            (target / ".done").touch()
+    return target
 
 
 def tiny_cli_args(data_dir, root, *, steps: int = 6, p_max: float = 0.4) -> list[str]:
     """`layerdrop pretrain` arguments: recipes/tiny.yaml shrunk to seconds on a CPU."""
-    from pathlib import Path
-
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
     return ["--config", str(recipe), "--data.data_dir", str(data_dir), "--trainer.default_root_dir", str(root),
             "--model.decoder.vocab_size", "300", "--model.decoder.d_model", "32", "--model.decoder.n_layers", "3",
