@@ -99,10 +99,10 @@ def test_layer_dropout_defaults_are_the_recommended_recipe():
 @pytest.mark.parametrize("field, value, message", [
     ("p_max", 1.0, r"must be in \[0, 1\)"), ("p_max", -0.1, r"\[0, 1\)"), ("p_max", True, "expected a finite number"),
     ("p_max", "0.2", "expected a finite number"), ("p_max", math.nan, "finite"),
-    ("distribution", "linear", "allowed: uniform, increasing, alternating or a list"),
+    ("distribution", "linear", f"allowed: {', '.join(DISTRIBUTIONS)} or a list"),
     ("distribution", [0.1, 1.0], r"every item must be in \[0, 1\)"), ("distribution", [-0.1], "every item"),
-    ("schedule", "cosine", "allowed: constant, increasing, decreasing"), ("structure", "head", "layer, sublayer"),
-    ("mask", "token", "allowed: sequence, batch, count"), ("r_train", "half", "inverse_density, one"),
+    ("schedule", "zigzag", f"allowed: {', '.join(TIME_SCHEDULES)}$"), ("structure", "head", "layer, sublayer"),
+    ("mask", "token", f"allowed: {', '.join(MASK_MODES)}$"), ("r_train", "half", "inverse_density, one"),
     ("seed", -1, "must be >= 0"), ("seed", 1.5, "expected an integer"),
 ])
 def test_layer_dropout_config_rejects_bad_values(field, value, message):

@@ -167,5 +167,5 @@ def test_every_schedule_stays_in_the_unit_interval(name, total_steps):
 
 def test_a_registered_schedule_gets_its_mean_without_a_closed_form(monkeypatch):
     """What adding a schedule takes: a function in TIME_SCHEDULES; P̄ follows from it."""
-    monkeypatch.setitem(TIME_SCHEDULES, "cosine", lambda t, total: 0.5 * (1 + math.cos(math.pi * t / total)))
-    assert mean_time_factor("cosine", 1000) == pytest.approx(0.5 + 0.5 / 1000)  # Σ cos over a half turn = 1
+    monkeypatch.setitem(TIME_SCHEDULES, "half-turn", lambda t, total: 0.5 * (1 + math.cos(math.pi * t / total)))
+    assert mean_time_factor("half-turn", 1000) == pytest.approx(0.5 + 0.5 / 1000)  # Σ cos over a half turn = 1
