@@ -27,6 +27,10 @@ PRIVATE_API: dict[str, tuple[str, ...] | None] = {
     "lightning.pytorch.callbacks:ModelCheckpoint._last_global_step_saved": None,
     # PretrainCLI builds the Trainer with the recipe's named strategy (framework/pretrain.py).
     "lightning.pytorch.cli:LightningCLI._instantiate_trainer": ("self", "config", "callbacks"),
+    # Our own device meshes (HSDP) on Lightning's ModelParallelStrategy (issue #12).
+    "lightning.pytorch.strategies:ModelParallelStrategy._setup_distributed": ("self",),
+    "lightning.pytorch.strategies:ModelParallelStrategy._device_mesh": None,
+    "lightning.pytorch:LightningModule._device_mesh": None,
 }
 
 
