@@ -245,9 +245,8 @@ def layout(cfg: ModelConfig, parameters: int, *, per_device: int, devices: int, 
             return best
     need = device_memory(cfg, parameters, shards=world, micro_batch=1, seq_len=seq_len, checkpointing=True,
                          loss_chunk_tokens=loss_chunk_tokens, mixed=mixed)
-    raise RecipeError(f"--memory={usable / HEADROOM / 1e9:.0f}GB is invalid: one sequence per device, fully "
-                      f"sharded with activation checkpointing, needs {sum(need.values()) / 1e9:.1f} GB of the "
-                      f"{usable / 1e9:.1f} GB usable; add devices or nodes")
+    raise RecipeError(f"one sequence per device, fully sharded with activation checkpointing, needs "
+                      f"{sum(need.values()) / 1e9:.1f} GB of the {usable / 1e9:.1f} GB usable; add devices or nodes")
 
 
 # -------------------------------------------------------------------------- derivation
@@ -292,8 +291,11 @@ def derive(args: argparse.Namespace) -> Recipe:
     p_bar = mean_dropout(dropout, model.n_layers, steps)
     chunk = recipe["model"].get("loss_chunk_tokens", 4096)
     mixed = "bf16" in str(recipe["trainer"].get("precision", ""))
-    plan = layout(model, n, per_device=per_device, devices=args.devices, nodes=args.nodes, usable=usable,
-                  seq_len=seq, loss_chunk_tokens=chunk, mixed=mixed)
+    try:
+        plan = layout(model, n, per_device=per_device, devices=args.devices, nodes=args.nodes, usable=usable,
+                      seq_len=seq, loss_chunk_tokens=chunk, mixed=mixed)
+    except RecipeError as err:
+        raise RecipeError(f"--memory={args.memory!r} is invalid: {err}") from None
     accumulate = per_device // plan.micro_batch
     name = args.name or (Path(args.out).stem if args.out else (args.size or "recipe").lower())
     needed = sum(plan.memory.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import shlex
 from pathlib import Path
 
@@ -172,7 +173,7 @@ def test_the_state_term_is_sixteen_bytes_per_parameter_over_the_shards():
     (["--size", "271M", "--tpp", "20", "--p-max", "1.5"], r"^error: p_max=1.5 is invalid: must be in \[0, 1\)"),
     (["--d-model", "100", "--n-layers", "2", "--heads", "3", "--tpp", "20"], "^error: n_heads=3 is invalid"),
     (["--size", "8.2B", "--tpp", "20", "--devices", "1", "--memory", "16GB"],
-     "^error: --memory=16GB is invalid: one sequence per device, fully sharded .* add devices or nodes"),
+     "^error: --memory='16GB' is invalid: one sequence per device, fully sharded .* add devices or nodes"),
 ])
 def test_bad_input_is_one_line(in_repo, capsys, argv, message):
     defaults = {"--memory": "141GB"}
@@ -180,7 +181,7 @@ def test_bad_input_is_one_line(in_repo, capsys, argv, message):
     code, out, err = run(capsys, *BASE, *argv, *extra)
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1
-    assert __import__("re").search(message, err.strip()), err
+    assert re.search(message, err.strip()), err
 
 
 def test_a_recipe_that_is_not_a_base_is_refused(in_repo, capsys):
