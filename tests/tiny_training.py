@@ -4,6 +4,7 @@ logger that keeps what it is given, and a quiet CPU Trainer."""
 from __future__ import annotations
 
 import shutil
+import sysconfig
 from pathlib import Path
 from typing import Any, Callable
 
@@ -80,6 +81,20 @@ def quiet_trainer(**kwargs: Any) -> pl.Trainer:
                     enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                     limit_val_batches=0, log_every_n_steps=1)
     return pl.Trainer(**{**defaults, **kwargs})
+
+
+def prepare_tiny_data(out: str | Path) -> str:
+    """~200k tokens of real Python (the standard library's json and email packages)
+    through `layerdrop prepare`: a trained byte-level BPE of 300 entries (EOS id 0), 10%
+    validation, chunks of 8192 tokens. Tests read the session's copy
+    (``prepared_tokens`` in tests/conftest.py) rather than making their own."""
+    from data_prep.prepare import main as prepare
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    assert prepare(["--files", str(stdlib / "json" / "*.py"), "--files", str(stdlib / "email" / "*.py"),
+                    "--tokenizer", "train", "--vocab-size", "300", "--max-tokens", "200k", "--val-fraction", "0.1",
+                    "--chunk-tokens", "8192", "--workers", "1", "--no-progress", "--out", str(out)]) == 0
+    return str(out)
 
 
 def shared_once(base: Path, name: str, make: Callable[[Path], None]) -> Path:
