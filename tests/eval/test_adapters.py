@@ -1,7 +1,7 @@
 """Exit adapters: frozen backbone, the KL objective, files, and the CLIs end to end.
 
-The end-to-end test takes the eval tests' small prepared folder (tests/eval/conftest.py),
-trains a small backbone with a plain loop, then runs `adapters fit` (Lightning
+The end-to-end test takes the suite's prepared tokens (tests/conftest.py), trains a
+small backbone briefly with a plain loop, then runs `adapters fit` (Lightning
 Trainer) and `adapters eval` on it.
 """
 
@@ -127,8 +127,8 @@ def test_adapter_files_round_trip_and_refuse_another_shape(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def prepared(small_data):
-    return small_data
+def prepared(prepared_tokens):
+    return prepared_tokens  # tests/conftest.py: the suite's prepared tokens (vocab 300)
 
 
 @pytest.fixture(scope="module")

@@ -18,17 +18,17 @@ def test_agreement_counts_positions_and_the_first_difference():
     assert agreement([[1, 2], [5]], [[1, 2], [6]]) == (2 / 3, 2 / 3)
 
 
-def test_the_command_reports_the_full_model_and_the_first_exit_at_the_ends(small_data, tmp_path, capsys):
+def test_the_command_reports_the_full_model_and_the_first_exit_at_the_ends(prepared_tokens, tmp_path, capsys):
     export_decoder(tiny_decoder(seed=3), tmp_path / "model")
     out = tmp_path / "dynamic.json"
-    code = main(["--ckpt", str(tmp_path / "model"), "--data", str(small_data), "--thresholds", "0,0.02,1",
+    code = main(["--ckpt", str(tmp_path / "model"), "--data", str(prepared_tokens), "--thresholds", "0,0.02,1",
                  "--exits", "1,2", "--num-prompts", "3", "--prompt-len", "8", "--max-new-tokens", "6",
                  "--batches", "1", "--batch-size", "4", "--seq-len", "32", "--threads", "1", "--out", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
     rows = {r["threshold"]: r for r in report["thresholds"]}
     decoder, _ = load_decoder(tmp_path / "model")
-    data = list(ValidationData(str(small_data), seq_len=32, batch_size=4, max_tokens=None, max_batches=1,
+    data = list(ValidationData(str(prepared_tokens), seq_len=32, batch_size=4, max_tokens=None, max_batches=1,
                                model_vocab_size=300))
     exits = exit_losses(decoder, data)["exit_loss"]
     # Threshold 1: the full model. Threshold 0: every token at exit 1, whose K/V (block 0's)
@@ -50,9 +50,9 @@ def test_the_command_reports_the_full_model_and_the_first_exit_at_the_ends(small
     (["--exits", "4"], "[4] outside 1..3"),
     (["--max-new-tokens", "64"], "--max-new-tokens=64 is invalid"),
 ])
-def test_bad_input_is_one_line(small_data, tmp_path, capsys, args, message):
+def test_bad_input_is_one_line(prepared_tokens, tmp_path, capsys, args, message):
     export_decoder(tiny_decoder(seed=3), tmp_path / "model")
     with pytest.raises(SystemExit) as exit_info:
-        main(["--ckpt", str(tmp_path / "model"), "--data", str(small_data), "--out", str(tmp_path / "r.json"),
+        main(["--ckpt", str(tmp_path / "model"), "--data", str(prepared_tokens), "--out", str(tmp_path / "r.json"),
               *args])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -6,9 +6,9 @@ import torch.nn.functional as F
 
 from eval.exits import default_labels, exit_losses, exits_main, parse_exit_layers, skip_losses, skip_main
 from eval.inputs import ValidationData, capped_batches
-from framework.loss import IGNORE_INDEX
 from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
+from framework.loss import IGNORE_INDEX
 from framework.model import Decoder
 
 VOCAB = 300
@@ -117,10 +117,11 @@ def test_default_labels_are_the_runs_names():
 
 # ---------------------------------------------------------------- the commands
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory, small_data):
-    """A real `layerdrop prepare` folder (vocab 300) and two exported models."""
+def prepared(prepared_tokens, tmp_path_factory):
+    """The suite's prepared tokens (tests/conftest.py, vocab 300) as data/, and two
+    exported models."""
     root = tmp_path_factory.mktemp("exits_cli")
-    (root / "data").symlink_to(small_data)
+    (root / "data").symlink_to(prepared_tokens, target_is_directory=True)
     export_decoder(tiny_decoder(seed=0), root / "dense")
     export_decoder(tiny_decoder(seed=1), root / "dropout")
     return root
