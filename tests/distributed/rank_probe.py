@@ -11,7 +11,8 @@ With ``record_collectives``, also per step: every c10d collective of the forward
 backward (op, dtype, group size, bytes; benchmarks/comm_volume.py's CollectiveLog,
 active from the batch's start to just before the optimizer step) and the dtype of
 each block's weights as the block runs (FSDP2 has all-gathered them by then); at the
-end the dtypes of the sharded parameters and of the optimizer's state.
+end the dtypes of the parameters the optimizer steps (FSDP2's sharded master weights)
+and of its state.
 
 Given to ``layerdrop pretrain`` through a recipe: ``trainer.callbacks: [{class_path:
 rank_probe.RankProbe, init_args: {out_dir: ...}}]`` with this folder on PYTHONPATH.
@@ -108,8 +109,9 @@ class RankProbe(pl.Callback):
         record = {"rank": trainer.global_rank, "world_size": trainer.world_size, "num_nodes": trainer.num_nodes,
                   "strategy": type(trainer.strategy).__name__, "steps": self.steps, "logged": logged}
         if self.record_collectives:
-            record["parameter_dtypes"] = sorted({_dtype(p) for p in pl_module.parameters()})
-            record["optimizer_state_dtypes"] = sorted({_dtype(v) for state in trainer.optimizers[0].state.values()
+            optimizer = trainer.optimizers[0]  # its parameters are the (sharded) master weights
+            record["parameter_dtypes"] = sorted({_dtype(p) for group in optimizer.param_groups for p in group["params"]})
+            record["optimizer_state_dtypes"] = sorted({_dtype(v) for state in optimizer.state.values()
                                                        for v in state.values() if torch.is_tensor(v) and v.ndim})
         self.out_dir.mkdir(parents=True, exist_ok=True)
         (self.out_dir / f"rank{trainer.global_rank}.json").write_text(json.dumps(record))
