@@ -30,6 +30,7 @@ combination that cannot run before any process is started.
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
@@ -100,10 +101,13 @@ def checkpoint_block(block: nn.Module) -> nn.Module:
 def compile_block(block: nn.Module) -> nn.Module:
     """Compile the block's forward (not its hooks: checkpoint and FSDP stay eager).
 
-    The kept-row index tensors change length every step (0..B); marking their size
-    unbacked asks for one graph for every length, where a plain dynamic shape
-    recompiles for 0 and 1 (ENVIRONMENT.md). Checked on CPU: the same gradients as
-    eager over steps with zero-row layers, with activation checkpointing on top.
+    What changes from step to step must reach the graph as tensor data, not as a
+    constant baked into it, or every step recompiles (and after torch._dynamo's
+    recompile_limit the block silently runs eager): the kept-row index tensors change
+    length (0..B), so their size is marked unbacked (one graph for every length, where
+    a plain dynamic shape recompiles for 0 and 1, ENVIRONMENT.md); r_train = 1/ρ
+    changes with the schedule, so it goes in as a 0-d tensor. tests/test_strategies.py
+    counts the graphs and checks the gradients against eager.
     """
     compiled = torch.compile(block.forward)
 
@@ -111,6 +115,8 @@ def compile_block(block: nn.Module) -> nn.Module:
         if drop is not None:
             for rows in {id(r): r for r in (drop.attn_rows, drop.ffn_rows) if r is not None}.values():
                 torch._dynamo.decorators.mark_unbacked(rows, 0)
+            if drop.attn_rows is not None and drop.ffn_rows is not None:  # (a dense branch takes a number)
+                drop = dataclasses.replace(drop, scale=torch.tensor(drop.scale, device=h.device))
         return compiled(h, bias, drop, cache)
 
     block.forward = forward

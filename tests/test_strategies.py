@@ -295,3 +295,37 @@ def test_the_private_lightning_names_we_use_still_exist():
     assert callable(getattr(ModelParallelStrategy, "_setup_distributed", None))
     assert "_device_mesh" in vars(ModelParallelStrategy())
     assert "_device_mesh" in vars(pl.LightningModule())
+
+
+# ------------------------------------------------------------------ compile
+
+
+@pytest.mark.slow
+def test_compiled_blocks_match_eager_and_stop_compiling_once_warm():
+    """ILD + DTS: kept-row counts (zero included) and r_train = 1/ρ change every step.
+    After the first step nothing recompiles (a recompilation per step would soon hit
+    torch._dynamo's recompile_limit and leave the blocks silently eager), and the
+    gradients are eager's. (How many graphs the first step makes depends on the
+    attention kernel: CPU's SDPA splits the block at a graph break;
+    benchmarks/gpu_check.sh counts them with FlexAttention on a GPU.)"""
+    from torch._dynamo.utils import counters
+
+    from framework.schedules import dropout_rates
+
+    torch._dynamo.reset()
+    counters.clear()
+    reference = tiny_decoder()
+    compiled = parallelize(copy.deepcopy(reference), compile=True)
+    cfg = LayerDropoutConfig(p_max=0.8, distribution="increasing", schedule="decreasing")
+    steps, graphs, kept = 10, [], set()
+    for step in range(steps):
+        drop = plan(cfg, dropout_rates(cfg, 4, step, steps), 4, StepKey(0, 0, step))
+        kept.update(drop.kept_counts())
+        tokens = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(step))
+        expected, got = _grads(reference, tokens, drop), _grads(compiled, tokens, drop)
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-5, msg=name)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert len({rows for rows, _ in kept}) >= 3 and (0, 0) in kept  # the row counts did change
+    assert graphs[1:] == [graphs[0]] * (steps - 1), graphs  # every graph made in step 0, none later
+    assert not any("recompile" in key.lower() for key in counters["unimplemented"])
