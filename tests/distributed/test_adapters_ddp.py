@@ -33,9 +33,11 @@ def eight_sequences(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -
     source = Path(sysconfig.get_paths()["stdlib"]) / "json" / "decoder.py"
     paragraphs = [p for p in source.read_text().split("\n\n") if p.strip()]
     (out / "docs.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs))
-    run([sys.executable, "-m", "framework.cli", "prepare", "--jsonl", str(out / "docs.jsonl"), "--tokenizer",
-         str(tiny_data / "tokenizer.json"), "--max-tokens", "700", "--val-fraction", "0.3", "--workers", "1",
-         "--no-progress", "--out", str(out / "data")])
+    from data_prep.prepare import main as prepare
+
+    assert prepare(["--jsonl", str(out / "docs.jsonl"), "--tokenizer", str(tiny_data / "tokenizer.json"),
+                    "--max-tokens", "700", "--val-fraction", "0.3", "--workers", "1", "--no-progress",
+                    "--out", str(out / "data")]) == 0
     train_tokens = json.loads((out / "data" / "manifest.json").read_text())["splits"]["train"]["tokens"]
     seq_len = train_tokens // GLOBAL_BATCH - 1
     assert train_tokens // (seq_len + 1) == GLOBAL_BATCH and 8 <= seq_len <= 64, train_tokens
