@@ -156,7 +156,9 @@ class Decoder(nn.Module):
             bias = self.attention_bias(h.shape[1], cache)
         for index in layers:
             drop = plan.layers[index] if plan is not None else None
-            h = self.blocks[index](h, bias, drop, cache, rows)
+            block = self.blocks[index]
+            # rows only when given: a compiled block (framework/strategies.py) takes the training arguments
+            h = block(h, bias, drop, cache) if rows is None else block(h, bias, drop, cache, rows)
             if states is not None:
                 states.append(h)
         return h
