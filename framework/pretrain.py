@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -42,6 +42,7 @@ from framework.callbacks import (
 )
 from framework.checkpoint import CKPT_KEY, CheckpointError
 from framework.module import LayerDropModule, check_same_model, with_parametrization
+from framework.progress_bar import StepProgressBar
 
 PROG = "layerdrop pretrain"
 
@@ -75,7 +76,7 @@ class PretrainCLI(LightningCLI):
         config["precision"] = default_precision(config)
         given = list(config.get("callbacks") or []) + list(callbacks)
         if config.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in given):
-            callbacks = [*callbacks, RichProgressBar()]
+            callbacks = [*callbacks, StepProgressBar()]  # steps out of max_steps, not "Epoch 0/-2"
         if config.get("logger") is not False and not any(isinstance(cb, LearningRateMonitor) for cb in given):
             callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]
         trainer = super()._instantiate_trainer(config, callbacks)

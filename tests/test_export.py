@@ -9,14 +9,13 @@ import torch
 
 from framework.checkpoint import export_main, load_decoder
 from framework.pretrain import main as pretrain
-from tiny_training import prepare_tiny_data, tiny_cli_args
+from tiny_training import tiny_cli_args
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
+def checkpoint(prepared_tokens, tmp_path_factory):
     root = tmp_path_factory.mktemp("export")
-    data_dir = prepare_tiny_data(root / "data")
-    assert pretrain(tiny_cli_args(data_dir, root / "run", steps=2) + ["--trainer.logger", "false"]) == 0
+    assert pretrain(tiny_cli_args(prepared_tokens, root / "run", steps=2) + ["--trainer.logger", "false"]) == 0
     return root / "run" / "checkpoints" / "last.ckpt"
 
 

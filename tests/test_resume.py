@@ -12,7 +12,7 @@ import json
 import pytest
 
 from framework.pretrain import main
-from tiny_training import SimulatedCrash, prepare_tiny_data, tiny_cli_args
+from tiny_training import SimulatedCrash, tiny_cli_args
 
 N = 4
 
@@ -30,8 +30,8 @@ def run_args(data_dir, root, record, *extra):
 
 
 @pytest.mark.slow
-def test_resumed_run_repeats_the_uninterrupted_losses_exactly(tmp_path):
-    data_dir = prepare_tiny_data(tmp_path / "data")
+def test_resumed_run_repeats_the_uninterrupted_losses_exactly(prepared_tokens, tmp_path):
+    data_dir = prepared_tokens
     straight, resumed = tmp_path / "straight.jsonl", tmp_path / "resumed.jsonl"
     assert main(run_args(data_dir, tmp_path / "a", straight)) == 0
 
@@ -51,8 +51,8 @@ def test_resumed_run_repeats_the_uninterrupted_losses_exactly(tmp_path):
     assert [r["loss"] for r in before_crash] == [r["loss"] for r in records(straight)[: len(before_crash)]]
 
 
-def test_resume_auto_without_a_checkpoint_starts_fresh(tmp_path):
-    data_dir = prepare_tiny_data(tmp_path / "data")
+def test_resume_auto_without_a_checkpoint_starts_fresh(prepared_tokens, tmp_path):
+    data_dir = prepared_tokens
     record = tmp_path / "losses.jsonl"
     args = tiny_cli_args(data_dir, tmp_path / "run", steps=2) + [
         "--resume", "auto", "--trainer.logger", "false",
