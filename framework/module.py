@@ -133,7 +133,8 @@ class LayerDropModule(pl.LightningModule):
             self._init_after_materialize = False
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        from framework.callbacks import LayerDropoutSchedule, NonFiniteLossGuard
+        from framework.callbacks import LayerDropoutSchedule
+        from framework.nonfinite import NonFiniteLossGuard
 
         return [LayerDropoutSchedule(), NonFiniteLossGuard()]
 

@@ -32,16 +32,11 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar, RichPr
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from framework.callbacks import (
-    NonFiniteLossError,
-    PeriodicCheckpoint,
-    RunSummary,
-    Throughput,
-    refuse_earlier_checkpoints,
-    use_atomic_checkpoint_io,
-)
+from framework.callbacks import RunSummary, Throughput
+from framework.checkpointing import PeriodicCheckpoint, refuse_earlier_checkpoints, use_atomic_checkpoint_io
 from framework.checkpoint import CKPT_KEY, CheckpointError
 from framework.module import LayerDropModule, check_same_model, with_parametrization
+from framework.nonfinite import NonFiniteLossError
 
 PROG = "layerdrop pretrain"
 
