@@ -64,29 +64,16 @@ def training_data_dir(ckpt: Path) -> Path | None:
 
 
 def find_tokenizer(ckpt: str | Path) -> tuple[Path, int | None]:
-    """(tokenizer.json, EOS id from the data manifest or None) for a checkpoint.
+    """(tokenizer.json, the EOS id the training data recorded, or None) for a checkpoint
+    of any form, from any working directory: framework.checkpoint.find_tokenizer."""
+    from framework.checkpoint import find_tokenizer as find
+    from framework.checkpoint_tokenizer import tokenizer_record
 
-    Looked for, in order: inside an exported folder; beside the .ckpt and one and two
-    folders up (runs/x/checkpoints/last.ckpt -> runs/x); the data folder of the run
-    (its manifest names the tokenizer file and the EOS id).
-    """
-    ckpt = Path(ckpt)
-    folder = ckpt if ckpt.is_dir() else ckpt.parent
-    candidates = [folder / TOKENIZER_FILE, folder.parent / TOKENIZER_FILE, folder.parent.parent / TOKENIZER_FILE]
-    for path in candidates:
-        if path.is_file():
-            return path, None
-    data_dir = training_data_dir(ckpt)
-    if data_dir is not None and (data_dir / "manifest.json").is_file():
-        tokenizer = json.loads((data_dir / "manifest.json").read_text()).get("tokenizer", {})
-        path = data_dir / tokenizer.get("file", TOKENIZER_FILE)
-        if path.is_file():
-            return path, tokenizer.get("eos_id")
-        candidates.append(path)
-    elif data_dir is not None:
-        candidates.append(data_dir / TOKENIZER_FILE)
-    tried = ", ".join(str(p) for p in candidates)
-    raise ValueError(f"no tokenizer found for checkpoint {str(ckpt)!r} (tried {tried}); pass its tokenizer.json")
+    path = find(ckpt)
+    eos_id = tokenizer_record(ckpt).get("eos_id")
+    if eos_id is None and (path.parent / "manifest.json").is_file():  # found in a prepared data folder
+        eos_id = json.loads((path.parent / "manifest.json").read_text()).get("tokenizer", {}).get("eos_id")
+    return path, eos_id
 
 
 def eos_id_of(tokenizer: Tokenizer, requested: str | None) -> int:

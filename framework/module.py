@@ -205,7 +205,7 @@ class LayerDropModule(pl.LightningModule):
     # ------------------------------------------------------------ checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[CKPT_KEY] = {
+        checkpoint[CKPT_KEY] = {**checkpoint.get(CKPT_KEY, {}),  # callbacks' entries (the tokenizer) first
             "format": CHECKPOINT_FORMAT,
             "model_config": self.model_cfg.to_dict(),
             "layer_dropout": asdict(self.dropout_cfg),

@@ -35,6 +35,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from framework.callbacks import RunSummary, Throughput
 from framework.checkpointing import PeriodicCheckpoint, refuse_earlier_checkpoints, use_atomic_checkpoint_io
 from framework.checkpoint import CKPT_KEY, CheckpointError
+from framework.export import export_callbacks
 from framework.module import LayerDropModule, check_same_model, with_parametrization
 from framework.nonfinite import NonFiniteLossError
 
@@ -73,6 +74,7 @@ class PretrainCLI(LightningCLI):
             callbacks = [*callbacks, RichProgressBar()]
         if config.get("logger") is not False and not any(isinstance(cb, LearningRateMonitor) for cb in given):
             callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]
+        callbacks = [*callbacks, *export_callbacks()]  # tokenizer beside the checkpoints; export at the end
         trainer = super()._instantiate_trainer(config, callbacks)
         use_atomic_checkpoint_io(trainer)
         return trainer
