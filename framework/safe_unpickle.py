@@ -229,9 +229,10 @@ def prove_checkpoint_harmless(path: str | os.PathLike) -> None:
     rules above; raise CheckpointError naming the first one that could run code.
 
     A folder is walked whole (symbolic links followed): every torch.save file
-    (``*.pt``, ``*.ckpt``, ``*.pth``, ``*.bin``), every DCP ``*.metadata`` file and
-    the byte entries of the ``*.distcp`` files it points to. A DeepSpeed ``latest``
-    tag must name a folder inside the checkpoint (DeepSpeed joins it to the path).
+    (``*.pt``, ``*.ckpt``, ``*.pth``, ``*.bin``; DeepSpeed's classes are allowed in its
+    ``*_states.pt`` only), every DCP ``*.metadata`` file and the byte entries of the
+    ``*.distcp`` files it points to, which must lie inside the checkpoint. A DeepSpeed
+    ``latest`` tag must name a folder inside the checkpoint (DeepSpeed joins it to the path).
     """
     path = Path(path)
     if not path.exists():
@@ -247,8 +248,8 @@ def prove_checkpoint_harmless(path: str | os.PathLike) -> None:
             file = folder / name
             if name.endswith(DCP_METADATA_FILE):
                 _prove_dcp_byte_entries(folder, load_dcp_metadata(file))
-            elif name.endswith(TORCH_FILE_SUFFIXES):
-                _torch_load(file.resolve(), file, deepspeed=True)
+            elif name.endswith(TORCH_FILE_SUFFIXES):  # DeepSpeed's classes only in DeepSpeed's state files
+                _torch_load(file.resolve(), file, deepspeed=name.endswith("_states.pt"))
 
 
 def _walk(root: Path, seen: set[str]):
@@ -284,6 +285,9 @@ def _prove_dcp_byte_entries(folder: Path, metadata: Any) -> None:
             if getattr(index, "fqn", None) not in byte_keys:
                 continue
             file = folder / info.relative_path
+            if not file.resolve().is_relative_to(folder.resolve()):
+                raise CheckpointError(f"checkpoint file {str(folder / DCP_METADATA_FILE)!r} is refused: entry "
+                                      f"{index.fqn!r} lies in {info.relative_path!r}, outside the checkpoint")
             if info.transform_descriptors:
                 raise CheckpointError(f"checkpoint file {str(file)!r}: entry {index.fqn!r} is stored with "
                                       f"transforms {list(info.transform_descriptors)}, which cannot be checked")
