@@ -8,111 +8,132 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
-from weakref import proxy
 
 import lightning.pytorch as pl
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import Checkpoint
 
-from framework.checkpoint_folder import (clean_leftovers, fsync_dir, point_last, publish, remove_path, retire,
-                                         staging_path)
+from framework.checkpoint_folder import (LAST, clean_leftovers, fsync_dir, point_last, publish, remove_path, retire,
+                                         staging_path, step_checkpoints)
 from framework.nonfinite import guard_of, refuse_nonfinite_state
 
 
-class PeriodicCheckpoint(pl.callbacks.ModelCheckpoint):
-    """``step-XXXXXXXX.ckpt`` every ``every_n_steps`` optimizer steps (the newest
-    ``keep_last`` kept) and ``last.ckpt``, a link to the newest, in
-    ``<default_root_dir>/checkpoints`` unless ``dirpath`` says otherwise. The final step
-    is always saved. The folder must be local (the link and the renames need it).
+class PeriodicCheckpoint(Checkpoint):
+    """``step-XXXXXXXX.ckpt`` every ``every_n_steps`` optimizer steps and at the end of
+    the run, the newest ``keep_last`` of this run's lineage kept, and ``last.ckpt``, a
+    link to the newest, in ``<default_root_dir>/checkpoints`` unless ``dirpath`` says
+    otherwise. The folder must be local (the link and the renames need it).
 
-    Every save is crash-safe whatever the strategy (a single file, FSDP2's folder of
-    shards, DeepSpeed's folder): it is written under a staging name, every rank waits
-    for every other, then rank 0 renames it into place (framework/checkpoint_folder.py).
-    Before a save, the parameters and optimizer state are checked on every rank: a
-    state with a NaN or Inf is never written (the run stops instead).
+    Every save is crash-safe whatever the strategy (one file, FSDP2's folder of shards,
+    DeepSpeed's folder): written under a staging name, every rank waits for every other,
+    then rank 0 renames it into place (framework/checkpoint_folder.py). Before a save
+    every rank checks its parameters and optimizer state: a state holding a NaN or Inf
+    is never written (the run stops instead), and a save that falls due while steps are
+    being skipped for non-finite values waits for the next step that goes through.
 
     A new run refuses a folder that already holds checkpoints (resume it instead, or
-    pick another folder): nothing on disk is overwritten unasked.
+    pick another folder): nothing on disk is overwritten unasked. A run resumed from an
+    older checkpoint moves the newer ones (another lineage) into ``superseded/``, so
+    that ``--resume auto`` never mixes two.
+
+    Lightning's public ``Checkpoint`` base (not ModelCheckpoint, whose saving, linking
+    and deleting are private methods that would all need overriding).
     """
 
     def __init__(self, every_n_steps: int = 1000, keep_last: int = 3, dirpath: str | None = None) -> None:
         for name, value in (("every_n_steps", every_n_steps), ("keep_last", keep_last)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"checkpoint.{name}={value!r} is invalid: must be a positive integer")
-        # Keep-last-k is top-k on the step counter, the newest being the "best". "link":
-        # last.ckpt points at the newest step file instead of being a second copy.
-        super().__init__(dirpath=dirpath, filename="step-{step:08d}", monitor="step", mode="max",
-                         save_top_k=keep_last, every_n_train_steps=every_n_steps, save_last="link",
-                         auto_insert_metric_name=False, enable_version_counter=False)
+        self.every_n_steps, self.keep_last, self.dirpath = every_n_steps, keep_last, dirpath
+        self.saved: list[tuple[int, str]] = []  # this lineage's checkpoints on disk, oldest first
         # (step, path) of the checkpoints this run wrote or resumed from, each checked
         # finite: what the non-finite guard can recommend.
         self.finite_checkpoints: list[tuple[int, str]] = []
+        self.last_model_path = ""
+        self._last_saved_step: int | None = None
+        self._deferred = False  # a save that fell due while steps were being skipped
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = os.path.realpath(os.path.join(trainer.default_root_dir, "checkpoints"))
-        super().setup(trainer, pl_module, stage)
+        self.dirpath = trainer.strategy.broadcast(str(self.dirpath))
+        if "://" in self.dirpath:
+            raise ValueError(f"checkpoint.dirpath={self.dirpath!r} is invalid: give a local (or mounted) folder")
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The first hook where every strategy has resolved trainer.ckpt_path and loaded
         # it, and still before anything is written.
-        super().on_train_start(trainer, pl_module)
+        self._last_saved_step = trainer.global_step
         if trainer.ckpt_path is None:
             refuse_earlier_checkpoints(self.dirpath)
+            self.saved = []
         else:
             refuse_nonfinite_state(trainer, f"checkpoint {str(trainer.ckpt_path)!r}",
                                    "it cannot be resumed: resume from an earlier checkpoint")
             self.finite_checkpoints.append((trainer.global_step, str(trainer.ckpt_path)))
         if trainer.is_global_zero:
             clean_leftovers(self.dirpath)
+            if trainer.ckpt_path is not None:
+                self._set_aside_newer(trainer.global_step)
         trainer.strategy.barrier("PeriodicCheckpoint.on_train_start")
 
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = trainer.global_step
+        if step == self._last_saved_step or trainer.fast_dev_run:
+            return  # a micro-batch inside a step, or this step is saved already
+        if self._deferred or step % self.every_n_steps == 0:
+            self.save(trainer)
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._last_global_step_saved != trainer.global_step and not self._should_skip_saving_checkpoint(trainer):
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+        if trainer.global_step != self._last_saved_step and not trainer.fast_dev_run:
+            self.save(trainer, final=True)
 
-    def _save_topk_checkpoint(self, trainer: pl.Trainer, monitor_candidates: dict[str, Any]) -> None:
-        # While steps are being skipped for non-finite values the weights are those that
-        # produced them: a save then would push the checkpoints from before out of the
-        # keep-last window. It is left out (the final save of a run is not).
-        if guard_of(trainer).in_a_row and not trainer.fit_loop.done:
-            if trainer.is_global_zero:
-                print(f"step {trainer.global_step}: no checkpoint while steps are being skipped for non-finite "
-                      "values", file=sys.stderr, flush=True)
+    def save(self, trainer: pl.Trainer, final: bool = False) -> None:
+        """Save this step (a collective: every rank calls it)."""
+        step = trainer.global_step
+        if guard_of(trainer).in_a_row and not final:
+            # The weights are those that gave the non-finite values; a save now would push
+            # the checkpoints from before out of the keep-last window.
+            if trainer.is_global_zero and not self._deferred:
+                print(f"step {step}: the checkpoint waits for a step without non-finite values",
+                      file=sys.stderr, flush=True)
+            self._deferred = True
             return
-        super()._save_topk_checkpoint(trainer, monitor_candidates)
-
-    def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        """Lightning's save, into a staging name; published once every rank is done."""
-        refuse_nonfinite_state(trainer, f"the state at step {trainer.global_step}",
-                               f"it was not saved to {filepath}")
-        staging = staging_path(filepath)
+        self._deferred = False
+        path = os.path.join(self.dirpath, f"step-{step:08d}.ckpt")
+        refuse_nonfinite_state(trainer, f"the state at step {step}", f"it was not saved to {path}")
+        staging = staging_path(path)
         if trainer.is_global_zero:
             remove_path(staging)  # a leftover of a killed save of this very step
         trainer.strategy.barrier("PeriodicCheckpoint.staging")
-        trainer.save_checkpoint(staging, self.save_weights_only)  # returns after a barrier: every rank wrote
+        self.saved = [(s, p) for s, p in self.saved if p != path] + [(step, path)]  # saved with the state
+        self.last_model_path = os.path.join(self.dirpath, LAST)
+        trainer.save_checkpoint(staging)  # returns after a barrier: every rank has written its part
         if trainer.is_global_zero:
-            publish(staging, filepath)
+            publish(staging, path)
+            point_last(path, self.last_model_path)
+            while len(self.saved) > self.keep_last:
+                retire(self.saved.pop(0)[1])
+        else:
+            self.saved = self.saved[-self.keep_last:]
         trainer.strategy.barrier("PeriodicCheckpoint.publish")
-        self._last_global_step_saved = trainer.global_step
-        self._last_checkpoint_saved = filepath
-        self.finite_checkpoints.append((trainer.global_step, filepath))
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                logger.after_save_checkpoint(proxy(self))
+        self._last_saved_step = step
+        self.finite_checkpoints.append((step, path))
 
-    @staticmethod
-    def _link_checkpoint(trainer: pl.Trainer, filepath: str, linkpath: str) -> None:
-        # Lightning's own version deletes last.ckpt before creating the new link.
-        if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
-            point_last(filepath, linkpath)
-        trainer.strategy.barrier("PeriodicCheckpoint.link")
-
-    def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
-        if trainer.is_global_zero:
-            retire(filepath)
+    def _set_aside_newer(self, step: int) -> None:
+        """Checkpoints newer than the one resumed from belong to a run this one replaces."""
+        newer = [path for saved_step, path in step_checkpoints(self.dirpath) if saved_step > step]
+        if not newer:
+            return
+        aside = Path(self.dirpath) / "superseded"
+        aside.mkdir(exist_ok=True)
+        for path in newer:
+            remove_path(aside / path.name)
+            os.rename(path, aside / path.name)
+        print(f"resume: moved {len(newer)} checkpoint(s) newer than step {step} ({', '.join(p.name for p in newer)}) "
+              f"to {aside}: they belong to the run this one replaces", flush=True)
 
     def newest_finite_checkpoint(self, before_step: int | None = None) -> str | None:
         """The newest checkpoint still on disk that was checked finite, optionally one
@@ -121,6 +142,13 @@ class PeriodicCheckpoint(pl.callbacks.ModelCheckpoint):
             if (before_step is None or step < before_step) and os.path.exists(path):
                 return path
         return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"dirpath": self.dirpath, "saved": [list(entry) for entry in self.saved]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("dirpath") == self.dirpath:  # the same folder: the same lineage
+            self.saved = [(int(step), str(path)) for step, path in state_dict.get("saved", [])]
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

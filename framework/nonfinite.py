@@ -56,7 +56,8 @@ class NonFiniteLossGuard(pl.Callback):
     def skip_step(self, trainer: pl.Trainer, loss: torch.Tensor | None, optimizer: Any, batch_idx: int) -> bool:
         """True when the optimizer step about to run must be skipped (the same answer on
         every rank); raises NonFiniteLossError when the run must stop. A collective."""
-        bad = _gather_flags(trainer, _loss_is_bad(loss), _gradients_are_bad(trainer, optimizer))
+        device = trainer.strategy.root_device
+        bad = _gather_flags(trainer, _loss_is_bad(loss, device), _gradients_are_bad(trainer, optimizer))
         if not bad.any():
             self.in_a_row, self.streak_start = 0, None
             return False
@@ -112,28 +113,30 @@ def _advice(trainer: pl.Trainer, streak_start: int) -> str:
             f"with a lower learning rate (--resume {path} --model.parametrization.lr ...) or check the data")
 
 
-def _loss_is_bad(loss: torch.Tensor | None) -> bool:
-    return loss is not None and not bool(torch.isfinite(loss.detach()).all())
+def _loss_is_bad(loss: torch.Tensor | None, device: torch.device) -> torch.Tensor:
+    if loss is None:
+        return torch.zeros((), dtype=torch.bool, device=device)
+    return ~torch.isfinite(loss.detach()).all().to(device)
 
 
-def _gradients_are_bad(trainer: pl.Trainer, optimizer: Any) -> bool:
-    """A non-finite norm of this rank's gradients (its shards under FSDP2): one fused
-    norm per tensor, one check. Left to the scaler when there is one (16-mixed)."""
-    if getattr(trainer.precision_plugin, "scaler", None) is not None:
-        return False
+def _gradients_are_bad(trainer: pl.Trainer, optimizer: Any) -> torch.Tensor:
+    """Whether this rank's gradients (its shards under FSDP2) have a non-finite norm:
+    one fused norm over all of them. Left to the scaler when there is one (16-mixed)."""
+    device = trainer.strategy.root_device
     grads = [_local(p.grad) for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if not grads:
-        return False
+    if not grads or getattr(trainer.precision_plugin, "scaler", None) is not None:
+        return torch.zeros((), dtype=torch.bool, device=device)
     norms = torch._foreach_norm(grads)
-    return not bool(torch.stack([n.to(norms[0].device) for n in norms]).isfinite().all())
+    return ~torch.stack([n.to(device) for n in norms]).isfinite().all()
 
 
-def _gather_flags(trainer: pl.Trainer, loss_bad: bool, grads_bad: bool) -> torch.Tensor:
-    """(world size, 2) bools: every rank's (loss, gradient) verdict, on every rank."""
-    local = torch.tensor([loss_bad, grads_bad], dtype=torch.float32, device=trainer.strategy.root_device)
-    if trainer.world_size == 1:
-        return local.reshape(1, 2).bool().cpu()
-    return trainer.strategy.all_gather(local).reshape(-1, 2).bool().cpu()
+def _gather_flags(trainer: pl.Trainer, loss_bad: torch.Tensor, grads_bad: torch.Tensor) -> torch.Tensor:
+    """(world size, 2) bools: every rank's (loss, gradient) verdict, on every rank. The
+    one host synchronisation of the check."""
+    local = torch.stack([loss_bad, grads_bad]).float()
+    if trainer.world_size > 1:
+        local = trainer.strategy.all_gather(local)
+    return local.reshape(-1, 2).bool().cpu()
 
 
 def _describe(bad: torch.Tensor) -> str:

@@ -69,7 +69,7 @@ def choose_checkpoint(resume: str | None, folder: Path, *, clean: bool = True) -
         if reason:
             raise _checkpoint_error(f"checkpoint {str(path)!r} is incomplete: {reason}")
         _prove_harmless(path)
-        return ResumeChoice(str(path), _step_of(path))
+        return ResumeChoice(str(path), _step_of(path.resolve()))
     removed = clean_leftovers(folder) if clean else []
     skipped: list[str] = []
     for step, path in _candidates(folder, skipped):
@@ -97,7 +97,8 @@ def _candidates(folder: Path, skipped: list[str]) -> list[tuple[int, Path]]:
             skipped.append(f"{LAST} ({reason})")
         else:
             _prove_harmless(last)
-            found.append((_step_of(last), last))
+            step = _step_of(last)
+            found.append((step if step is not None else -1, last))
     # Newest step first; a step-N name before a last.ckpt of the same step.
     return sorted(found, key=lambda item: (item[0], item[1].name != LAST), reverse=True)
 

@@ -74,3 +74,20 @@ def test_checkpoint_folder_is_made_absolute(tmp_path, monkeypatch):
                             default_root_dir="run")
     trainer.fit(tiny_module(), RandomTokens())
     assert trainer.checkpoint_callback.dirpath == os.path.realpath(tmp_path / "run" / "checkpoints")
+
+
+def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, capsys):
+    torch.manual_seed(0)
+    folder = tmp_path / "checkpoints"
+    trainer = quiet_trainer(max_steps=4, enable_checkpointing=True,
+                            callbacks=[PeriodicCheckpoint(every_n_steps=1, keep_last=4, dirpath=str(folder))])
+    trainer.fit(tiny_module(), RandomTokens())
+    first_four = (folder / "step-00000004.ckpt").read_bytes()
+    trainer = quiet_trainer(max_steps=5, enable_checkpointing=True,
+                            callbacks=[PeriodicCheckpoint(every_n_steps=1, keep_last=4, dirpath=str(folder))])
+    trainer.fit(tiny_module(), RandomTokens(), ckpt_path=str(folder / "step-00000002.ckpt"))
+    assert sorted(p.name for p in (folder / "superseded").iterdir()) == ["step-00000003.ckpt", "step-00000004.ckpt"]
+    assert (folder / "superseded" / "step-00000004.ckpt").read_bytes() == first_four  # moved, not rewritten
+    assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt", "step-00000002.ckpt", "step-00000003.ckpt",
+                                                             "step-00000004.ckpt", "step-00000005.ckpt"]
+    assert "resume: moved 2 checkpoint(s) newer than step 2" in capsys.readouterr().out

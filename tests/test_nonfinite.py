@@ -66,6 +66,19 @@ def test_a_non_finite_step_is_skipped_and_training_goes_on(capsys):
     assert "step 2 (batch 2): non-finite loss and non-finite gradient norm; skipped, no optimizer update" in err
 
 
+def test_a_save_due_at_a_skipped_step_waits_for_the_next_good_one(tmp_path, capsys):
+    torch.manual_seed(0)
+    module = tiny_module()
+    poison_loss(module, bad_steps={1})
+    checkpoint = PeriodicCheckpoint(every_n_steps=2, keep_last=5, dirpath=str(tmp_path))
+    trainer = quiet_trainer(max_steps=6, callbacks=[checkpoint], enable_checkpointing=True)
+    trainer.fit(module, RandomTokens())
+    # Due after step 1, which was skipped: written after step 2, which went through.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step-00000003.ckpt", "step-00000004.ckpt",
+                                                          "step-00000006.ckpt"]
+    assert "step 2: the checkpoint waits for a step without non-finite values" in capsys.readouterr().err
+
+
 def test_an_infinite_gradient_alone_is_skipped(capsys):
     class InfiniteGradient(pl.Callback):
         def on_after_backward(self, trainer, pl_module):

@@ -68,7 +68,7 @@ class KillAt(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        # Runs before ModelCheckpoint's hook (Lightning orders checkpoint callbacks last).
+        # Runs before PeriodicCheckpoint's hook (Lightning orders Checkpoint callbacks last).
         if self.point == "before_save" and trainer.global_step == self.step and trainer.global_rank == self.rank:
             kill_the_run()
 

@@ -48,6 +48,21 @@ def launch(recipe: Path, log: Path, *extra: str) -> tuple[int, str]:
     return code, log.read_text(errors="replace")
 
 
+def run_here(recipe: Path) -> tuple[int, str]:
+    """``layerdrop pretrain`` in this process (no start-up cost), on one thread like the
+    launched runs (their OMP_NUM_THREADS=1), so its losses are comparable bit for bit."""
+    import torch
+
+    from framework.pretrain import main
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return main(["--config", str(recipe)]), ""
+    finally:
+        torch.set_num_threads(threads)
+
+
 def resumed_from(log: str) -> str | None:
     """The checkpoint named by the run's one resume line (None: started from step 0)."""
     lines = [line for line in log.splitlines() if line.startswith("resume: ")]
@@ -63,10 +78,11 @@ def run_chain(tmp_path: Path, base: dict, kills: list[tuple[tuple[int, str], str
               ranks: int) -> str:
     """Run the uninterrupted reference, then the chain: for each (kill, expected resume
     point, leftovers expected after the kill) one killed launch; then a final one.
-    Returns the reference's log."""
+    Returns the reference's log (none when it ran in this process: one rank)."""
     reference = tmp_path / "reference-losses"
-    code, reference_log = launch(recipe_with(tmp_path, "reference", {**base, "trainer": {
-        **base["trainer"], "default_root_dir": str(tmp_path / "reference")}}, reference, None), tmp_path / "ref.log")
+    recipe = recipe_with(tmp_path, "reference", {**base, "trainer": {
+        **base["trainer"], "default_root_dir": str(tmp_path / "reference")}}, reference, None)
+    code, reference_log = run_here(recipe) if ranks == 1 else launch(recipe, tmp_path / "ref.log")
     assert code == 0, reference_log[-3000:]
 
     losses = tmp_path / "chain-losses"
@@ -112,28 +128,29 @@ def base_recipe(tmp_path: Path, tiny_data: Path, *, strategy: str, devices: int,
 
 def test_single_process_survives_kills_at_every_point_of_a_save(tmp_path, tiny_data):
     base = base_recipe(tmp_path, tiny_data, strategy="single", devices=1, steps=12, every=3)
-    staging = r"\.step-0+{}\.ckpt\.staging"
     run_chain(tmp_path, base, [
-        ((3, "during_save"), None, [r"\.\.step-0+3\.ckpt\.staging\.partial-\d+"]),  # the first save, cut short
-        ((6, "before_publish"), "step-00000003.ckpt", [staging.format(6)]),  # written, not yet renamed
-        ((6, "before_link"), "step-00000006.ckpt", []),  # in place; last.ckpt still on step 3
-        ((9, "during_retire"), "step-00000009.ckpt", [r"\.step-0+3\.ckpt\.deleting"]),  # pushing out step 3
-        ((9, "after_save"), "step-00000009.ckpt", []),
-        ((12, "before_save"), "step-00000009.ckpt", []),  # the final save, never started
+        # The first save, cut short mid-file: nothing complete, so from step 0.
+        ((3, "during_save"), None, [r"\.\.step-0+3\.ckpt\.staging\.partial-\d+"]),
+        # Written whole but not yet renamed: it does not count.
+        ((6, "before_publish"), "step-00000003.ckpt", [r"\.step-0+6\.ckpt\.staging"]),
+        # Step 9 in place, step 3 half deleted (keep_last 2), last.ckpt still on step 6.
+        ((9, "during_retire"), "step-00000009.ckpt", [r"\.step-0+3\.ckpt\.deleting"]),
+        # Between saves: the end of the run, before its final save.
+        ((12, "before_save"), "step-00000009.ckpt", []),
     ], ranks=1)
 
 
 def test_both_fsdp_ranks_survive_kills_before_during_and_after_a_save(tmp_path, tiny_data):
-    """Also: an infinite gradient on rank 1 alone at step 5 is skipped by both ranks
+    """Also: an infinite gradient on rank 1 alone at step 2 is skipped by both ranks
     (FSDP2 gradients are DTensor shards), in the reference and in the chain alike."""
     base = base_recipe(tmp_path, tiny_data, strategy="fsdp", devices=2, steps=8, every=2)
-    base["trainer"]["callbacks"] = [{"class_path": "crash_points.PoisonGradient", "init_args": {"step": 5, "rank": 1}}]
+    base["trainer"]["callbacks"] = [{"class_path": "crash_points.PoisonGradient", "init_args": {"step": 2, "rank": 1}}]
     reference_log = run_chain(tmp_path, base, [
         ((3, "before_save"), "step-00000002.ckpt", []),
         ((4, "during_save"), "step-00000002.ckpt", [r"\.step-0+4\.ckpt\.staging"]),  # rank 0 mid-shard
         ((6, "before_link"), "step-00000006.ckpt", []),
     ], ranks=2)
-    assert "step 5 (batch 5): non-finite gradient norm on rank 1; skipped" in reference_log
+    assert "step 2 (batch 2): non-finite gradient norm on rank 1; skipped" in reference_log
     for rank in range(2):
         weights = {r["step"]: r["weights"] for r in read_records(tmp_path / "reference-losses", rank)}
-        assert weights[5] == weights[4] and weights[4] != weights[3] and weights[6] != weights[5]
+        assert weights[2] == weights[1] and weights[1] != weights[0] and weights[3] != weights[2]
