@@ -57,11 +57,13 @@ def step_timer_class():
                 self._start = time.perf_counter()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            stats = pl_module.last_micro_batch
+            from framework.callbacks import optimizer_step_finished
+
+            stats = outputs["stats"]
             self._tokens += stats.tokens
             self._executed += stats.executed.total
             self._dense += stats.dense.total
-            if not trainer.fit_loop.epoch_loop._accumulated_batches_reached():
+            if not optimizer_step_finished(trainer, stats):
                 return
             self._sync(trainer)
             self.steps.append({"seconds": time.perf_counter() - self._start, "tokens": self._tokens,

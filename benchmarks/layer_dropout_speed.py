@@ -170,7 +170,8 @@ def summarise(args, model_cfg: ModelConfig, drop_cfg: LayerDropoutConfig,
     p_bar = mean_dropout(drop_cfg, args.layers, 1)
     theoretical = p_bar * blocks_share
     drawn = statistics.mean(
-        saved_fraction(executed_step_flops(model_cfg, p, args.seq_len, causal=False), dense, include_head=True)
+        saved_fraction(executed_step_flops(model_cfg, p.kept_counts(), args.seq_len, batch_size=p.batch_size,
+                                           causal=False), dense, include_head=True)
         for p in plans)
     return {
         "config": {"d_model": args.d_model, "n_layers": args.layers, "n_heads": args.heads,

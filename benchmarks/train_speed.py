@@ -101,7 +101,7 @@ class StepClock(pl.Callback):
         self.cpu.append(cpu - self._marks[1])
         self._marks = (wall, cpu)
         # All S keys per query: SDPA with an additive mask computes every score.
-        stats, (rows, seq) = pl_module.last_micro_batch, batch[0].shape
+        stats, (rows, seq) = outputs["stats"], batch[0].shape
         cfg = pl_module.model_cfg
         self.executed += executed_step_flops(cfg, stats.kept_counts, seq, batch_size=rows, causal=False).total
         self.dense += dense_step_flops(cfg, rows, seq, causal=False).total

@@ -24,7 +24,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
@@ -32,6 +32,9 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.utilities import rank_zero_info
 
 from framework.schedules import effective_depth_of, mean_dropout
+
+if TYPE_CHECKING:
+    from framework.module import MicroBatchStats
 
 
 def log_step_metrics(trainer: pl.Trainer, metrics: dict[str, float], every: int | None = None) -> None:
@@ -46,12 +49,29 @@ def log_step_metrics(trainer: pl.Trainer, metrics: dict[str, float], every: int 
         logger.log_metrics(metrics, step=step)
 
 
+# ------------------------------------------------------------------ the step's outputs
+
+
+def micro_batch_stats(outputs: Any) -> "MicroBatchStats | None":
+    """What the micro-batch ran, from ``training_step``'s outputs (None when the step
+    returned a bare loss, e.g. another module or a skipped step)."""
+    return outputs.get("stats") if isinstance(outputs, dict) else None
+
+
+def optimizer_step_finished(trainer: pl.Trainer, stats: "MicroBatchStats") -> bool:
+    """Whether the micro-batch that produced ``stats`` closed its optimizer step: the
+    trainer's step counter has moved past the step the micro-batch belonged to. The
+    one test of a step's end in these callbacks (gradient accumulation, the epoch's
+    last batch and resumed runs included)."""
+    return trainer.global_step > stats.step
+
+
 # --------------------------------------------------------------------------- schedule
 
 
 class LayerDropoutSchedule(pl.Callback):
-    """Tells the module where it is in the run (optimizer step t of T = max_steps) and
-    keeps the run's FLOP account; installed by ``LayerDropModule.configure_callbacks``."""
+    """Logs the layer-dropout schedule of every optimizer step (p̄_t, effective depth)
+    and keeps the run's FLOP account; installed by ``LayerDropModule.configure_callbacks``."""
 
     def __init__(self) -> None:
         self.tokens = 0  # this device's, since the run began (survives resume)
@@ -64,37 +84,24 @@ class LayerDropoutSchedule(pl.Callback):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._trainer = trainer  # state_dict/load_state_dict need the ranks
-        cfg = pl_module.dropout_cfg
-        if stage == "fit" and cfg.enabled and cfg.schedule != "constant" and trainer.max_steps < 1:
-            raise ValueError(f"layer_dropout.schedule={cfg.schedule!r} needs the run length: set "
-                             f"--trainer.max_steps (got {trainer.max_steps}); only 'constant' runs without it")
-
-    def total_steps(self, trainer: pl.Trainer) -> int:
-        return trainer.max_steps if trainer.max_steps > 0 else trainer.global_step + 1
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
-        self._step_at_start = trainer.global_step
-        pl_module.schedule_position = (trainer.global_step, self.total_steps(trainer))
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
-        stats = pl_module.last_micro_batch
+        stats = micro_batch_stats(outputs)
         if stats is None:
             return
         self.tokens += stats.tokens
         self._step_executed += stats.executed.blocks
         self._step_dense += stats.dense.blocks
-        if trainer.global_step == self._step_at_start:
-            return  # gradient accumulation: the optimizer step is not complete yet
-        self._close_step(pl_module, stats.rates)
+        if optimizer_step_finished(trainer, stats):
+            self._close_step(trainer, stats.rates)
 
-    def _close_step(self, pl_module: pl.LightningModule, rates: list[float]) -> None:
+    def _close_step(self, trainer: pl.Trainer, rates: tuple[float, ...]) -> None:
         self.executed += self._step_executed
         self.dense += self._step_dense
         self.rate_sum += sum(rates) / len(rates)
         self.steps += 1
-        log_step_metrics(pl_module.trainer, {
+        log_step_metrics(trainer, {
             "layer_dropout/mean_p": sum(rates) / len(rates),
             "layer_dropout/effective_depth": effective_depth_of(rates),
             "flops/executed_step": self._step_executed,
@@ -118,13 +125,12 @@ class LayerDropoutSchedule(pl.Callback):
 
     def report(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
         """P̄ realised by the masks, P̄ of the schedule over the steps run, and P̄ predicted
-        by ``mean_dropout`` for the whole run."""
+        by ``mean_dropout`` for the whole run (from the module's config)."""
         totals = self.totals(trainer)
-        total_steps = self.total_steps(trainer)
         return {**totals,
                 "mean_dropout_scheduled": self.rate_sum / self.steps if self.steps else 0.0,
                 "mean_dropout_predicted": mean_dropout(pl_module.dropout_cfg, pl_module.model_cfg.n_layers,
-                                                       total_steps)}
+                                                       trainer.max_steps)}
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         report = self.report(trainer, pl_module)
@@ -202,14 +208,13 @@ class Throughput(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
-        stats = pl_module.last_micro_batch
+        stats = micro_batch_stats(outputs)
         if stats is None or self._start is None:
             return
         self._tokens += stats.tokens
         self._flops += stats.executed.total
         every = max(1, trainer.log_every_n_steps)
-        step_done = trainer.fit_loop.epoch_loop._accumulated_batches_reached()
-        if not (step_done and trainer.global_step % every == 0):
+        if not (optimizer_step_finished(trainer, stats) and trainer.global_step % every == 0):
             return
         flops = self._mean_over_devices(trainer, self._flops)  # before any early return: a collective
         elapsed = self._now(trainer) - self._start
@@ -317,6 +322,8 @@ def format_summary(summary: dict[str, Any], twin: dict[str, Any] | None = None) 
 
 
 __all__ = [
+    "micro_batch_stats",
+    "optimizer_step_finished",
     "LayerDropoutSchedule",
     "Throughput",
     "RunSummary",

@@ -1,14 +1,27 @@
-"""Typed configs of the model, layer dropout and parametrization, validated once.
+"""Typed configs of the model, layer dropout and parametrization: frozen, validated once.
 
-Every invalid value raises ``ValueError`` naming the field, the value and what is
-allowed, so a bad recipe fails before any tensor is allocated.
+Each config is a frozen dataclass whose field types say what is allowed: a name is a
+``Literal`` of the names a registry holds (``schedules.DISTRIBUTIONS``,
+``schedules.TIME_SCHEDULES``, ``layer_dropout.MASK_MODES``), a bounded number is an
+``Annotated`` type carrying its ``Rule``. ``validate`` checks every field against its
+type when the config is built, so a bad recipe fails with one line naming the field
+before any tensor is allocated; everything downstream trusts a config it is given and
+checks nothing again. Frozen, so nothing can change a config after it was checked.
+
+LightningCLI (jsonargparse) builds these classes from YAML and ``--section.key``
+overrides, and reads the same annotations for its own type check.
 """
 
 from __future__ import annotations
 
 import math
+import types
+import typing
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Sequence
+from typing import Annotated, Any, Callable, Literal, Union
+
+from framework.layer_dropout import MASK_MODES
+from framework.schedules import DISTRIBUTIONS, TIME_SCHEDULES
 
 # Table A.1 of the paper. Head size is 64 up to 504M and 128 above; the head counts
 # 9, 10, 14 and 21 are why ALiBi needs its rule for non-powers of two.
@@ -22,69 +35,144 @@ PAPER_SIZES: dict[str, dict[str, int]] = {
 }
 LLAMA3_VOCAB_SIZE = 128_256
 
-ATTENTION_BACKENDS = ("auto", "sdpa", "flex")
-DISTRIBUTIONS = ("uniform", "increasing", "alternating")
-SCHEDULES = ("constant", "increasing", "decreasing")
-STRUCTURES = ("layer", "sublayer")
-MASKS = ("sequence", "batch", "count")
-R_TRAIN = ("inverse_density", "one")
-PARAMETRIZATIONS = ("complete_p", "standard")
+
+# ------------------------------------------------------------------ validation
 
 
-def _require(ok: bool, name: str, value: Any, allowed: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}={value!r} is invalid: {allowed}")
+@dataclass(frozen=True)
+class Rule:
+    """A constraint beyond the type (``Annotated[int, POSITIVE]``), in the error's words."""
+
+    ok: Callable[[Any], bool]
+    allowed: str
 
 
-def _positive_int(name: str, value: Any) -> None:
-    _require(isinstance(value, int) and not isinstance(value, bool) and value > 0,
-             name, value, "must be a positive integer")
+POSITIVE = Rule(lambda v: v > 0, "must be > 0")
+PositiveInt = Annotated[int, POSITIVE]
+PositiveFloat = Annotated[float, POSITIVE]
+NonNegativeInt = Annotated[int, Rule(lambda v: v >= 0, "must be >= 0")]
+Rate = Annotated[float, Rule(lambda v: 0.0 <= v < 1.0, "must be in [0, 1)")]
+Fraction = Annotated[float, Rule(lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")]
+
+DistributionName = Literal[tuple(DISTRIBUTIONS)]  # type: ignore[valid-type]
+ScheduleName = Literal[tuple(TIME_SCHEDULES)]  # type: ignore[valid-type]
+MaskMode = Literal[tuple(MASK_MODES)]  # type: ignore[valid-type]
 
 
-def _positive_float(name: str, value: Any) -> None:
-    _require(isinstance(value, (int, float)) and not isinstance(value, bool)
-             and math.isfinite(value) and value > 0, name, value, "must be a positive number")
+def validate(config: Any) -> None:
+    """Check every field of a config dataclass against its annotated type (once, in
+    ``__post_init__``); raises ``ValueError("field=value is invalid: ...")``."""
+    hints = typing.get_type_hints(type(config), include_extras=True)
+    for f in fields(config):
+        check(f.name, getattr(config, f.name), hints[f.name])
 
 
-def _one_of(name: str, value: Any, allowed: Sequence[str]) -> None:
-    _require(value in allowed, name, value, f"allowed: {', '.join(allowed)}")
+def check(name: str, value: Any, annotation: Any) -> None:
+    """One value against a type: the same rules as ``validate``, for a plain argument."""
+    problem = _problem(value, annotation)
+    if problem is not None:
+        raise ValueError(f"{name}={value!r} is invalid: {problem}")
 
 
-@dataclass
+def _problem(value: Any, annotation: Any) -> str | None:
+    """Why ``value`` does not fit ``annotation``, or None when it does."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        problem = _problem(value, args[0])
+        if problem is not None:
+            return problem
+        return next((rule.allowed for rule in args[1:] if not rule.ok(value)), None)
+    if origin in (Union, types.UnionType):
+        # The option whose type the value has decides (a list of rates with a rate out
+        # of range is told about the range, not about the names it is not).
+        typed = [option for option in args if _problem(value, _bare(option)) is None]
+        if typed:
+            return _problem(value, typed[0])
+        return "allowed: " + " or ".join(_describe(option) for option in args)
+    if origin is Literal:
+        return None if value in args else "allowed: " + ", ".join(map(str, args))
+    if origin is tuple:
+        if not isinstance(value, tuple):
+            return f"expected {_describe(annotation)}"
+        items = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
+        if len(items) != len(value):
+            return f"expected {_describe(annotation)}"
+        return next((f"every item {p}" for item, a in zip(value, items) if (p := _problem(item, a))), None)
+    if annotation is type(None):
+        return None if value is None else "expected None"
+    if annotation is bool:
+        return None if isinstance(value, bool) else "expected true or false"
+    if annotation is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else "expected an integer"
+    if annotation is float:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if number and math.isfinite(value) else "expected a finite number"
+    if annotation is str:
+        return None if isinstance(value, str) else "expected a string"
+    raise TypeError(f"validate() does not know the type {annotation!r} of a config field")
+
+
+def _bare(annotation: Any) -> Any:
+    """``annotation`` without its rules: the type alone."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        return _bare(args[0])
+    if origin is tuple:
+        return tuple[tuple(_bare(a) if a is not Ellipsis else a for a in args)]
+    return annotation
+
+
+def _describe(annotation: Any) -> str:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        rules = "; ".join(rule.allowed for rule in args[1:])
+        return f"{_describe(args[0])} that {rules.replace('must be', 'is')}"
+    if origin is Literal:
+        return ", ".join(map(str, args))
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return f"a list, each item {_describe(args[0])}"
+        return f"a list of {len(args)} items, each {_describe(args[0])}"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+            type(None): "null"}.get(annotation, str(annotation))
+
+
+# --------------------------------------------------------------------- configs
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Shape of the Celerity-style decoder (pre-LN, ALiBi, squared-ReLU FFN, untied head).
 
-    ``logit_multiplier`` and ``residual_multiplier`` are the parametrization's
-    forward multipliers (µP's 1/m_d on the unembedding, CompleteP's 1/m_L on every
-    residual branch); both are 1 in standard parametrization. They live here so an
-    exported model computes the same function without its training config.
+    ``init_std`` is σ: the standard init's std, which the parametrization turns into
+    Table A.2's per-group stds (σ for embedding and unembedding, σ/√m_d for hidden
+    weights). ``logit_multiplier`` and ``residual_multiplier`` are the
+    parametrization's forward multipliers (µP's 1/m_d on the unembedding, CompleteP's
+    1/m_L on every residual branch); both are 1 in standard parametrization. They live
+    here so an exported model computes the same function without its training config.
     """
 
-    vocab_size: int = 8192
-    d_model: int = 256
-    n_layers: int = 6
-    n_heads: int = 4
-    head_dim: int | None = None  # None: d_model // n_heads
-    ffn_mult: int = 8
-    max_seq_len: int = 2048
-    attention: str = "auto"  # "auto" | "sdpa" | "flex"
-    norm_eps: float = 1e-5
+    vocab_size: PositiveInt = 8192
+    d_model: PositiveInt = 256
+    n_layers: PositiveInt = 6
+    n_heads: PositiveInt = 4
+    head_dim: PositiveInt | None = None  # None: d_model // n_heads
+    ffn_mult: PositiveInt = 8
+    max_seq_len: PositiveInt = 2048
+    attention: Literal["auto", "sdpa", "flex"] = "auto"
+    norm_eps: PositiveFloat = 1e-5
     bias: bool = True
-    init_std: float = 0.02
-    logit_multiplier: float = 1.0
-    residual_multiplier: float = 1.0
+    init_std: PositiveFloat = 0.02
+    logit_multiplier: PositiveFloat = 1.0
+    residual_multiplier: PositiveFloat = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_mult", "max_seq_len"):
-            _positive_int(name, getattr(self, name))
+        validate(self)
         if self.head_dim is None:
-            _require(self.d_model % self.n_heads == 0, "n_heads", self.n_heads,
-                     f"must divide d_model={self.d_model} when head_dim is not given")
-            self.head_dim = self.d_model // self.n_heads
-        _positive_int("head_dim", self.head_dim)
-        _one_of("attention", self.attention, ATTENTION_BACKENDS)
-        for name in ("norm_eps", "init_std", "logit_multiplier", "residual_multiplier"):
-            _positive_float(name, getattr(self, name))
+            if self.d_model % self.n_heads:
+                raise ValueError(f"n_heads={self.n_heads!r} is invalid: must divide d_model={self.d_model} "
+                                 "when head_dim is not given")
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)  # resolved once, here
 
     @property
     def attn_dim(self) -> int:
@@ -97,7 +185,7 @@ class ModelConfig:
     @classmethod
     def paper(cls, name: str, **overrides: Any) -> "ModelConfig":
         """The Table A.1 shape ``name`` ("271M" … "8.2B") with the Llama-3 vocabulary."""
-        _one_of("name", name, tuple(PAPER_SIZES))
+        check("name", name, Literal[tuple(PAPER_SIZES)])
         return cls(**{"vocab_size": LLAMA3_VOCAB_SIZE, **PAPER_SIZES[name], **overrides})
 
     def to_dict(self) -> dict[str, Any]:
@@ -105,91 +193,64 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        _require(not unknown, "model config keys", unknown, f"allowed: {', '.join(sorted(known))}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"model config keys={unknown!r} are invalid: allowed: {', '.join(known)}")
         return cls(**data)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LayerDropoutConfig:
     """Which blocks a training forward drops, and how (paper §3, §6, §7).
 
     The default is the paper's recommended recipe: increasing across depth (ILD),
     decreasing over time (DTS), r_train = 1/ρ, whole layers, one draw per sequence.
-    ``p_max = 0`` is dense training.
+    ``p_max = 0`` is dense training. An explicit ``distribution`` (one rate per layer)
+    replaces ``p_max``, so giving both is refused.
     """
 
-    p_max: float = 0.0
-    distribution: str | list[float] = "increasing"
-    schedule: str = "decreasing"
-    structure: str = "layer"
-    mask: str = "sequence"
-    r_train: str = "inverse_density"
-    seed: int = 0
+    p_max: Rate = 0.0
+    distribution: DistributionName | tuple[Rate, ...] = "increasing"
+    schedule: ScheduleName = "decreasing"
+    structure: Literal["layer", "sublayer"] = "layer"
+    mask: MaskMode = "sequence"
+    r_train: Literal["inverse_density", "one"] = "inverse_density"
+    seed: NonNegativeInt = 0
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.p_max, (int, float)) and not isinstance(self.p_max, bool)
-                 and 0.0 <= self.p_max < 1.0, "p_max", self.p_max, "must be in [0, 1)")
-        if isinstance(self.distribution, (list, tuple)):
-            self.distribution = [float(p) for p in self.distribution]
-            for p in self.distribution:
-                _require(0.0 <= p < 1.0, "distribution", self.distribution,
-                         "every explicit per-layer rate must be in [0, 1)")
-        else:
-            _one_of("distribution", self.distribution,
-                    DISTRIBUTIONS + ("or an explicit list of per-layer rates",))
-        _one_of("schedule", self.schedule, SCHEDULES)
-        _one_of("structure", self.structure, STRUCTURES)
-        _one_of("mask", self.mask, MASKS)
-        _one_of("r_train", self.r_train, R_TRAIN)
-        _require(isinstance(self.seed, int) and self.seed >= 0, "seed", self.seed,
-                 "must be a non-negative integer")
-
-    @property
-    def enabled(self) -> bool:
-        if isinstance(self.distribution, list):
-            return any(p > 0 for p in self.distribution)
-        return self.p_max > 0
-
-    def check_layers(self, num_layers: int) -> None:
-        """An explicit list must have one rate per layer."""
-        if isinstance(self.distribution, list):
-            _require(len(self.distribution) == num_layers, "distribution", self.distribution,
-                     f"an explicit list needs one rate per layer ({num_layers})")
+        if isinstance(self.distribution, list):  # Python callers may pass a list
+            object.__setattr__(self, "distribution", tuple(self.distribution))
+        validate(self)
+        if isinstance(self.distribution, tuple) and self.p_max != 0:
+            raise ValueError(f"p_max={self.p_max!r} is invalid with an explicit distribution: the list gives "
+                             "every layer's rate; leave p_max out")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ParametrizationConfig:
     """Table A.2: µP + CompleteP + layer density, transferred from a base model.
 
     ``kind="standard"`` turns every multiplier into 1 (plain AdamW, one LR, one init
     std); ``"complete_p"`` applies the width (m_d = d/d_base) and depth
-    (m_L = L/L_base) rules. Weight decay is set through the EMA timescale
-    τ_EMA = B/(η·λ·D) (Wang & Aitchison), so λ = B/(η·τ_EMA·D).
+    (m_L = L/L_base) rules to the base model's η and ε (σ is ``decoder.init_std``).
+    Weight decay is set through the EMA timescale τ_EMA = B/(η·λ·D) (Wang &
+    Aitchison), so λ = B/(η·τ_EMA·D); ``tau_ema`` is this run's τ_EMA, which
+    ``layerdrop recipe`` transfers from the base run's.
     """
 
-    kind: str = "complete_p"
-    d_base: int = 256
-    n_layers_base: int = 6
-    init_std: float = 0.02  # σ_base
-    lr: float = 3e-3  # η_base
-    eps: float = 1e-8  # AdamW ε_base
-    tau_ema: float = 0.2  # τ_EMA as a fraction of the run (base), see docs
-    batch_size_base: int = 32  # B_base in sequences
-    tpp_base: float = 20.0  # tokens per parameter of the base run
-    betas: tuple[float, float] = (0.9, 0.95)
+    kind: Literal["complete_p", "standard"] = "complete_p"
+    d_base: PositiveInt = 256
+    n_layers_base: PositiveInt = 6
+    lr: PositiveFloat = 3e-3  # η_base
+    eps: PositiveFloat = 1e-8  # AdamW ε_base
+    tau_ema: PositiveFloat = 0.2  # τ_EMA as a fraction of the run
+    betas: tuple[Rate, Rate] = (0.9, 0.95)
 
     def __post_init__(self) -> None:
-        _one_of("kind", self.kind, PARAMETRIZATIONS)
-        _positive_int("d_base", self.d_base)
-        _positive_int("n_layers_base", self.n_layers_base)
-        _positive_int("batch_size_base", self.batch_size_base)
-        for name in ("init_std", "lr", "eps", "tau_ema", "tpp_base"):
-            _positive_float(name, getattr(self, name))
-        self.betas = tuple(float(b) for b in self.betas)  # type: ignore[assignment]
-        _require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "betas",
-                 self.betas, "two numbers in [0, 1)")
+        if isinstance(self.betas, list):
+            object.__setattr__(self, "betas", tuple(self.betas))
+        validate(self)
 
 
 __all__ = [
@@ -198,4 +259,12 @@ __all__ = [
     "ParametrizationConfig",
     "PAPER_SIZES",
     "LLAMA3_VOCAB_SIZE",
+    "Rule",
+    "validate",
+    "check",
+    "PositiveInt",
+    "PositiveFloat",
+    "NonNegativeInt",
+    "Rate",
+    "Fraction",
 ]

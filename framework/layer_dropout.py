@@ -9,7 +9,9 @@ ZeRO-3 all-gather inside the block's hooks and DDP expects every parameter in th
 graph, so a rank that skipped the call would hang or fail the job.
 
 Masks derive from (seed, rank, step, micro-batch, layer) alone, so they differ on
-every device and a resumed run draws the same ones without saved RNG state.
+every device and a resumed run draws the same ones without saved RNG state. How a
+mask is drawn is a mask mode (``MASK_MODES``: per sequence, per micro-batch, or a
+count); the config's ``mask`` field takes its names from that registry.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
-from framework.config import LayerDropoutConfig
+if TYPE_CHECKING:
+    from framework.config import LayerDropoutConfig
 
 
 @dataclass
@@ -90,19 +93,46 @@ def _rows(mask: torch.Tensor) -> torch.Tensor:
     return torch.nonzero(mask.to(torch.bool).flatten(), as_tuple=False).flatten()
 
 
-def _draw_keep(mode: str, p: float, batch_size: int, gen: torch.Generator) -> tuple[torch.Tensor, float]:
-    """A boolean keep mask [B] and the density it realises in expectation (for 1/ρ)."""
-    if mode == "sequence":
-        return torch.rand(batch_size, generator=gen) >= p, 1.0 - p
-    if mode == "batch":
-        keep = bool(torch.rand(1, generator=gen).item() >= p)
-        return torch.full((batch_size,), keep), 1.0 - p
-    # "count": a fixed number of kept rows gives static shapes (torch.compile, CUDA
-    # graphs); scaling by B/k keeps the branch unbiased for that fixed k.
-    kept = max(1, round(batch_size * (1.0 - p)))
+# ------------------------------------------------------------------ mask modes
+# Each draws a boolean keep mask [B] whose rows are kept with probability 1 - p each,
+# so E[kept rows] = B·(1 - p) and one scale, r_train = 1/ρ with ρ = 1 - p, keeps every
+# mode's branch unbiased: E[scale · M[b]] = 1.
+
+
+def keep_sequences(p: float, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+    """One Bernoulli(1 - p) draw per sequence (the paper's default)."""
+    return torch.rand(batch_size, generator=gen) >= p
+
+
+def keep_batch(p: float, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+    """One draw for the whole micro-batch: every row kept, or none."""
+    return torch.full((batch_size,), bool(torch.rand(1, generator=gen).item() >= p))
+
+
+def keep_count(p: float, batch_size: int, gen: torch.Generator) -> torch.Tensor:
+    """A kept count k drawn by stochastic rounding of B·(1 - p) between its two nearest
+    integers (so E[k] = B·(1 - p) exactly), then k rows chosen uniformly.
+
+    What it trades: a layer runs on one of only two row counts for a given rate, so a
+    compiled graph or CUDA graph sees at most two shapes per layer (sequence masks can
+    produce any of B + 1), at the price of rows that are not independent (exactly k of
+    B are kept) and a count that still varies between two values.
+    """
+    expected = batch_size * (1.0 - p)
+    kept = math.floor(expected)
+    if torch.rand(1, generator=gen).item() < expected - kept:
+        kept += 1
     keep = torch.zeros(batch_size, dtype=torch.bool)
     keep[torch.randperm(batch_size, generator=gen)[:kept]] = True
-    return keep, kept / batch_size
+    return keep
+
+
+# name -> (p, B, generator) -> keep mask [B]
+MASK_MODES: dict[str, Callable[[float, int, torch.Generator], torch.Tensor]] = {
+    "sequence": keep_sequences,
+    "batch": keep_batch,
+    "count": keep_count,
+}
 
 
 def plan(cfg: LayerDropoutConfig, rates: Sequence[float], batch_size: int,
@@ -112,19 +142,16 @@ def plan(cfg: LayerDropoutConfig, rates: Sequence[float], batch_size: int,
     ``generator`` is either one generator drawn from layer after layer, or a
     ``StepKey`` that seeds each layer from (seed, rank, step, micro-batch, layer).
     """
+    draw = MASK_MODES[cfg.mask]
     layers = []
     for index, p in enumerate(rates):
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"rates[{index}]={p!r} is invalid: must be in [0, 1)")
         gen = generator.generator(index) if isinstance(generator, StepKey) else generator
         if p == 0.0:
             layers.append(LayerDrop(None, None, 1.0))
             continue
-        attn_keep, density = _draw_keep(cfg.mask, p, batch_size, gen)
-        ffn_keep = attn_keep if cfg.structure == "layer" else _draw_keep(cfg.mask, p, batch_size, gen)[0]
-        scale = 1.0 / density if cfg.r_train == "inverse_density" else 1.0
-        attn_rows = _rows(attn_keep)
-        ffn_rows = attn_rows if cfg.structure == "layer" else _rows(ffn_keep)
+        attn_rows = _rows(draw(p, batch_size, gen))
+        ffn_rows = attn_rows if cfg.structure == "layer" else _rows(draw(p, batch_size, gen))
+        scale = 1.0 / (1.0 - p) if cfg.r_train == "inverse_density" else 1.0
         layers.append(LayerDrop(attn_rows, ffn_rows, scale))
     return DropPlan(layers, batch_size)
 

@@ -19,31 +19,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
+
+from framework.config import Fraction, NonNegativeInt, Rate, validate
 
 DECAYS = ("linear", "cosine", "constant")
 
 
-@dataclass
+@dataclass(frozen=True)
 class LRScheduleConfig:
     """Warmup length (steps, or a fraction of the run) and the decay shape after it."""
 
-    warmup_steps: int = 0
-    warmup_fraction: float = 0.0
-    decay: str = "linear"
-    min_lr_ratio: float = 0.0
+    warmup_steps: NonNegativeInt = 0
+    warmup_fraction: Rate = 0.0
+    decay: Literal[DECAYS] = "linear"  # type: ignore[valid-type]
+    min_lr_ratio: Fraction = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.warmup_steps, bool) or not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps={self.warmup_steps!r} is invalid: must be an integer >= 0")
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise ValueError(f"warmup_fraction={self.warmup_fraction!r} is invalid: must be in [0, 1)")
+        validate(self)
         if self.warmup_steps and self.warmup_fraction:
             raise ValueError(f"warmup_steps={self.warmup_steps} and warmup_fraction={self.warmup_fraction} "
                              "are invalid together: set one of them")
-        if self.decay not in DECAYS:
-            raise ValueError(f"decay={self.decay!r} is invalid: allowed: {', '.join(DECAYS)}")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"min_lr_ratio={self.min_lr_ratio!r} is invalid: must be in [0, 1]")
 
     def warmup_for(self, total_steps: int) -> int:
         """Warmup length in steps for a run of ``total_steps``."""
@@ -54,15 +50,8 @@ class LRScheduleConfig:
 
 def lr_factor(step: int, *, total_steps: int, warmup_steps: int = 0, decay: str = "linear",
               min_lr_ratio: float = 0.0) -> float:
-    """The LR multiplier at optimizer step ``step`` (0-based) of a ``total_steps`` run."""
-    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-        raise ValueError(f"total_steps={total_steps!r} is invalid: must be a positive integer")
-    if not 0 <= warmup_steps < total_steps:
-        raise ValueError(f"warmup_steps={warmup_steps!r} is invalid: must be in [0, total_steps={total_steps})")
-    if decay not in DECAYS:
-        raise ValueError(f"decay={decay!r} is invalid: allowed: {', '.join(DECAYS)}")
-    if step < 0:
-        raise ValueError(f"step={step!r} is invalid: must be >= 0")
+    """The LR multiplier at optimizer step ``step`` (0-based) of a ``total_steps`` run
+    (``schedule_for`` checks the warmup against the run once; this trusts it)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if decay == "constant":
@@ -81,8 +70,8 @@ def schedule_for(cfg: LRScheduleConfig, total_steps: int):
     into its state_dict, which would pin the old run length on resume.
     """
     warmup = cfg.warmup_for(total_steps)
-    lr_factor(0, total_steps=total_steps, warmup_steps=warmup, decay=cfg.decay,
-              min_lr_ratio=cfg.min_lr_ratio)  # validate now, not at the first step
+    if warmup >= total_steps:  # the one check that needs the run length
+        raise ValueError(f"warmup_steps={warmup} is invalid: must be < the run's {total_steps} steps")
 
     def factor(step: int) -> float:
         return lr_factor(step, total_steps=total_steps, warmup_steps=warmup, decay=cfg.decay,

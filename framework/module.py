@@ -2,15 +2,17 @@
 
 One optimizer step, as the paper describes it (§3, Table A.2):
 
-    rates  = dropout_rates(cfg, L, t, T)          t = optimizer step, T = trainer.max_steps
+    rates  = dropout_rates(cfg, L, t, T)          t = trainer.global_step, T = trainer.max_steps
     plan   = plan(cfg, rates, B, StepKey(seed, rank, t, micro-batch))   masks, r_train = 1/ρ
     h      = decoder.hidden(inputs, plan=plan)   each block runs on its kept rows only
     loss   = chunked cross-entropy of decoder.logits(h) against the targets
 
-The step and total come from the LayerDropoutSchedule callback (framework/callbacks.py),
-which the module installs itself through ``configure_callbacks``. Masks need no saved
-state: they derive from (seed, global rank, step, micro-batch, layer) alone, so a
-resumed run draws exactly the masks the uninterrupted one would have drawn.
+``training_step`` returns ``{"loss": loss, "stats": MicroBatchStats}``: what the
+micro-batch ran (its step, rates, drop plan and FLOPs). The callbacks
+(framework/callbacks.py) read that from their ``outputs``; nothing passes through
+module attributes. Masks need no saved state: they derive from (seed, global rank,
+step, micro-batch, layer) alone, so a resumed run draws exactly the masks the
+uninterrupted one would have drawn.
 
 The Decoder is built in ``configure_model`` so that a sharding strategy can create it
 on the meta device and shard it block by block before any weight is materialised.
@@ -30,7 +32,7 @@ import torch
 from torchmetrics.aggregation import MeanMetric
 
 from framework.checkpoint import CKPT_KEY
-from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig
+from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig, PositiveInt, check
 from framework.flops import Flops, dense_step_flops, executed_step_flops
 from framework.layer_dropout import DropPlan, StepKey, plan
 from framework.loss import chunked_cross_entropy
@@ -45,15 +47,36 @@ RUNTIME_FIELDS = ("attention", "max_seq_len", "init_std")
 CHECKPOINT_FORMAT = 1
 
 
-@dataclass
+@dataclass(frozen=True)
 class MicroBatchStats:
-    """What one training micro-batch ran: the callbacks turn it into FLOPs and MFU."""
+    """What one training micro-batch ran, returned by ``training_step`` as
+    ``outputs["stats"]``: the callbacks turn it into metrics, FLOPs and MFU.
 
-    tokens: int
-    rates: list[float]
+    ``step`` is the optimizer step the micro-batch belongs to (the schedule position
+    t of ``total_steps``): once ``trainer.global_step`` has moved past it at the end
+    of the batch, that optimizer step is complete.
+    """
+
+    step: int
+    total_steps: int
+    micro_batch: int
+    batch_size: int
+    seq_len: int
+    rates: tuple[float, ...]
+    plan: DropPlan | None  # None: nothing dropped, every block on every row
     executed: Flops
     dense: Flops
-    kept_counts: list[tuple[int, int]]  # (attention rows, FFN rows) each layer ran on
+
+    @property
+    def tokens(self) -> int:
+        return self.batch_size * self.seq_len
+
+    @property
+    def kept_counts(self) -> list[tuple[int, int]]:
+        """(attention rows, FFN rows) each layer ran on."""
+        if self.plan is None:
+            return [(self.batch_size, self.batch_size)] * len(self.rates)
+        return self.plan.kept_counts()
 
 
 class LayerDropModule(pl.LightningModule):
@@ -74,17 +97,19 @@ class LayerDropModule(pl.LightningModule):
                  layer_dropout: LayerDropoutConfig = LayerDropoutConfig(),
                  parametrization: ParametrizationConfig = ParametrizationConfig(),
                  lr_schedule: LRScheduleConfig = LRScheduleConfig(),
-                 loss_chunk_tokens: int = 4096, activation_checkpointing: bool = False,
+                 loss_chunk_tokens: PositiveInt = 4096, activation_checkpointing: bool = False,
                  compile: bool = False) -> None:
         super().__init__()
-        layer_dropout = dataclasses.replace(layer_dropout)
-        layer_dropout.check_layers(decoder.n_layers)
-        if isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 1:
-            raise ValueError(f"loss_chunk_tokens={loss_chunk_tokens!r} is invalid: must be a positive integer")
+        check("loss_chunk_tokens", loss_chunk_tokens, PositiveInt)
+        explicit = layer_dropout.distribution
+        if isinstance(explicit, tuple) and len(explicit) != decoder.n_layers:
+            raise ValueError(f"layer_dropout.distribution={list(explicit)!r} is invalid: an explicit list needs "
+                             f"one rate per layer ({decoder.n_layers})")
+        # The configs are frozen and were validated when built: kept as given.
         self.model_cfg = with_parametrization(decoder, parametrization)
         self.dropout_cfg = layer_dropout
-        self.param_cfg = dataclasses.replace(parametrization)
-        self.lr_cfg = dataclasses.replace(lr_schedule)
+        self.param_cfg = parametrization
+        self.lr_cfg = lr_schedule
         self.loss_chunk_tokens = loss_chunk_tokens
         self.activation_checkpointing = activation_checkpointing
         self.compile_blocks = compile
@@ -97,8 +122,6 @@ class LayerDropModule(pl.LightningModule):
         })
         self.model: Decoder | None = None
         self.val_loss = MeanMetric()
-        self.schedule_position: tuple[int, int] | None = None  # (step, total), from the callback
-        self.last_micro_batch: MicroBatchStats | None = None
         self._init_after_materialize = False
 
     # ------------------------------------------------------------------ model
@@ -139,16 +162,20 @@ class LayerDropModule(pl.LightningModule):
 
     # --------------------------------------------------------------- training
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> dict[str, Any]:
         inputs, targets = batch
-        step, total = self._schedule_position()
+        step, total = self.schedule_position()
         rates = dropout_rates(self.dropout_cfg, self.model_cfg.n_layers, step, total)
         micro_batch = batch_idx % self.trainer.accumulate_grad_batches
         drop = self.drop_plan(rates, inputs.shape[0], step, micro_batch)
         loss = self.loss(inputs, targets, drop)
-        self.last_micro_batch = self._stats(inputs, rates, drop)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
-        return loss
+        return {"loss": loss, "stats": self._stats(inputs, step, total, micro_batch, rates, drop)}
+
+    def schedule_position(self) -> tuple[int, int]:
+        """(t, T): the optimizer step this micro-batch belongs to, and the run's length.
+        ``configure_optimizers`` has refused a run without ``max_steps`` before this."""
+        return self.trainer.global_step, self.trainer.max_steps
 
     def drop_plan(self, rates: list[float], batch_size: int, step: int, micro_batch: int) -> DropPlan | None:
         """The masks of one micro-batch; None (the dense path, no gather) when nothing drops."""
@@ -161,16 +188,12 @@ class LayerDropModule(pl.LightningModule):
         hidden = self.model.hidden(inputs, plan=drop)
         return chunked_cross_entropy(hidden, targets, self.model.logits, chunk_tokens=self.loss_chunk_tokens)
 
-    def _schedule_position(self) -> tuple[int, int]:
-        if self.schedule_position is None:
-            raise RuntimeError("LayerDropModule.training_step ran without the LayerDropoutSchedule callback "
-                               "(configure_callbacks installs it; do not remove it from the Trainer)")
-        return self.schedule_position
-
-    def _stats(self, inputs: torch.Tensor, rates: list[float], drop: DropPlan | None) -> MicroBatchStats:
+    def _stats(self, inputs: torch.Tensor, step: int, total: int, micro_batch: int, rates: list[float],
+               drop: DropPlan | None) -> MicroBatchStats:
         batch, seq = inputs.shape
         kept = [(batch, batch)] * self.model_cfg.n_layers if drop is None else drop.kept_counts()
-        return MicroBatchStats(tokens=inputs.numel(), rates=rates, kept_counts=kept,
+        return MicroBatchStats(step=step, total_steps=total, micro_batch=micro_batch, batch_size=batch,
+                               seq_len=seq, rates=tuple(rates), plan=drop,
                                executed=executed_step_flops(self.model_cfg, kept, seq, batch_size=batch),
                                dense=dense_step_flops(self.model_cfg, batch, seq))
 

@@ -26,6 +26,10 @@ Choices where Table A.2 is silent, and why:
 
 ``kind="standard"`` sets m_d = m_L = 1: one LR, one ε, one init std, multipliers 1,
 and the same weight-decay rule on the hidden weights.
+
+Table A.2's data-size rows (B = B_base·m_D^0.4, τ_EMA = τ_base·(TPP/TPP_base)^-0.5)
+change the run, not the model: ``layerdrop recipe`` (framework/recipe.py) applies
+them with ``transfer_batch_size`` and ``transfer_tau_ema`` when it writes a recipe.
 """
 
 from __future__ import annotations
@@ -85,22 +89,21 @@ def group_of(name: str) -> str:
 
 
 def init_stds(pcfg: ParametrizationConfig, model_cfg: ModelConfig) -> dict[str, float | None]:
-    """Init std of each group; None for LayerNorms and biases (they start at 1 and 0)."""
+    """Init std of each group from σ = ``model_cfg.init_std``; None for LayerNorms and
+    biases (they start at 1 and 0)."""
     m_d, _ = width_depth_multipliers(pcfg, model_cfg.d_model, model_cfg.n_layers)
-    sigma = pcfg.init_std
+    sigma = model_cfg.init_std
     return {HIDDEN: sigma / math.sqrt(m_d), NORMS_AND_BIASES: None, EMBEDDING: sigma,
             FINAL_NORM: None, UNEMBEDDING: sigma}
 
 
 def optimizer_hyperparameters(pcfg: ParametrizationConfig, model_cfg: ModelConfig, *,
-                              total_tokens: float, batch_tokens: float,
-                              tau_ema: float | None = None) -> dict[str, dict[str, float]]:
+                              total_tokens: float, batch_tokens: float) -> dict[str, dict[str, float]]:
     """{group: {"lr", "eps", "weight_decay"}} for AdamW per Table A.2."""
     m_d, m_l = width_depth_multipliers(pcfg, model_cfg.d_model, model_cfg.n_layers)
     eta, eps = pcfg.lr, pcfg.eps
     hidden_lr = eta / m_d
-    decay = weight_decay(hidden_lr, pcfg.tau_ema if tau_ema is None else tau_ema,
-                         batch_tokens=batch_tokens, total_tokens=total_tokens)
+    decay = weight_decay(hidden_lr, pcfg.tau_ema, batch_tokens=batch_tokens, total_tokens=total_tokens)
     block_eps, outer_eps = eps / (m_d * m_l), eps / m_d
     return {
         HIDDEN: dict(lr=hidden_lr, eps=block_eps, weight_decay=decay),
@@ -113,25 +116,17 @@ def optimizer_hyperparameters(pcfg: ParametrizationConfig, model_cfg: ModelConfi
 
 def weight_decay(lr: float, tau_ema: float, *, batch_tokens: float, total_tokens: float) -> float:
     """AdamW λ = B/(η·τ_EMA·D), τ_EMA a fraction of the run, B and D in tokens."""
-    for name, value in (("lr", lr), ("tau_ema", tau_ema), ("batch_tokens", batch_tokens),
-                        ("total_tokens", total_tokens)):
-        _check_positive(name, value)
-    if batch_tokens > total_tokens:
-        raise ValueError(f"batch_tokens={batch_tokens!r} is invalid: must not exceed "
-                         f"total_tokens={total_tokens!r} (a run is at least one step)")
     return batch_tokens / (lr * tau_ema * total_tokens)
 
 
-def transfer_batch_size(pcfg: ParametrizationConfig, data_multiplier: float) -> int:
-    """Power Lines' batch size B = B_base·m_D^0.4 (m_D = D/D_base), in whole sequences."""
-    _check_positive("data_multiplier", data_multiplier)
-    return max(1, round(pcfg.batch_size_base * data_multiplier ** 0.4))
+def transfer_batch_size(batch_size_base: float, data_multiplier: float) -> float:
+    """Power Lines' batch size B = B_base·m_D^0.4 (m_D = D/D_base), unrounded."""
+    return batch_size_base * data_multiplier ** 0.4
 
 
-def transfer_tau_ema(pcfg: ParametrizationConfig, tokens_per_parameter: float) -> float:
+def transfer_tau_ema(tau_ema_base: float, tokens_per_parameter: float, tpp_base: float) -> float:
     """τ_EMA = τ_EMA,base·(TPP/TPP_base)^-0.5: longer runs average over a smaller fraction."""
-    _check_positive("tokens_per_parameter", tokens_per_parameter)
-    return pcfg.tau_ema * (tokens_per_parameter / pcfg.tpp_base) ** -0.5
+    return tau_ema_base * (tokens_per_parameter / tpp_base) ** -0.5
 
 
 @torch.no_grad()
@@ -152,16 +147,15 @@ def init_decoder_(decoder: nn.Module, pcfg: ParametrizationConfig,
 
 
 def param_groups(decoder: nn.Module, pcfg: ParametrizationConfig, *, total_tokens: float,
-                 batch_tokens: float, tau_ema: float | None = None) -> list[dict]:
+                 batch_tokens: float) -> list[dict]:
     """AdamW parameter groups (params, lr, eps, weight_decay, name) for ``decoder``.
 
     ``total_tokens`` and ``batch_tokens`` (per optimizer step, all devices) set the
-    weight decay through τ_EMA (``pcfg.tau_ema`` unless ``tau_ema`` is given, e.g.
-    from ``transfer_tau_ema``). Frozen parameters are left out; empty groups too.
+    weight decay through ``pcfg.tau_ema``. Frozen parameters are left out; empty
+    groups too.
     """
     model_cfg = _checked_config(decoder, pcfg)
-    hyper = optimizer_hyperparameters(pcfg, model_cfg, total_tokens=total_tokens,
-                                      batch_tokens=batch_tokens, tau_ema=tau_ema)
+    hyper = optimizer_hyperparameters(pcfg, model_cfg, total_tokens=total_tokens, batch_tokens=batch_tokens)
     members: dict[str, list[nn.Parameter]] = {group: [] for group in hyper}
     for name, param in decoder.named_parameters():
         group = group_of(name)
@@ -173,10 +167,9 @@ def param_groups(decoder: nn.Module, pcfg: ParametrizationConfig, *, total_token
 
 
 def adamw(decoder: nn.Module, pcfg: ParametrizationConfig, *, total_tokens: float,
-          batch_tokens: float, tau_ema: float | None = None, **kwargs) -> torch.optim.AdamW:
+          batch_tokens: float, **kwargs) -> torch.optim.AdamW:
     """torch.optim.AdamW over ``param_groups`` with the config's betas."""
-    groups = param_groups(decoder, pcfg, total_tokens=total_tokens,
-                          batch_tokens=batch_tokens, tau_ema=tau_ema)
+    groups = param_groups(decoder, pcfg, total_tokens=total_tokens, batch_tokens=batch_tokens)
     return torch.optim.AdamW(groups, betas=pcfg.betas, **kwargs)
 
 
@@ -199,12 +192,6 @@ def _checked_config(decoder: nn.Module, pcfg: ParametrizationConfig) -> ModelCon
 
 def _is_norm_weight(name: str) -> bool:
     return re.search(r"(^|\.)(attn_norm|ffn_norm|norm)\.weight$", name) is not None
-
-
-def _check_positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name}={value!r} is invalid: must be a positive number")
 
 
 __all__ = [

@@ -9,7 +9,7 @@ with the depth distributions (ℓ = 0..L-1)
     uniform      p_max
     increasing   ℓ/(L-1) · p_max            (ILD: the first layer is never dropped)
     alternating  p_max if ℓ is odd else 0   (ALD)
-    [p_0, …]     an explicit per-layer list
+    (p_0, …)     an explicit per-layer list
 
 and the time schedules (t = 0..T-1)
 
@@ -18,90 +18,96 @@ and the time schedules (t = 0..T-1)
     decreasing   1 - t/(T-1)                 (DTS: dense at the last step)
 
 The paper's glossary writes t/T; we use t/(T-1) so that ITS reaches p_max and DTS
-reaches exactly 0 on the last optimizer step, and so that f averages exactly 1/2 over
-a run, which makes the closed forms of P̄ (ILD+DTS = p_max/4, …) exact.
+reaches exactly 0 on the last optimizer step. Degenerate sizes agree with the
+neighbouring general case: ILD over L = 1 layer is [0.0] (the only layer is the first
+one, which ILD keeps); with T = 1, ITS gives 0 and DTS gives 1, their values at t = 0.
 
-Degenerate sizes, chosen to agree with the neighbouring general case:
-- L = 1 with ILD gives [0.0]: the single layer is the first layer, which ILD keeps.
-- T = 1: ITS gives f = 0 and DTS gives f = 1, their values at t = 0 for any T.
+Each registry below is the one place its names live: the configs' field types are
+built from them. Adding a distribution or a schedule is a function and an entry here
+(and its test); P̄ (``mean_dropout``) is summed from the definition, so no closed form
+has to be derived for it.
+
+Everything here trusts its arguments: the configs are validated when they are built,
+and the training loop passes steps inside the run.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from framework.config import DISTRIBUTIONS, SCHEDULES, LayerDropoutConfig
-
-
-def _check_count(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name}={value!r} is invalid: must be a positive integer")
-    return value
+if TYPE_CHECKING:
+    from framework.config import LayerDropoutConfig
 
 
-def _check_step(step: object, total_steps: int) -> int:
-    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < total_steps:
-        raise ValueError(f"step={step!r} is invalid: must be an integer in "
-                         f"[0, {total_steps - 1}] (total_steps={total_steps})")
-    return step
+# ----------------------------------------------------------- depth distributions
 
 
-def _check_p_max(cfg: LayerDropoutConfig) -> float:
-    # The config validates on construction; re-check because dataclasses stay mutable.
-    p_max = cfg.p_max
-    if isinstance(p_max, bool) or not isinstance(p_max, (int, float)) or not 0.0 <= p_max < 1.0:
-        raise ValueError(f"p_max={p_max!r} is invalid: must be in [0, 1)")
-    return float(p_max)
+def uniform(p_max: float, num_layers: int) -> list[float]:
+    return [p_max] * num_layers
+
+
+def increasing_over_depth(p_max: float, num_layers: int) -> list[float]:
+    if num_layers == 1:
+        return [0.0]
+    return [layer / (num_layers - 1) * p_max for layer in range(num_layers)]
+
+
+def alternating(p_max: float, num_layers: int) -> list[float]:
+    return [p_max if layer % 2 == 1 else 0.0 for layer in range(num_layers)]
+
+
+# name -> (p_max, L) -> [p_dist(ℓ) for ℓ = 0..L-1]
+DISTRIBUTIONS: dict[str, Callable[[float, int], list[float]]] = {
+    "uniform": uniform,
+    "increasing": increasing_over_depth,
+    "alternating": alternating,
+}
+
+
+# -------------------------------------------------------------- time schedules
+
+
+def constant(step: int, total_steps: int) -> float:
+    return 1.0
+
+
+def increasing_over_time(step: int, total_steps: int) -> float:
+    return step / (total_steps - 1) if total_steps > 1 else 0.0
+
+
+def decreasing_over_time(step: int, total_steps: int) -> float:
+    return 1.0 - increasing_over_time(step, total_steps)
+
+
+# name -> (t, T) -> f(t) in [0, 1]
+TIME_SCHEDULES: dict[str, Callable[[int, int], float]] = {
+    "constant": constant,
+    "increasing": increasing_over_time,
+    "decreasing": decreasing_over_time,
+}
+
+
+# ---------------------------------------------------------------------- rates
 
 
 def layer_distribution(cfg: LayerDropoutConfig, num_layers: int) -> list[float]:
     """p_dist(ℓ) for ℓ = 0..num_layers-1 (the rate at full strength of the schedule)."""
-    num_layers = _check_count("num_layers", num_layers)
-    distribution = cfg.distribution
-    if isinstance(distribution, (list, tuple)):
-        cfg.check_layers(num_layers)
-        rates = [float(p) for p in distribution]
-        for p in rates:
-            if not 0.0 <= p < 1.0:
-                raise ValueError(f"distribution={rates!r} is invalid: every explicit "
-                                 "per-layer rate must be in [0, 1)")
-        return rates
-    p_max = _check_p_max(cfg)
-    if distribution == "uniform":
-        return [p_max] * num_layers
-    if distribution == "increasing":
-        if num_layers == 1:
-            return [0.0]
-        return [layer / (num_layers - 1) * p_max for layer in range(num_layers)]
-    if distribution == "alternating":
-        return [p_max if layer % 2 == 1 else 0.0 for layer in range(num_layers)]
-    raise ValueError(f"distribution={distribution!r} is invalid: allowed: "
-                     f"{', '.join(DISTRIBUTIONS)}, or an explicit list of per-layer rates")
+    if isinstance(cfg.distribution, tuple):
+        return list(cfg.distribution)
+    return DISTRIBUTIONS[cfg.distribution](cfg.p_max, num_layers)
 
 
 def time_factor(schedule: str, step: int, total_steps: int) -> float:
     """f(t) in [0, 1] that multiplies every layer's rate at optimizer step ``step``."""
-    total_steps = _check_count("total_steps", total_steps)
-    step = _check_step(step, total_steps)
-    if schedule == "constant":
-        return 1.0
-    if schedule in ("increasing", "decreasing"):
-        progress = step / (total_steps - 1) if total_steps > 1 else 0.0
-        return progress if schedule == "increasing" else 1.0 - progress
-    raise ValueError(f"schedule={schedule!r} is invalid: allowed: {', '.join(SCHEDULES)}")
+    return TIME_SCHEDULES[schedule](step, total_steps)
 
 
 def mean_time_factor(schedule: str, total_steps: int) -> float:
-    """The exact average of f(t) over t = 0..T-1, in closed form (Σ t = T(T-1)/2)."""
-    total_steps = _check_count("total_steps", total_steps)
-    if schedule == "constant":
-        return 1.0
-    if schedule in ("increasing", "decreasing"):
-        if total_steps == 1:
-            return time_factor(schedule, 0, 1)
-        return 0.5
-    raise ValueError(f"schedule={schedule!r} is invalid: allowed: {', '.join(SCHEDULES)}")
+    """The average of f(t) over t = 0..T-1, summed exactly (``math.fsum``) from the
+    schedule's own definition: O(T), ~0.1 s for the 385k steps of the 8.2B recipe."""
+    factor = TIME_SCHEDULES[schedule]
+    return math.fsum(factor(step, total_steps) for step in range(total_steps)) / total_steps
 
 
 def dropout_rates(cfg: LayerDropoutConfig, num_layers: int, step: int,
@@ -115,8 +121,8 @@ def mean_dropout(cfg: LayerDropoutConfig, num_layers: int, total_steps: int) -> 
     """P̄: the average of p_{ℓ,t} over all layers and steps — the fraction of the blocks'
     training FLOPs that layer dropout saves in expectation.
 
-    Exact and O(L): because p_{ℓ,t} = p_dist(ℓ)·f(t), the double average is the product
-    of the two averages, so a run of 10^9 steps costs no more than one of 10.
+    O(L + T): p_{ℓ,t} = p_dist(ℓ)·f(t), so the average over (ℓ, t) is the product of
+    the average over layers and the average over steps, each an exact sum.
     """
     distribution = layer_distribution(cfg, num_layers)
     return math.fsum(distribution) / num_layers * mean_time_factor(cfg.schedule, total_steps)
@@ -134,6 +140,8 @@ def effective_depth_of(rates: Sequence[float]) -> float:
 
 
 __all__ = [
+    "DISTRIBUTIONS",
+    "TIME_SCHEDULES",
     "layer_distribution",
     "time_factor",
     "mean_time_factor",

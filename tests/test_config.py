@@ -1,6 +1,11 @@
-"""ModelConfig / LayerDropoutConfig / ParametrizationConfig: the paper's sizes and validation."""
+"""The configs: the paper's sizes, one validation when built (one line naming the field), frozen after."""
 
 from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import fields
 
 import pytest
 import torch
@@ -10,8 +15,13 @@ from framework.config import (
     LayerDropoutConfig,
     ModelConfig,
     ParametrizationConfig,
+    PositiveInt,
+    check,
 )
+from framework.layer_dropout import MASK_MODES
+from framework.lr_schedule import LRScheduleConfig
 from framework.model import Decoder
+from framework.schedules import DISTRIBUTIONS, TIME_SCHEDULES
 
 # Table A.1 of the paper: name -> (parameters, d, L, heads, head size).
 TABLE_A1 = {
@@ -73,39 +83,69 @@ def test_model_config_dict_round_trip_and_unknown_keys():
         ModelConfig.from_dict({**cfg.to_dict(), "dim": 3})
 
 
+@pytest.mark.parametrize("config", [ModelConfig(), LayerDropoutConfig(), ParametrizationConfig(), LRScheduleConfig()])
+def test_configs_are_frozen_once_validated(config):
+    name = fields(config)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(config, name, getattr(config, name))
+
+
 def test_layer_dropout_defaults_are_the_recommended_recipe():
     cfg = LayerDropoutConfig()
-    assert (cfg.distribution, cfg.schedule, cfg.r_train, cfg.structure, cfg.mask) == (
-        "increasing", "decreasing", "inverse_density", "layer", "sequence")
-    assert not cfg.enabled  # p_max = 0 is dense training
-    assert LayerDropoutConfig(p_max=0.2).enabled
-    assert LayerDropoutConfig(distribution=[0.0, 0.1]).enabled
-    assert not LayerDropoutConfig(p_max=0.5, distribution=[0.0, 0.0]).enabled
+    assert (cfg.p_max, cfg.distribution, cfg.schedule, cfg.r_train, cfg.structure, cfg.mask) == (
+        0.0, "increasing", "decreasing", "inverse_density", "layer", "sequence")
 
 
-@pytest.mark.parametrize("field, value", [
-    ("p_max", 1.0), ("p_max", -0.1), ("p_max", True), ("p_max", "0.2"),
-    ("distribution", "linear"), ("distribution", [0.1, 1.0]), ("distribution", [-0.1]),
-    ("schedule", "cosine"), ("structure", "head"), ("mask", "token"),
-    ("r_train", "half"), ("seed", -1), ("seed", 1.5),
+@pytest.mark.parametrize("field, value, message", [
+    ("p_max", 1.0, r"must be in \[0, 1\)"), ("p_max", -0.1, r"\[0, 1\)"), ("p_max", True, "expected a finite number"),
+    ("p_max", "0.2", "expected a finite number"), ("p_max", math.nan, "finite"),
+    ("distribution", "linear", f"allowed: {', '.join(DISTRIBUTIONS)} or a list"),
+    ("distribution", [0.1, 1.0], r"every item must be in \[0, 1\)"), ("distribution", [-0.1], "every item"),
+    ("schedule", "zigzag", f"allowed: {', '.join(TIME_SCHEDULES)}$"), ("structure", "head", "layer, sublayer"),
+    ("mask", "token", f"allowed: {', '.join(MASK_MODES)}$"), ("r_train", "half", "inverse_density, one"),
+    ("seed", -1, "must be >= 0"), ("seed", 1.5, "expected an integer"),
 ])
-def test_layer_dropout_config_rejects_bad_values(field, value):
-    with pytest.raises(ValueError, match=f"^{field}="):
+def test_layer_dropout_config_rejects_bad_values(field, value, message):
+    with pytest.raises(ValueError, match=f"^{field}=.* is invalid: .*{message}"):
         LayerDropoutConfig(**{field: value})
 
 
-def test_explicit_distribution_needs_one_rate_per_layer():
+def test_explicit_distribution_is_a_tuple_and_refuses_p_max():
     cfg = LayerDropoutConfig(distribution=[0, 0.1, 0.2])
-    assert cfg.distribution == [0.0, 0.1, 0.2]
-    cfg.check_layers(3)
-    with pytest.raises(ValueError, match="^distribution=.*one rate per layer \\(4\\)"):
-        cfg.check_layers(4)
+    assert cfg.distribution == (0, 0.1, 0.2)
+    with pytest.raises(ValueError, match=r"^p_max=0.3 is invalid with an explicit distribution: .*leave p_max out$"):
+        LayerDropoutConfig(p_max=0.3, distribution=[0.0, 0.1])
+
+
+def test_config_names_come_from_the_registries():
+    """A distribution, schedule or mask mode added to its registry is a valid name at once."""
+    hints = typing.get_type_hints(LayerDropoutConfig)
+    distribution_names = typing.get_args(typing.get_args(hints["distribution"])[0])
+    assert distribution_names == tuple(DISTRIBUTIONS)
+    assert typing.get_args(hints["schedule"]) == tuple(TIME_SCHEDULES)
+    assert typing.get_args(hints["mask"]) == tuple(MASK_MODES)
 
 
 @pytest.mark.parametrize("field, value", [
-    ("kind", "mup"), ("d_base", 0), ("n_layers_base", -2), ("batch_size_base", 0),
-    ("lr", 0.0), ("eps", -1e-8), ("tau_ema", float("inf")), ("betas", (0.9, 1.0)),
+    ("kind", "mup"), ("d_base", 0), ("n_layers_base", -2), ("lr", 0.0), ("eps", -1e-8),
+    ("tau_ema", float("inf")), ("betas", (0.9, 1.0)), ("betas", (0.9,)),
 ])
 def test_parametrization_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=f"^{field}="):
         ParametrizationConfig(**{field: value})
+
+
+@pytest.mark.parametrize("removed", ["batch_size_base", "tpp_base", "init_std"])
+def test_parametrization_has_no_option_that_training_ignores(removed):
+    """B_base and TPP_base are the base run's, read by `layerdrop recipe` from the base
+    recipe; σ is decoder.init_std."""
+    with pytest.raises(TypeError, match=removed):
+        ParametrizationConfig(**{removed: 1})
+
+
+def test_check_validates_a_plain_argument_and_refuses_unknown_types():
+    check("loss_chunk_tokens", 4, PositiveInt)
+    with pytest.raises(ValueError, match="^loss_chunk_tokens=0 is invalid: must be > 0$"):
+        check("loss_chunk_tokens", 0, PositiveInt)
+    with pytest.raises(TypeError, match="does not know the type"):
+        check("x", 1, dict)

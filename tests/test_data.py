@@ -3,8 +3,6 @@
 import hashlib
 import itertools
 import os
-import shutil
-import sysconfig
 from collections import Counter
 
 import lightning as L
@@ -13,25 +11,16 @@ import torch
 from litdata.utilities.env import _DistributedEnv
 
 from data_prep.chunks import read_split_tokens
-from data_prep.prepare import main as prepare
 from framework.data import TokenDataModule
 
 SEQ, BATCH = 32, 4
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> str:
-    """~200k tokens of real code (stdlib json + email), in chunks of 8192 tokens."""
-    stdlib = sysconfig.get_paths()["stdlib"]
-    corpus = tmp_path_factory.mktemp("corpus")
-    for package in ("json", "email"):
-        for name in sorted(os.listdir(os.path.join(stdlib, package))):
-            if name.endswith(".py"):
-                shutil.copy(os.path.join(stdlib, package, name), corpus / f"{package}_{name}")
-    out = str(tmp_path_factory.mktemp("prepared") / "data")
-    assert prepare(["--files", str(corpus), "--out", out, "--vocab-size", "400", "--val-fraction", "0.2",
-                    "--chunk-tokens", "8192", "--workers", "2", "--no-progress"]) == 0
-    return out
+def data_dir(prepared_tokens) -> str:
+    """The suite's prepared tokens (tests/conftest.py): ~200k tokens of real code, vocab
+    300, in chunks of 8192 tokens."""
+    return str(prepared_tokens)
 
 
 def _module(data_dir, **overrides) -> TokenDataModule:
@@ -66,7 +55,7 @@ def test_batches_are_shifted_int64_pairs(data_dir):
     assert inputs.shape == targets.shape == (BATCH, SEQ)
     assert inputs.dtype == targets.dtype == torch.int64
     assert torch.equal(inputs[:, 1:], targets[:, :-1])
-    assert int(inputs.max()) < module.vocab_size == 400 and module.eos_id == 0
+    assert int(inputs.max()) < module.vocab_size == 300 and module.eos_id == 0
 
 
 def test_one_epoch_serves_every_block_once(data_dir):
@@ -98,11 +87,11 @@ def test_missing_manifest_is_a_clear_error(tmp_path):
 
 
 def test_vocab_larger_than_the_model_is_a_clear_error(data_dir):
-    with pytest.raises(ValueError, match="has vocab_size 400 .* the model's vocab_size is 256"):
+    with pytest.raises(ValueError, match="has vocab_size 300 .* the model's vocab_size is 256"):
         _module(data_dir, model_vocab_size=256)
-    module = _module(data_dir, model_vocab_size=400)
-    with pytest.raises(ValueError, match="vocab_size 400 .* vocab_size is 399"):
-        module.check_vocab(399)
+    module = _module(data_dir, model_vocab_size=300)
+    with pytest.raises(ValueError, match="vocab_size 300 .* vocab_size is 299"):
+        module.check_vocab(299)
 
 
 def test_sequences_that_do_not_fit_are_refused(data_dir):
@@ -150,7 +139,7 @@ def test_two_ranks_are_disjoint_and_cover_the_split(data_dir):
 def test_streams_from_a_url(data_dir):
     """The object-store code path (litdata's local: scheme), manifest included."""
     module = _module("local:" + data_dir)
-    assert module.vocab_size == 400
+    assert module.vocab_size == 300
     assert _blocks(module.train_dataloader(), limit=2) == _blocks(_module(data_dir).train_dataloader(), limit=2)
 
 

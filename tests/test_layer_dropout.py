@@ -10,6 +10,8 @@ import torch
 from framework.config import LayerDropoutConfig, ModelConfig
 from framework.layer_dropout import DropPlan, LayerDrop, StepKey, plan
 from framework.model import Block, Decoder
+from framework.schedules import dropout_rates, mean_dropout
+from reference_decoder import reference_logits
 
 VOCAB, BATCH, SEQ = 61, 5, 7
 
@@ -19,19 +21,6 @@ def make_decoder(n_layers=4, **overrides) -> Decoder:
     cfg = ModelConfig(**{"vocab_size": VOCAB, "d_model": 32, "n_layers": n_layers, "n_heads": 4,
                          "max_seq_len": 16, **overrides})
     return Decoder(cfg).train()
-
-
-def reference_logits(decoder, tokens, attn_masks, ffn_masks, scales):
-    """The paper's definition, computed the slow way: every block on the whole batch,
-    each branch multiplied by mask·scale (·the CompleteP residual multiplier)."""
-    h = decoder.embed(tokens)
-    bias = decoder.attention_bias(tokens.shape[1], None)
-    for block, attn_mask, ffn_mask, scale in zip(decoder.blocks, attn_masks, ffn_masks, scales):
-        attn_mult = (scale * block.residual_multiplier * attn_mask.float()).view(-1, 1, 1)
-        h = h + attn_mult * block.attn(block.attn_norm(h), bias, None)
-        ffn_mult = (scale * block.residual_multiplier * ffn_mask.float()).view(-1, 1, 1)
-        h = h + ffn_mult * block.ffn(block.ffn_norm(h))
-    return decoder.logits(h)
 
 
 def logits_and_grads(decoder, run):
@@ -60,10 +49,10 @@ def masks(*rows: str) -> list[torch.Tensor]:
     return [torch.tensor([c == "1" for c in r]) for r in rows]
 
 
-@pytest.mark.parametrize("residual_multiplier, dtype", [(1.0, torch.float32), (0.5, torch.float32),
-                                                       (1.0, torch.float64)])
-def test_layer_structure_matches_reference(residual_multiplier, dtype):
-    decoder = make_decoder(residual_multiplier=residual_multiplier).to(dtype)
+@pytest.mark.parametrize("residual_multiplier, logit_multiplier, dtype", [
+    (1.0, 1.0, torch.float32), (0.5, 0.25, torch.float32), (1.0, 1.0, torch.float64)])
+def test_layer_structure_matches_reference(residual_multiplier, logit_multiplier, dtype):
+    decoder = make_decoder(residual_multiplier=residual_multiplier, logit_multiplier=logit_multiplier).to(dtype)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
     keep = masks("11111", "10110", "00000", "01000")  # all, some, none, one row
     scales = [1.0, 1 / 0.6, 1 / 0.3, 1 / 0.2]
@@ -71,7 +60,7 @@ def test_layer_structure_matches_reference(residual_multiplier, dtype):
 
 
 def test_sublayer_structure_matches_reference():
-    decoder = make_decoder()
+    decoder = make_decoder(residual_multiplier=0.5, logit_multiplier=0.5)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
     attn = masks("10101", "11111", "00000", "01110")
     ffn = masks("01011", "00000", "11100", "01110")
@@ -128,7 +117,7 @@ def draw_masks(cfg, rates, batch_size, draws, seed=0):
         attn.append(torch.stack([mask_of(layer.attn_rows, batch_size) for layer in drop_plan.layers]))
         ffn.append(torch.stack([mask_of(layer.ffn_rows, batch_size) for layer in drop_plan.layers]))
         scales.add(tuple(layer.scale for layer in drop_plan.layers))
-    assert len(scales) == 1  # the scale depends on the rate (and k), not on the draw
+    assert len(scales) == 1  # the scale depends on the rate, not on the draw
     return torch.stack(attn).float(), torch.stack(ffn).float(), list(scales.pop())
 
 
@@ -167,37 +156,55 @@ def test_batch_mask_keeps_all_or_nothing_at_one_minus_p(structure):
 
 
 @pytest.mark.parametrize("structure", ["layer", "sublayer"])
-def test_count_mask_keeps_exactly_k_rows_chosen_uniformly(structure):
+def test_count_mask_keeps_one_of_the_two_nearest_counts_at_rate_p(structure):
     rates = RATES + [0.95]
-    cfg = LayerDropoutConfig(p_max=0.5, mask="count", structure=structure)
+    cfg = LayerDropoutConfig(mask="count", structure=structure)
     draws, batch = 1500, 6
     attn, ffn, scales = draw_masks(cfg, rates, batch, draws)
+    assert scales == pytest.approx([1 / (1 - p) for p in rates])  # 1/ρ, as every mode
     for layer, p in enumerate(rates):
-        k = max(1, round(batch * (1 - p)))
-        assert scales[layer] == pytest.approx(batch / k)
+        expected = batch * (1 - p)
         for which in (attn, ffn):
-            assert torch.all(which[:, layer].sum(dim=1) == k)  # static shapes
-            # every row equally likely: per-row frequency k/B (4σ: B rows tested at once)
-            q = k / batch
-            sigma = math.sqrt(q * (1 - q) / draws)
-            assert torch.all((which[:, layer].mean(dim=0) - q).abs() <= 4 * sigma + 1e-12), (layer, p)
-    assert [max(1, round(batch * (1 - p))) for p in rates] == [6, 5, 4, 3, 2, 1]
+            counts = which[:, layer].sum(dim=1)
+            # At most two shapes per layer: the two integers around B·(1 - p).
+            assert set(counts.tolist()) <= {math.floor(expected), math.ceil(expected)}, (layer, p)
+            # E[k] = B·(1 - p): stochastic rounding, 3σ of the mean of `draws` roundings.
+            frac = expected - math.floor(expected)
+            sigma = math.sqrt(frac * (1 - frac) / draws)
+            assert abs(counts.float().mean().item() - expected) <= 3 * sigma + 1e-9, (layer, p)
+            # Every row equally likely: per-row frequency 1 - p (4σ: B rows tested at once).
+            row_sigma = math.sqrt(p * (1 - p) / draws)
+            assert torch.all((which[:, layer].mean(dim=0) - (1 - p)).abs() <= 4 * row_sigma + 1e-12), (layer, p)
 
 
-def test_r_train_one_keeps_unit_scale_and_inverse_density_is_unbiased():
-    rates = [0.0, 0.2, 0.6]
-    for mode in ("sequence", "batch", "count"):
-        one = plan(LayerDropoutConfig(mask=mode, r_train="one"), rates, 10, torch.Generator().manual_seed(0))
-        assert [layer.scale for layer in one.layers] == [1.0, 1.0, 1.0]
-    inverse = plan(LayerDropoutConfig(mask="sequence"), rates, 10, torch.Generator().manual_seed(0))
-    assert [layer.scale for layer in inverse.layers] == pytest.approx([1.0, 1.25, 2.5])
-    counted = plan(LayerDropoutConfig(mask="count"), rates, 10, torch.Generator().manual_seed(0))
-    assert [layer.scale for layer in counted.layers] == pytest.approx([1.0, 10 / 8, 10 / 4])
-    # E[scale · mask] = 1: the expected branch output is the dense one.
-    cfg = LayerDropoutConfig(mask="sequence")
-    attn, _, scales = draw_masks(cfg, [0.4], 16, 500, seed=3)
-    sigma = scales[0] * math.sqrt(0.4 * 0.6 / (500 * 16))
-    assert abs((attn * scales[0]).mean().item() - 1.0) <= 3 * sigma
+@pytest.mark.parametrize("batch", [4, 8, 64])
+def test_count_mode_drops_the_mean_dropout_over_a_run(batch):
+    """ILD + DTS over a run: the fraction of rows dropped is P̄ within 3σ, where the old
+    round(B·(1 - p)) dropped 0.083 instead of 0.100 at B = 4."""
+    layers, steps = 13, 300
+    cfg = LayerDropoutConfig(p_max=0.4, mask="count")
+    dropped = variance = 0.0
+    for step in range(steps):
+        rates = dropout_rates(cfg, layers, step, steps)
+        drop_plan = plan(cfg, rates, batch, StepKey(0, 0, step))
+        dropped += sum(batch - kept for kept, _ in drop_plan.kept_counts())
+        for p in rates:  # Var(k) = frac·(1 - frac) for a stochastically rounded count
+            frac = batch * (1 - p) - math.floor(batch * (1 - p))
+            variance += frac * (1 - frac)
+    rows = batch * layers * steps
+    p_bar = mean_dropout(cfg, layers, steps)
+    assert p_bar == pytest.approx(0.1)
+    assert abs(dropped / rows - p_bar) <= 3 * math.sqrt(variance) / rows
+
+
+def test_count_mode_is_unbiased_where_b_times_p_is_below_one():
+    """p < 1/(2B): the old rounding never dropped; stochastic rounding drops at rate p."""
+    cfg = LayerDropoutConfig(mask="count")
+    p, batch, draws = 0.05, 8, 4000
+    attn, _, scales = draw_masks(cfg, [p], batch, draws)
+    sigma = math.sqrt(p * (1 - p) / (draws * batch))
+    assert abs((1 - attn.mean().item()) - p) <= 3 * sigma
+    assert abs((attn * scales[0]).mean().item() - 1.0) <= 3 * scales[0] * sigma  # E[scale·M] = 1
 
 
 def test_zero_rate_layers_run_dense():
@@ -226,11 +233,7 @@ def test_step_key_reproduces_masks_and_differs_across_devices_steps_micro_batche
     assert not torch.equal(first[0], first[1])  # each layer has its own stream
 
 
-def test_plan_rejects_bad_rates_and_from_masks_checks_shapes():
-    with pytest.raises(ValueError, match="rates\\[1\\]=1.0 is invalid"):
-        plan(LayerDropoutConfig(), [0.1, 1.0], 4, torch.Generator())
-    with pytest.raises(ValueError, match="rates\\[0\\]=-0.1"):
-        plan(LayerDropoutConfig(), [-0.1], 4, torch.Generator())
+def test_from_masks_checks_shapes():
     with pytest.raises(ValueError, match="one entry per layer"):
         DropPlan.from_masks(masks("11", "10"), [1.0])
     with pytest.raises(ValueError, match="masks of layer 1 are invalid"):

@@ -7,43 +7,68 @@ import math
 import lightning.pytorch as pl
 import pytest
 import torch
-import torch.nn.functional as F
 from lightning.fabric.utilities.init import _materialize_distributed_module
+from lightning.pytorch.strategies import SingleDeviceStrategy
 
-from framework.config import ModelConfig, ParametrizationConfig
+from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig
+from framework.flops import dense_step_flops, executed_step_flops
 from framework.layer_dropout import StepKey, plan
 from framework.lr_schedule import LRScheduleConfig, lr_factor
 from framework.module import LayerDropModule, check_same_model
 from framework.parametrization import init_stds
 from framework.schedules import dropout_rates
+from reference_decoder import reference_loss
 from tiny_training import RandomTokens, quiet_trainer, tiny_module
 
 
-class RecordPlans(pl.Callback):
-    """Records (step, micro-batch index, rates, kept rows per layer) of every micro-batch."""
+class RecordStats(pl.Callback):
+    """Keeps the MicroBatchStats that every training micro-batch returned."""
 
     def __init__(self) -> None:
         self.seen = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        stats = pl_module.last_micro_batch
-        # Attention rows run, summed over layers: executed FLOPs over the FLOPs of one row.
-        per_row = stats.dense.attention / (pl_module.model_cfg.n_layers * batch[0].shape[0])
-        self.seen.append((pl_module.schedule_position[0], batch_idx % trainer.accumulate_grad_batches,
-                          stats.rates, round(stats.executed.attention / per_row)))
+        self.seen.append(outputs["stats"])
+
+
+def rows_of(drop_plan):
+    return None if drop_plan is None else [(layer.attn_rows.tolist() if layer.attn_rows is not None else None)
+                                           for layer in drop_plan.layers]
 
 
 def test_training_step_draws_the_scheduled_plan_from_the_step_key():
     torch.manual_seed(0)
-    module, record = tiny_module(p_max=0.6), RecordPlans()
+    module, record = tiny_module(p_max=0.6), RecordStats()
     trainer = quiet_trainer(max_steps=4, accumulate_grad_batches=2, callbacks=[record])
     trainer.fit(module, RandomTokens())
-    assert [(s, m) for s, m, _, _ in record.seen] == [(s, m) for s in range(4) for m in range(2)]
-    for step, micro, rates, kept_rows in record.seen:
-        assert rates == pytest.approx(dropout_rates(module.dropout_cfg, 4, step, 4))
-        expected = plan(module.dropout_cfg, rates, 8, StepKey(7, 0, step, micro)) if any(rates) else None
-        expected_rows = 8 * 4 if expected is None else sum(a for a, _ in expected.kept_counts())
-        assert kept_rows == expected_rows
+    assert [(s.step, s.micro_batch, s.total_steps) for s in record.seen] == \
+        [(t, m, 4) for t in range(4) for m in range(2)]
+    for stats in record.seen:
+        assert stats.rates == pytest.approx(dropout_rates(module.dropout_cfg, 4, stats.step, 4))
+        expected = plan(module.dropout_cfg, stats.rates, 8, StepKey(7, 0, stats.step, stats.micro_batch)) \
+            if any(stats.rates) else None
+        assert rows_of(stats.plan) == rows_of(expected)
+        kept = expected.kept_counts() if expected else [(8, 8)] * 4
+        assert stats.executed == executed_step_flops(module.model_cfg, kept, 16, batch_size=8)
+        assert stats.dense == dense_step_flops(module.model_cfg, 8, 16)
+
+
+def test_each_rank_draws_the_masks_of_its_own_step_key():
+    """Rank r draws StepKey(seed, r, step, micro-batch): a rank that drew rank 0's masks
+    (the same on every device) would be caught here, without launching processes."""
+    torch.manual_seed(0)
+    module, record = tiny_module(p_max=0.6, schedule="constant"), RecordStats()
+    strategy = SingleDeviceStrategy("cpu")
+    strategy.global_rank = 3  # one process that is what rank 3 of a real run would be
+    trainer = quiet_trainer(max_steps=3, callbacks=[record], strategy=strategy)
+    assert module.global_rank == 0 and trainer.global_rank == 3
+    trainer.fit(module, RandomTokens())
+    assert [s.step for s in record.seen] == [0, 1, 2]
+    for stats in record.seen:
+        own = plan(module.dropout_cfg, stats.rates, 8, StepKey(7, 3, stats.step, 0))
+        rank_zero = plan(module.dropout_cfg, stats.rates, 8, StepKey(7, 0, stats.step, 0))
+        assert rows_of(stats.plan) == rows_of(own)
+        assert rows_of(stats.plan) != rows_of(rank_zero)
 
 
 def test_nothing_to_drop_takes_the_dense_path():
@@ -56,13 +81,21 @@ def test_nothing_to_drop_takes_the_dense_path():
                                        StepKey(7, 0, 3, 1)).kept_counts()
 
 
-def test_loss_equals_cross_entropy_of_the_model_logits():
+def test_loss_equals_the_reference_forward_with_and_without_a_plan():
     torch.manual_seed(0)
-    module = tiny_module(loss_chunk_tokens=5)
+    module = tiny_module(loss_chunk_tokens=5)  # m_d = m_L = 2: both multipliers are 1/2
     module.configure_model()
-    inputs, targets = torch.randint(0, 64, (2, 2, 16))
-    expected = F.cross_entropy(module.model(inputs).flatten(0, 1), targets.flatten())
-    assert module.loss(inputs, targets).item() == pytest.approx(expected.item(), abs=1e-6)
+    assert (module.model_cfg.logit_multiplier, module.model_cfg.residual_multiplier) == (0.5, 0.5)
+    inputs, targets = torch.randint(0, 64, (2, 4, 16))
+    expected = reference_loss(module.model, inputs, targets)
+    assert module.loss(inputs, targets).item() == pytest.approx(expected.item(), abs=1e-5)
+    rates = [0.0, 0.5, 0.5, 0.5]
+    drop = module.drop_plan(rates, 4, step=0, micro_batch=0)
+    keep = [torch.zeros(4, dtype=torch.bool).index_fill(0, layer.attn_rows, True) if layer.attn_rows is not None
+            else torch.ones(4, dtype=torch.bool) for layer in drop.layers]
+    expected = reference_loss(module.model, inputs, targets, attn_masks=keep,
+                              scales=[1 / (1 - p) for p in rates])
+    assert module.loss(inputs, targets, drop).item() == pytest.approx(expected.item(), abs=1e-5)
 
 
 def test_parametrization_sets_multipliers_init_and_optimizer_groups():
@@ -93,10 +126,9 @@ def test_validation_is_the_token_mean_without_dropout():
     module, data = tiny_module(p_max=0.6), RandomTokens()
     trainer = quiet_trainer(limit_val_batches=None)
     [result] = trainer.validate(module, datamodule=data, verbose=False)
-    module.model.eval()
     with torch.no_grad():
         inputs, targets = data.val.tensors
-        expected = F.cross_entropy(module.model(inputs).flatten(0, 1), targets.flatten())
+        expected = reference_loss(module.model, inputs, targets)
     assert result["val/loss"] == pytest.approx(expected.item(), abs=1e-5)
     assert result["val/ppl"] == pytest.approx(math.exp(expected.item()), rel=1e-5)
 
@@ -125,20 +157,17 @@ def test_hand_set_multiplier_that_disagrees_is_an_error():
 
 
 def test_explicit_distribution_must_match_the_depth():
-    from framework.config import LayerDropoutConfig
-
-    with pytest.raises(ValueError, match="one rate per layer"):
+    with pytest.raises(ValueError, match=r"^layer_dropout.distribution=\[0.0, 0.5\] is invalid: .*one rate per layer \(3\)"):
         LayerDropModule(decoder=ModelConfig(vocab_size=64, d_model=32, n_layers=3, n_heads=2),
                         layer_dropout=LayerDropoutConfig(distribution=[0.0, 0.5]))
 
 
-def test_without_max_steps_the_run_is_refused_before_training():
-    module = tiny_module(schedule="decreasing")
-    with pytest.raises(ValueError, match="schedule='decreasing' needs the run length"):
-        quiet_trainer(max_epochs=1).fit(module, RandomTokens(batches=2))
-    module = tiny_module(schedule="constant")
+@pytest.mark.parametrize("schedule", ["decreasing", "constant"])
+def test_without_max_steps_the_run_is_refused_before_training(schedule):
+    module = tiny_module(schedule=schedule)
     with pytest.raises(ValueError, match="trainer.max_steps=-1 is invalid"):
         quiet_trainer(max_epochs=1).fit(module, RandomTokens(batches=2))
+    assert module.model.blocks[0].ffn.up.weight.grad is None  # no step ran
 
 
 def test_resume_into_another_shape_is_refused_with_the_differences():
@@ -152,5 +181,5 @@ def test_resume_into_another_shape_is_refused_with_the_differences():
 
 
 def test_bad_loss_chunk_is_rejected():
-    with pytest.raises(ValueError, match="loss_chunk_tokens=0 is invalid"):
+    with pytest.raises(ValueError, match="^loss_chunk_tokens=0 is invalid: must be > 0$"):
         tiny_module(loss_chunk_tokens=0)

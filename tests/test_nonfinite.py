@@ -15,7 +15,7 @@ import torch
 from framework.checkpointing import PeriodicCheckpoint
 from framework.nonfinite import NonFiniteLossError, NonFiniteLossGuard
 from step_records import callbacks_arg, records
-from tiny_training import KeepingLogger, RandomTokens, prepare_tiny_data, quiet_trainer, tiny_module
+from tiny_training import KeepingLogger, RandomTokens, quiet_trainer, tiny_module
 
 
 def poison_loss(module: pl.LightningModule, bad_steps: set[int] | None = None, from_step: int | None = None) -> None:
@@ -154,11 +154,11 @@ def test_the_limit_is_checked(value):
 # ----------------------------------------------- the divergence, end to end
 
 
-def test_a_diverging_run_stops_with_finite_checkpoints_and_resumes_at_a_lower_lr(tmp_path, capsys):
+def test_a_diverging_run_stops_with_finite_checkpoints_and_resumes_at_a_lower_lr(prepared_tokens, tmp_path, capsys):
     from framework.pretrain import main
     from tiny_training import tiny_cli_args
 
-    data = prepare_tiny_data(tmp_path / "data")
+    data = prepared_tokens
     root, log = tmp_path / "run", tmp_path / "steps.jsonl"
 
     def args(lr: str, *extra: str) -> list[str]:

@@ -23,14 +23,13 @@ TOTAL_TOKENS = STEPS * BATCH_TOKENS
 
 
 def pcfg(kind="complete_p", **overrides):
-    base = dict(kind=kind, d_base=32, n_layers_base=2, init_std=0.02, lr=4e-3, eps=1e-8,
-                tau_ema=0.25, batch_size_base=32, tpp_base=20.0)
+    base = dict(kind=kind, d_base=32, n_layers_base=2, lr=4e-3, eps=1e-8, tau_ema=0.25)
     return ParametrizationConfig(**{**base, **overrides})
 
 
-def model_config(d_model, n_layers, parametrization, vocab_size=64):
+def model_config(d_model, n_layers, parametrization, vocab_size=64, init_std=0.02):
     cfg = ModelConfig(vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
-                      n_heads=d_model // 16, max_seq_len=16)
+                      n_heads=d_model // 16, max_seq_len=16, init_std=init_std)
     return dataclasses.replace(cfg, **model_multipliers(parametrization, cfg))
 
 
@@ -117,25 +116,26 @@ def measured_std(tensors):
     return torch.cat([t.detach().flatten() for t in tensors]).std().item()
 
 
-@pytest.mark.parametrize("width, depth", [(32, 2), (64, 4), (128, 2)])
-def test_init_std_matches_the_rules(width, depth):
+@pytest.mark.parametrize("width, depth, sigma", [(32, 2, 0.02), (64, 4, 0.02), (128, 2, 0.02), (64, 2, 0.5)])
+def test_init_std_matches_the_rules(width, depth, sigma):
+    """σ is decoder.init_std: the Table A.2 init starts from it (0.5 gives 25× 0.02's stds)."""
     parametrization = pcfg()
-    model = decoder(width, depth, parametrization, vocab_size=512)
+    model = decoder(width, depth, parametrization, vocab_size=512, init_std=sigma)
     for p in model.parameters():  # make sure init_decoder_ really writes every tensor
         torch.nn.init.constant_(p, 7.0)
     init_decoder_(model, parametrization, generator=torch.Generator().manual_seed(1))
     groups = groups_by_name(model, parametrization)
     m_d = width / 32
-    assert measured_std(groups["hidden"]["params"]) == pytest.approx(0.02 / math.sqrt(m_d), rel=0.03)
-    assert measured_std([model.embed.weight]) == pytest.approx(0.02, rel=0.03)
-    assert measured_std([model.head.weight]) == pytest.approx(0.02, rel=0.03)
+    assert measured_std(groups["hidden"]["params"]) == pytest.approx(sigma / math.sqrt(m_d), rel=0.03)
+    assert measured_std([model.embed.weight]) == pytest.approx(sigma, rel=0.03)
+    assert measured_std([model.head.weight]) == pytest.approx(sigma, rel=0.03)
     for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
             assert torch.all(p == 1), name
         elif name.endswith("bias"):
             assert torch.all(p == 0), name
         else:
-            assert p.abs().mean().item() < 1, name
+            assert p.abs().mean().item() < 7 * sigma, name
 
 
 def test_init_is_reproducible_with_a_generator():
@@ -208,32 +208,8 @@ def test_weight_decay_is_the_ema_timescale_rule():
     assert 1 / (1e-3 * decay) / 5000 == pytest.approx(0.2)
 
 
-@pytest.mark.parametrize("field, kwargs", [
-    ("total_tokens", dict(batch_tokens=10, total_tokens=0)),
-    ("batch_tokens", dict(batch_tokens=-1, total_tokens=10)),
-    ("batch_tokens", dict(batch_tokens=20, total_tokens=10)),
-    ("tau_ema", dict(batch_tokens=1, total_tokens=10, tau_ema=0.0)),
-])
-def test_invalid_budgets_are_rejected(field, kwargs):
-    model = decoder(32, 2, pcfg())
-    with pytest.raises(ValueError, match=field):
-        param_groups(model, pcfg(), **kwargs)
-
-
-def test_transfer_helpers_follow_power_lines():
-    parametrization = pcfg(batch_size_base=32, tau_ema=0.2, tpp_base=20.0)
-    assert transfer_batch_size(parametrization, 1.0) == 32
-    assert transfer_batch_size(parametrization, 32.0) == 128  # 32 · 32^0.4 = 32 · 4
-    assert transfer_tau_ema(parametrization, 20.0) == pytest.approx(0.2)
-    assert transfer_tau_ema(parametrization, 80.0) == pytest.approx(0.1)
-    with pytest.raises(ValueError, match="data_multiplier"):
-        transfer_batch_size(parametrization, 0.0)
-    with pytest.raises(ValueError, match="tokens_per_parameter"):
-        transfer_tau_ema(parametrization, -20.0)
-
-
-@pytest.mark.parametrize("field, value", [("kind", "mup"), ("d_base", 0), ("lr", -1.0),
-                                          ("eps", 0.0), ("tau_ema", math.inf)])
-def test_invalid_parametrization_config_is_rejected(field, value):
-    with pytest.raises(ValueError, match=field):
-        pcfg(**{field: value})
+def test_transfer_rules_follow_power_lines():
+    assert transfer_batch_size(32, 1.0) == 32
+    assert transfer_batch_size(32, 32.0) == pytest.approx(128)  # 32 · 32^0.4 = 32 · 4
+    assert transfer_tau_ema(0.2, 20.0, 20.0) == pytest.approx(0.2)
+    assert transfer_tau_ema(0.2, 80.0, 20.0) == pytest.approx(0.1)

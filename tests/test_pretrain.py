@@ -14,12 +14,12 @@ import yaml
 from framework.checkpoint import load_decoder
 from framework.module import LayerDropModule
 from framework.pretrain import main
-from tiny_training import prepare_tiny_data, tiny_cli_args
+from tiny_training import tiny_cli_args
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    return prepare_tiny_data(tmp_path_factory.mktemp("data") / "builtin")
+def data_dir(prepared_tokens):
+    return prepared_tokens
 
 
 @pytest.fixture(scope="module")

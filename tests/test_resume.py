@@ -16,7 +16,7 @@ import pytest
 from framework.pretrain import main
 from framework.resume import choose_checkpoint, incomplete_reason
 from step_records import callbacks_arg, records
-from tiny_training import SimulatedCrash, prepare_tiny_data, tiny_cli_args
+from tiny_training import SimulatedCrash, tiny_cli_args
 
 N = 4
 
@@ -30,8 +30,8 @@ def run_args(data_dir, root, record, *extra):
 
 
 @pytest.mark.slow
-def test_resumed_run_repeats_the_uninterrupted_losses_exactly(tmp_path, capsys):
-    data_dir = prepare_tiny_data(tmp_path / "data")
+def test_resumed_run_repeats_the_uninterrupted_losses_exactly(prepared_tokens, tmp_path, capsys):
+    data_dir = prepared_tokens
     straight, resumed = tmp_path / "straight.jsonl", tmp_path / "resumed.jsonl"
     assert main(run_args(data_dir, tmp_path / "a", straight)) == 0
 
@@ -54,8 +54,8 @@ def test_resumed_run_repeats_the_uninterrupted_losses_exactly(tmp_path, capsys):
     assert [r["loss"] for r in before_crash] == [r["loss"] for r in records(straight)[: len(before_crash)]]
 
 
-def test_resume_auto_without_a_checkpoint_starts_fresh(tmp_path):
-    data_dir = prepare_tiny_data(tmp_path / "data")
+def test_resume_auto_without_a_checkpoint_starts_fresh(prepared_tokens, tmp_path):
+    data_dir = prepared_tokens
     record = tmp_path / "losses.jsonl"
     args = tiny_cli_args(data_dir, tmp_path / "run", steps=2) + [
         "--resume", "auto", "--trainer.logger", "false",
@@ -65,11 +65,11 @@ def test_resume_auto_without_a_checkpoint_starts_fresh(tmp_path):
     assert [r["step"] for r in records(record)] == [0, 1]
 
 
-def test_a_changed_lr_schedule_and_weight_decay_take_effect_on_resume(tmp_path, capsys):
+def test_a_changed_lr_schedule_and_weight_decay_take_effect_on_resume(prepared_tokens, tmp_path, capsys):
     """The recipe wins over the optimizer settings saved in the checkpoint: after the
     resume every group's LR and weight decay are those a fresh run of the new recipe
     has at the same steps."""
-    data_dir = prepare_tiny_data(tmp_path / "data")
+    data_dir = prepared_tokens
 
     def args(root, log, steps, *extra):
         return tiny_cli_args(data_dir, root, steps=steps) + [

@@ -3,7 +3,10 @@ logger that keeps what it is given, and a quiet CPU Trainer."""
 
 from __future__ import annotations
 
-from typing import Any
+import shutil
+import sysconfig
+from pathlib import Path
+from typing import Any, Callable
 
 import lightning.pytorch as pl
 import torch
@@ -21,9 +24,9 @@ SEQ = 16
 def tiny_module(p_max: float = 0.4, schedule: str = "decreasing", layers: int = 4, **kwargs: Any) -> LayerDropModule:
     kwargs.setdefault("parametrization", ParametrizationConfig(d_base=16, n_layers_base=2, lr=1e-2))
     kwargs.setdefault("lr_schedule", LRScheduleConfig(warmup_steps=1))
+    kwargs.setdefault("layer_dropout", LayerDropoutConfig(p_max=p_max, schedule=schedule, seed=7))
     return LayerDropModule(
-        decoder=ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=layers, n_heads=2, max_seq_len=SEQ),
-        layer_dropout=LayerDropoutConfig(p_max=p_max, schedule=schedule, seed=7), **kwargs)
+        decoder=ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=layers, n_heads=2, max_seq_len=SEQ), **kwargs)
 
 
 class RandomTokens(pl.LightningDataModule):
@@ -80,20 +83,38 @@ def quiet_trainer(**kwargs: Any) -> pl.Trainer:
     return pl.Trainer(**{**defaults, **kwargs})
 
 
-def prepare_tiny_data(out, vocab_size: int = 300, max_tokens: str = "40k") -> str:
-    """A real prepared folder (builtin corpus -> trained BPE -> litdata chunks), small."""
+def prepare_tiny_data(out: str | Path) -> str:
+    """~200k tokens of real Python (the standard library's json and email packages)
+    through `layerdrop prepare`: a trained byte-level BPE of 300 entries (EOS id 0), 10%
+    validation, chunks of 8192 tokens. Tests read the session's copy
+    (``prepared_tokens`` in tests/conftest.py) rather than making their own."""
     from data_prep.prepare import main as prepare
 
-    assert prepare(["--corpus", "builtin", "--tokenizer", "train", "--vocab-size", str(vocab_size),
-                    "--max-tokens", max_tokens, "--chunk-tokens", "8192", "--val-fraction", "0.05",
-                    "--workers", "1", "--no-progress", "--out", str(out)]) == 0
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    assert prepare(["--files", str(stdlib / "json" / "*.py"), "--files", str(stdlib / "email" / "*.py"),
+                    "--tokenizer", "train", "--vocab-size", "300", "--max-tokens", "200k", "--val-fraction", "0.1",
+                    "--chunk-tokens", "8192", "--workers", "1", "--no-progress", "--out", str(out)]) == 0
     return str(out)
+
+
+def shared_once(base: Path, name: str, make: Callable[[Path], None]) -> Path:
+    """``base/name``, made once by whichever pytest-xdist worker gets there first (the
+    others wait on a file lock and reuse it)."""
+    from filelock import FileLock
+
+    target = base / name
+    with FileLock(str(base / f"{name}.lock")):
+        if not (target / ".done").exists():
+            if target.exists():
+                shutil.rmtree(target)  # a half-made attempt that failed
+            target.mkdir(parents=True)
+            make(target)
+            (target / ".done").touch()
+    return target
 
 
 def tiny_cli_args(data_dir, root, *, steps: int = 6, p_max: float = 0.4) -> list[str]:
     """`layerdrop pretrain` arguments: recipes/tiny.yaml shrunk to seconds on a CPU."""
-    from pathlib import Path
-
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
     return ["--config", str(recipe), "--data.data_dir", str(data_dir), "--trainer.default_root_dir", str(root),
             "--model.decoder.vocab_size", "300", "--model.decoder.d_model", "32", "--model.decoder.n_layers", "3",
@@ -117,7 +138,8 @@ class RecordLosses(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         import json
 
-        record = {"step": pl_module.schedule_position[0], "micro": batch_idx % trainer.accumulate_grad_batches,
+        stats = outputs["stats"]
+        record = {"step": stats.step, "micro": stats.micro_batch,
                   "loss": float(outputs["loss"]), "batch": int(batch[0].sum())}
         with open(self.path, "a") as handle:
             handle.write(json.dumps(record) + "\n")

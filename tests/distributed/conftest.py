@@ -7,19 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from pretrain_launch import ddp_reference_recipe, pretrain_command, prepare_tiny_data, run, shared_once
+from pretrain_launch import ddp_reference_recipe, pretrain_command, run, shared_once
 
 
 @pytest.fixture(scope="session")
-def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder every xdist worker of this session sees (the parent of their base temps)."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if base.name.startswith("popen-gw") else base
-
-
-@pytest.fixture(scope="session")
-def tiny_data(shared_dir: Path) -> Path:
-    return shared_once(shared_dir, "tiny-data", lambda out: prepare_tiny_data(out / "tokens")) / "tokens"
+def tiny_data(prepared_tokens: Path) -> Path:
+    return prepared_tokens  # tests/conftest.py: the suite's one prepared data folder
 
 
 @pytest.fixture(scope="session")

@@ -1,35 +1,26 @@
-"""Test helpers: tiny prepared data, a tiny recipe, and `layerdrop pretrain` launched
-as real processes with a hard time limit (a hang becomes a failure, never a stuck suite).
+"""Test helpers: a tiny recipe (for tests/conftest.py's prepared tokens), and
+`layerdrop pretrain` launched as real processes with a hard time limit (a hang becomes
+a failure, never a stuck suite).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from tiny_training import prepare_tiny_data, shared_once  # noqa: F401  (for the distributed tests)
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 LAUNCH_TIMEOUT_S = 420  # generous for 2 loaded cores; a healthy launch takes ~1 min
 VOCAB, SEQ_LEN, MICRO_BATCH, LAYERS = 512, 32, 4, 4
 STEPS, P_MAX = 30, 0.99  # the reference runs: ≥ 30 steps at p_max = 0.99
-
-
-def prepare_tiny_data(out: Path) -> Path:
-    """~200k tokens of Python sources through `layerdrop prepare` (vocab 300 BPE)."""
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    run([sys.executable, "-m", "framework.cli", "prepare", "--files", str(stdlib / "json" / "*.py"),
-         "--files", str(stdlib / "email" / "*.py"), "--tokenizer", "train", "--vocab-size", "300",
-         "--max-tokens", "200k", "--val-fraction", "0.1", "--workers", "1", "--no-progress", "--out", str(out)],
-        timeout=300)
-    return out
 
 
 def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps: int = 30, devices: int = 2,
@@ -62,22 +53,6 @@ def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps:
     }
     path.write_text(json.dumps(recipe, indent=2))  # JSON is YAML: LightningCLI reads it as a recipe
     return path
-
-
-def shared_once(base: Path, name: str, make: Callable[[Path], None]) -> Path:
-    """``base/name``, made once by whichever pytest-xdist worker gets there first (the
-    others wait on a file lock and reuse it)."""
-    from filelock import FileLock
-
-    target = base / name
-    with FileLock(str(base / f"{name}.lock")):
-        if not (target / ".done").exists():
-            if target.exists():
-                shutil.rmtree(target)  # a half-made attempt that failed
-            target.mkdir(parents=True)
-            make(target)
-            (target / ".done").touch()
-    return target
 
 
 def ddp_reference_recipe(out: Path, data: Path, **changes: Any) -> Path:

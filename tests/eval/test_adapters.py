@@ -127,13 +127,8 @@ def test_adapter_files_round_trip_and_refuse_another_shape(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    from data_prep.prepare import main as prepare
-
-    out = tmp_path_factory.mktemp("adapters") / "data"
-    assert prepare(["--corpus", "builtin", "--tokenizer", "train", "--vocab-size", "384", "--max-tokens", "160k",
-                    "--val-fraction", "0.1", "--out", str(out), "--no-progress"]) == 0
-    return out
+def prepared(prepared_tokens):
+    return prepared_tokens  # tests/conftest.py: the suite's prepared tokens (vocab 300)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,4 @@
 import json
-import sysconfig
 
 import pytest
 import torch
@@ -114,16 +113,11 @@ def test_default_labels_are_short_and_distinct():
 
 # ---------------------------------------------------------------- the commands
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    """A real `layerdrop prepare` folder (vocab 300) and two exported models."""
-    from data_prep.prepare import main as prepare
-
+def prepared(prepared_tokens, tmp_path_factory):
+    """The suite's prepared tokens (tests/conftest.py, vocab 300) as data/, and two
+    exported models."""
     root = tmp_path_factory.mktemp("exits_cli")
-    stdlib = sysconfig.get_paths()["stdlib"]
-    code = prepare(["--no-progress", "--files", f"{stdlib}/json/*.py", "--tokenizer", "train", "--vocab-size",
-                    str(VOCAB), "--out", str(root / "data"), "--val-fraction", "0.3", "--chunk-tokens", "2048",
-                    "--workers", "1"])
-    assert code == 0
+    (root / "data").symlink_to(prepared_tokens, target_is_directory=True)
     export_decoder(tiny_decoder(seed=0), root / "dense")
     export_decoder(tiny_decoder(seed=1), root / "dropout")
     return root

@@ -1,0 +1,31 @@
+"""The one home of the private Lightning APIs this project relies on.
+
+Lightning's underscore names are not its public API: a release may rename, remove or
+change them without notice, and code that uses them then breaks in ways no type
+checker sees. So every such use is meant to sit here, in a small function named for
+what it does, and every private name the project touches is listed in
+``PRIVATE_API`` with the parameters seen on the pinned Lightning (2.6.6).
+tests/test_lightning_internals.py checks each entry against the installed Lightning
+(and fails naming it when an upgrade changed it), and scans the code for private
+Lightning names that are not listed here.
+
+Prefer the public API where one exists: the end of an optimizer step, for example,
+is read from ``trainer.global_step`` (framework/callbacks.py), not from the fit loop's
+private ``_accumulated_batches_reached``.
+"""
+
+from __future__ import annotations
+
+# "module:Class.name" -> the parameter names of the method, or None for an instance
+# attribute that the class sets in its own code.
+PRIVATE_API: dict[str, tuple[str, ...] | None] = {
+    # PretrainCLI builds the Trainer with the recipe's named strategy (framework/pretrain.py).
+    "lightning.pytorch.cli:LightningCLI._instantiate_trainer": ("self", "config", "callbacks"),
+    # Our own device meshes (HSDP) on Lightning's ModelParallelStrategy (issue #12).
+    "lightning.pytorch.strategies:ModelParallelStrategy._setup_distributed": ("self",),
+    "lightning.pytorch.strategies:ModelParallelStrategy._device_mesh": None,
+    "lightning.pytorch:LightningModule._device_mesh": None,
+}
+
+
+__all__ = ["PRIVATE_API"]

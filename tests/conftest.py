@@ -1,0 +1,30 @@
+"""Fixtures shared by the whole suite.
+
+``prepared_tokens`` is the one prepared data folder the tests that need real litdata
+chunks read: made once per test session by whichever pytest-xdist worker gets there
+first (the others wait on a file lock and reuse it), instead of once per test file.
+Tests only read it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tiny_training import prepare_tiny_data, shared_once
+
+
+@pytest.fixture(scope="session")
+def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder every xdist worker of this session sees (the parent of their base temps)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if base.name.startswith("popen-gw") else base
+
+
+@pytest.fixture(scope="session")
+def prepared_tokens(shared_dir: Path) -> Path:
+    """The suite's prepared data (``tiny_training.prepare_tiny_data``): ~200k tokens of
+    real Python, vocabulary 300 (EOS id 0), 10% validation, chunks of 8192 tokens, with
+    manifest.json and tokenizer.json."""
+    return shared_once(shared_dir, "prepared-tokens", lambda folder: prepare_tiny_data(folder / "tokens")) / "tokens"

@@ -1,0 +1,203 @@
+"""`layerdrop recipe`: Table A.2's transfer rules, the memory model behind the strategy
+and micro-batch, the committed recipes it wrote, and its one-line refusals."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from framework.config import ModelConfig
+from framework.model import Decoder
+from framework.recipe import build, device_memory, main, parameter_count, read_base
+from framework.strategies import checkpoint_block
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+COMMAND = "#   layerdrop recipe "
+
+
+def generated() -> dict[str, list[str]]:
+    """Committed recipe -> the command line its header says wrote it."""
+    found = {}
+    for path in sorted(RECIPES.glob("*.yaml")):
+        line = next((line for line in path.read_text().splitlines() if line.startswith(COMMAND)), None)
+        if line is not None:
+            found[path.name] = shlex.split(line[len(COMMAND):])
+    return found
+
+
+@pytest.fixture
+def in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)  # the commands name the base recipe relative to the repository
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+BASE = ["--base", "recipes/base.yaml"]
+
+
+def test_the_six_paper_recipes_are_generated():
+    assert sorted(generated()) == ["1.8b.yaml", "271m.yaml", "3.9b.yaml", "504m.yaml", "8.2b.yaml", "906m.yaml"]
+
+
+@pytest.mark.parametrize("name", sorted(generated()))
+def test_each_committed_recipe_is_exactly_what_its_command_writes(name, in_repo):
+    assert build(generated()[name]) == (RECIPES / name).read_text()
+
+
+def test_the_base_recipe_is_a_base_at_20_tokens_per_parameter(in_repo):
+    base = read_base("recipes/base.yaml")
+    assert (base.model.d_model, base.model.n_layers) == (base.parametrization.d_base,
+                                                         base.parametrization.n_layers_base)
+    assert base.batch_size == 32 and base.seq_len == 2048
+    assert base.steps == math.ceil(20 * base.parameters / (32 * 2048))
+
+
+def test_table_a2_rules_for_a_size_that_is_not_the_papers(in_repo, capsys):
+    code, out, _ = run(capsys, *BASE, "--d-model", "1024", "--n-layers", "20", "--heads", "8", "--tokens", "30B",
+                       "--devices", "4", "--nodes", "1", "--memory", "80GB", "--p-max", "0.5",
+                       "--distribution", "uniform", "--schedule", "constant")
+    assert code == 0
+    recipe = yaml.safe_load(out)
+    base = read_base("recipes/base.yaml")
+    model = ModelConfig(**recipe["model"]["decoder"])
+    n = parameter_count(model)
+    assert (model.d_model, model.n_layers, model.n_heads, model.head_dim) == (1024, 20, 8, 128)
+    m_data = 30e9 / base.tokens
+    per_device = round(32 * m_data ** 0.4 / 4)
+    trainer, data = recipe["trainer"], recipe["data"]
+    assert data["batch_size"] * trainer["accumulate_grad_batches"] == per_device
+    assert trainer["max_steps"] == math.ceil(30e9 / (per_device * 4 * 2048))
+    tau = recipe["model"]["parametrization"]["tau_ema"]
+    assert tau == pytest.approx(0.2 * ((30e9 / n) / base.tpp) ** -0.5, rel=1e-3)
+    assert recipe["model"]["layer_dropout"] == {**recipe["model"]["layer_dropout"], "p_max": 0.5,
+                                                "distribution": "uniform", "schedule": "constant"}
+    assert "# P̄ = 0.5: 50% of the blocks' training FLOPs saved" in out
+    # Everything the rules do not derive is the base recipe's.
+    assert recipe["model"]["lr_schedule"] == base.recipe["model"]["lr_schedule"]
+    assert recipe["checkpoint"] == base.recipe["checkpoint"]
+
+
+def strategy_of(capsys, *extra: str) -> dict:
+    code, out, err = run(capsys, *BASE, "--tpp", "20", *extra)
+    assert code == 0, err
+    recipe = yaml.safe_load(out)
+    return {"strategy": recipe["trainer"]["strategy"], "micro": recipe["data"]["batch_size"],
+            "accumulate": recipe["trainer"]["accumulate_grad_batches"],
+            "checkpointing": recipe["model"]["activation_checkpointing"]}
+
+
+def test_the_strategy_and_micro_batch_follow_the_memory(in_repo, capsys):
+    roomy = strategy_of(capsys, "--size", "1.8B", "--devices", "8", "--nodes", "2", "--memory", "141GB")
+    assert roomy == {"strategy": "ddp", "micro": 7, "accumulate": 1, "checkpointing": False}
+    sharded = strategy_of(capsys, "--size", "1.8B", "--devices", "8", "--nodes", "1", "--memory", "80GB")
+    assert sharded["strategy"] == "fsdp" and not sharded["checkpointing"]
+    assert strategy_of(capsys, "--size", "8.2B", "--devices", "8", "--nodes", "13",
+                       "--memory", "141GB")["strategy"] == "hsdp"
+    tight = strategy_of(capsys, "--size", "8.2B", "--devices", "8", "--nodes", "13", "--memory", "40GB")
+    assert tight["micro"] * tight["accumulate"] == 2 and (tight["checkpointing"] or tight["micro"] == 1)
+    assert strategy_of(capsys, "--size", "271M", "--devices", "1", "--memory", "141GB")["strategy"] == "single"
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_the_activation_model_is_what_autograd_saves(mixed, checkpointing):
+    """The activation term against the tensors a training forward really keeps for
+    backward (measured as the difference between 8 and 4 sequences, so the weights and
+    their bf16 copies cancel), within 5%; the attention kernel on CPU keeps what Flash
+    and FlexAttention keep (the output and its log-sum-exp, no S×S scores)."""
+    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=3, n_heads=4, max_seq_len=32, attention="sdpa")
+    torch.manual_seed(0)
+    decoder = Decoder(cfg).train()
+    if checkpointing:
+        for block in decoder.blocks:
+            checkpoint_block(block)
+
+    def saved_bytes(batch: int) -> int:
+        storages = {}
+
+        def pack(t):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        tokens = torch.randint(0, 64, (batch, 32))
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if mixed else contextlib.nullcontext()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
+            decoder.hidden(tokens)
+        return sum(storages.values())
+
+    measured = saved_bytes(8) - saved_bytes(4)
+
+    def model(batch: int, recompute: bool) -> float:
+        return device_memory(cfg, 1, shards=1, micro_batch=batch, seq_len=32, checkpointing=recompute,
+                             loss_chunk_tokens=1, mixed=mixed)["activations"]
+
+    if checkpointing:
+        # Saved for backward: each block's input. The model adds one block's full
+        # activations, which exist only while that block is recomputed in backward.
+        one_block = (model(8, False) - model(4, False)) / cfg.n_layers
+        assert measured == pytest.approx(model(8, True) - model(4, True) - one_block, rel=0.05)
+    else:
+        assert measured == pytest.approx(model(8, False) - model(4, False), rel=0.05)
+
+
+def test_the_state_term_is_sixteen_bytes_per_parameter_over_the_shards():
+    cfg = ModelConfig.paper("271M")
+    one, eight = (device_memory(cfg, 1000, shards=s, micro_batch=1, seq_len=8, checkpointing=False,
+                                loss_chunk_tokens=8, mixed=True)["state"] for s in (1, 8))
+    assert (one, eight) == (16_000, 2_000)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--size", "2B"], "^error: --size='2B' is invalid: allowed: 271M, 504M"),
+    (["--size", "271M", "--d-model", "64"], "^error: --size and --d-model.* are invalid together"),
+    (["--d-model", "64", "--heads", "4"], "^error: --size is missing"),
+    (["--size", "271M", "--tpp", "20", "--tokens", "1B"], "^error: --tpp and --tokens are invalid together"),
+    (["--size", "271M"], "^error: --tpp and --tokens .* both missing"),
+    (["--size", "271M", "--tokens", "lots"], "^error: --tokens='lots' is invalid"),
+    (["--size", "271M", "--tpp", "-1"], r"^error: --tpp=-1.0 is invalid: must be > 0"),
+    (["--size", "271M", "--tpp", "20", "--memory", "141"], "^error: --memory='141' is invalid: .*unit"),
+    (["--size", "271M", "--tpp", "20", "--devices", "0"], "^error: --devices=0 is invalid: must be >= 1"),
+    (["--size", "271M", "--tpp", "20", "--p-max", "1.5"], r"^error: p_max=1.5 is invalid: must be in \[0, 1\)"),
+    (["--d-model", "100", "--n-layers", "2", "--heads", "3", "--tpp", "20"], "^error: n_heads=3 is invalid"),
+    (["--size", "8.2B", "--tpp", "20", "--devices", "1", "--memory", "16GB"],
+     "^error: --memory='16GB' is invalid: one sequence per device, fully sharded .* add devices or nodes"),
+])
+def test_bad_input_is_one_line(in_repo, capsys, argv, message):
+    defaults = {"--memory": "141GB"}
+    extra = [x for k, v in defaults.items() if k not in argv for x in (k, v)]
+    code, out, err = run(capsys, *BASE, *argv, *extra)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert re.search(message, err.strip()), err
+
+
+def test_a_recipe_that_is_not_a_base_is_refused(in_repo, capsys):
+    code, _, err = run(capsys, "--base", "recipes/271m.yaml", "--size", "504M", "--tpp", "20", "--memory", "141GB")
+    assert code == 2 and "is invalid: a base recipe trains the parametrization's base model" in err
+    code, _, err = run(capsys, "--base", "recipes/none.yaml", "--size", "504M", "--tpp", "20", "--memory", "141GB")
+    assert code == 2 and err.startswith("error: --base='recipes/none.yaml' is invalid")
+
+
+def test_out_is_written_and_never_overwritten_unasked(in_repo, capsys, tmp_path):
+    out = tmp_path / "r.yaml"
+    argv = [*BASE, "--size", "271M", "--tpp", "20", "--memory", "141GB", "--p-max", "0.4", "--out", str(out)]
+    assert run(capsys, *argv)[0] == 0
+    written = out.read_text()
+    assert "default_root_dir: runs/r " in written and f"--out {out}" in written
+    out.write_text("mine")
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and "exists (add --overwrite" in err and out.read_text() == "mine"
+    assert run(capsys, *argv, "--overwrite")[0] == 0 and out.read_text() == written
