@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,7 @@ def export_decoder(decoder: Decoder, out_dir: str | os.PathLike, *, extra: dict 
 # ------------------------------------------------------------------ tensors per form
 
 
-def _tensors(form: str, path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def _tensors(form: str, path: Path) -> Iterator[tuple[str, Any]]:
     if form == "lightning":
         from framework.safe_unpickle import load_torch_file
 
@@ -176,21 +177,37 @@ def _exported_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
         raise CheckpointError(f"{str(file)!r} cannot be read: {str(err).strip().splitlines()[0]}") from None
 
 
-def copy_into(decoder: Decoder, tensors: Iterable[tuple[str, torch.Tensor]], path: Path) -> None:
-    """Copy (name, tensor) pairs into the decoder's own tensors, one at a time, and
-    refuse a checkpoint whose names or shapes differ from its config."""
+@dataclass
+class Pieces:
+    """A tensor of ``shape`` stored as 1-D pieces that follow each other (a ZeRO
+    partition per rank): copied into place piece by piece, never assembled first."""
+
+    shape: tuple[int, ...]
+    parts: list[torch.Tensor]
+
+
+def copy_into(decoder: Decoder, tensors: Iterable[tuple[str, torch.Tensor | Pieces]], path: Path) -> None:
+    """Copy (name, tensor or Pieces) pairs into the decoder's own tensors, one at a
+    time, and refuse a checkpoint whose names or shapes differ from its config."""
     targets = decoder.state_dict()
     found, unexpected = set(), []
     with torch.no_grad():
-        for name, tensor in tensors:
+        for name, value in tensors:
             target = targets.get(name)
             if target is None:
                 unexpected.append(name)
                 continue
-            if tuple(tensor.shape) != tuple(target.shape):
+            shape = value.shape if isinstance(value, Pieces) else tuple(value.shape)
+            if tuple(shape) != tuple(target.shape):
                 raise CheckpointError(f"checkpoint {str(path)!r} does not match its config: {name} has shape "
-                                      f"{list(tensor.shape)} in the checkpoint, {list(target.shape)} in the model")
-            target.copy_(tensor)
+                                      f"{list(shape)} in the checkpoint, {list(target.shape)} in the model")
+            if isinstance(value, Pieces):
+                flat, offset = target.view(-1), 0
+                for part in value.parts:
+                    flat[offset:offset + part.numel()].copy_(part)
+                    offset += part.numel()
+            else:
+                target.copy_(value)
             found.add(name)
     check_names(path, [n for n in targets if n not in found], unexpected)
 

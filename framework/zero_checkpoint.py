@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from framework.checkpoint import MODEL_PREFIX, CheckpointError
+from framework.checkpoint import MODEL_PREFIX, CheckpointError, Pieces
 from framework.safe_unpickle import LibraryObject, load_torch_file
 
 _OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
@@ -82,9 +82,9 @@ def _as_int(value: Any) -> int:
     return int(value.value) if isinstance(value, LibraryObject) else int(value)
 
 
-def read_zero_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(decoder tensor name, tensor) of every parameter and buffer, one at a time: a
-    view of the memory-mapped file where the parameter lies in one piece, else a copy."""
+def read_zero_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor | Pieces]]:
+    """(decoder tensor name, tensor or Pieces) of every parameter and buffer, one at a
+    time: views of the memory-mapped files, read only when copied into place."""
     states = load_torch_file(model_states_file(path), deepspeed=True)
     if states.get("frozen_param_shapes") or states.get("shared_params"):
         raise CheckpointError(f"DeepSpeed checkpoint {str(path)!r} has frozen or shared parameters, which a "
@@ -99,7 +99,7 @@ def read_zero_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
                               f"{len(files)} optimizer files")
     module = states.get("module") or {}
     for name in states.get("buffer_names") or []:
-        yield _decoder_name(name), module[name].float()
+        yield _decoder_name(name), module[name]
     if stage <= 2:
         yield from _zero2(states["param_shapes"], optimizers, path)
     elif stage == 3:
@@ -108,20 +108,19 @@ def read_zero_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         raise CheckpointError(f"DeepSpeed checkpoint {str(path)!r} has ZeRO stage {stage}; stages 1-3 are read")
 
 
-def _zero2(param_shapes: list[dict], optimizers: list[dict], path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def _zero2(param_shapes: list[dict], optimizers: list[dict], path: Path) -> Iterator[tuple[str, Pieces]]:
     paddings = optimizers[0].get("param_alignment_paddings")
     for group, shapes in enumerate(param_shapes):
         parts = [o["single_partition_of_fp32_groups"][group] for o in optimizers]  # rank order
         offset = 0
         for index, (name, shape) in enumerate(shapes.items()):
             numel = math.prod(shape)
-            pieces = _span(parts, offset, numel, path)
-            yield _decoder_name(name), (torch.cat(pieces) if len(pieces) > 1 else pieces[0]).view(tuple(shape))
+            yield _decoder_name(name), Pieces(tuple(shape), _span(parts, offset, numel, path))
             offset += numel + (paddings[group][index] if paddings else 0)
 
 
 def _zero3(param_shapes: list[dict], optimizers: list[dict], world: int,
-           path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+           path: Path) -> Iterator[tuple[str, Pieces]]:
     per_rank = [o["fp32_flat_groups"] for o in optimizers]
     offset = 0
     for shapes in param_shapes:
@@ -129,7 +128,7 @@ def _zero3(param_shapes: list[dict], optimizers: list[dict], world: int,
             numel = math.prod(shape)
             part = math.ceil(numel / world)
             pieces = [piece for groups in per_rank for piece in _span(groups, offset, part, path)]
-            yield _decoder_name(name), torch.cat(pieces)[:numel].view(tuple(shape))
+            yield _decoder_name(name), Pieces(tuple(shape), _truncated(pieces, numel))
             offset += part
 
 
@@ -146,6 +145,17 @@ def _span(parts: list[torch.Tensor], start: int, length: int, path: Path) -> lis
         raise CheckpointError(f"DeepSpeed checkpoint {str(path)!r}: the optimizer files hold fewer fp32 weights "
                               "than its parameter shapes need (a truncated or mismatched checkpoint)")
     return pieces
+
+
+def _truncated(pieces: list[torch.Tensor], numel: int) -> list[torch.Tensor]:
+    """The pieces without the last rank's padding past ``numel`` elements."""
+    kept, total = [], 0
+    for piece in pieces:
+        if total >= numel:
+            break
+        kept.append(piece[:numel - total])
+        total += kept[-1].numel()
+    return kept
 
 
 def _decoder_name(name: str) -> str:

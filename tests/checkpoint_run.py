@@ -1,8 +1,9 @@
 """One real single-device `layerdrop pretrain` run shared by the checkpoint tests
 (export, tokenizer), made once per test session even across pytest-xdist workers.
 
-It is started as a user would, from the folder holding its data: the data folder and
-the run folder are given as relative paths. Tests must not change it (copy instead).
+It is started as a user would, from the folder holding its data: the data folder (a
+copy of the suite's prepared tokens) and the run folder are given as relative paths.
+Tests must not change it (copy instead).
 """
 
 from __future__ import annotations
@@ -11,33 +12,25 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
 import torch
-from filelock import FileLock
 
-from tiny_training import prepare_tiny_data, tiny_cli_args
+from tiny_training import shared_once, tiny_cli_args
 
 
-def pretrained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """<root>/data (prepared), <root>/run (2 steps: checkpoints/, export/)."""
+def pretrained_run(shared_dir: Path, prepared_tokens: Path) -> Path:
+    """<root>/data, <root>/run (2 steps: checkpoints/, export/)."""
     from framework.pretrain import main as pretrain
 
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if base.name.startswith("popen-gw") else base
-    root = shared / "checkpoint-run"
-    with FileLock(str(shared / "checkpoint-run.lock")):
-        if not (root / ".done").exists():
-            shutil.rmtree(root, ignore_errors=True)
-            root.mkdir()
-            before = os.getcwd()
-            os.chdir(root)
-            try:
-                prepare_tiny_data("data")
-                assert pretrain(tiny_cli_args("data", "run", steps=2) + ["--trainer.logger", "false"]) == 0
-            finally:
-                os.chdir(before)
-            (root / ".done").touch()
-    return root
+    def make(root: Path) -> None:
+        shutil.copytree(prepared_tokens, root / "data")
+        before = os.getcwd()
+        os.chdir(root)
+        try:
+            assert pretrain(tiny_cli_args("data", "run", steps=2) + ["--trainer.logger", "false"]) == 0
+        finally:
+            os.chdir(before)
+
+    return shared_once(shared_dir, "checkpoint-run", make)
 
 
 def moved_copy(checkpoint: Path, target: Path, data_dir: Path) -> Path:

@@ -16,8 +16,8 @@ from checkpoint_run import moved_copy, pretrained_run
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory) -> Path:
-    return pretrained_run(tmp_path_factory)
+def run(shared_dir, prepared_tokens) -> Path:
+    return pretrained_run(shared_dir, prepared_tokens)
 
 
 def test_every_checkpoint_records_the_tokenizer_kept_beside_it(run):

@@ -19,8 +19,8 @@ from checkpoint_run import moved_copy, pretrained_run
 
 
 @pytest.fixture(scope="module")
-def run_root(tmp_path_factory):
-    return pretrained_run(tmp_path_factory)
+def run_root(shared_dir, prepared_tokens):
+    return pretrained_run(shared_dir, prepared_tokens)
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 Runs (each made once per session): FSDP2 (ModelParallelStrategy, gloo), DeepSpeed
 ZeRO-2 and ZeRO-3 (the test-only CPU strategy), and the DDP reference run (single-file
-.ckpt). The ZeRO-3 run uses a wider model (d=640: 81 MB of fp32 weights) so that a
-loader reading the optimizer's moments (162 MB) would show in its peak memory.
+.ckpt). The ZeRO-3 run uses a wider model (d=512: 86 MB of fp32 weights) so that a
+loader reading the optimizer's moments (172 MB) would show in its peak memory.
 
 Checked: every form loads to the function the live model computed at the end of
 training (``logits_probe.LogitsProbe``), and so does the export written at the end of
@@ -37,7 +37,7 @@ from framework.checkpoint_tokenizer import find_tokenizer, sha256_of
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
 STEPS = 2
-WIDE = {"d_model": 640}  # 20M parameters: 81 MB fp32, 162 MB of Adam moments
+WIDE = {"d_model": 512}  # 21.5M parameters: 86 MB fp32, 172 MB of Adam moments
 FORMS = {  # name: (strategy, decoder changes, expected form)
     "fsdp": ("fsdp", {}, "dcp"),
     "zero2": ({"class_path": "cpu_deepspeed.CPUDeepSpeedStrategy", "init_args": {"stage": 2}}, {}, "deepspeed"),
@@ -196,8 +196,8 @@ print(json.dumps({"model": model, "loader": loader, "control": control}))
 
 def test_the_zero_loader_holds_the_model_not_the_optimizer_state(runs):
     """Peak resident memory of load_decoder: the decoder plus the fp32 partitions it
-    copies from (2x the model), against reading the optimizer files whole (3x: masters
-    and two Adam moments). Large allocations are returned to the system on free (a
+    copies from, piece by piece (2x the model), against reading the optimizer files
+    whole (3x: masters and two Adam moments). Large allocations are returned to the system on free (a
     fixed mmap threshold), so a measurement is not hidden by memory an earlier step
     kept; a first load pages in torch's code, which would otherwise count too."""
     env = {**clean_env(), "MALLOC_MMAP_THRESHOLD_": "131072"}
