@@ -1,9 +1,24 @@
 #!/usr/bin/env bash
-# The one-shot GPU check (issue 5): on one H200, the 271M recipe in bf16 for 100 steps
-# with FSDP2 and with DeepSpeed ZeRO-2, dense and ILD+DTS (p_max 0.4, the recipe's),
-# writing tokens/s, MFU from executed FLOPs (dense peak 989.5 TFLOP/s) and the
-# step-time saving to JSON. Budget: the device lends 15 minutes per session, start
-# included; the four runs take ~1-2 minutes each on an H200 (estimate, not measured).
+# The one-shot GPU check: on one H200, the 271M recipe in bf16-mixed, each run a real
+# `layerdrop pretrain` (benchmarks/gpu_throughput.py times it), writing tokens/s, MFU
+# from executed FLOPs (dense peak 989.5 TFLOP/s) and these comparisons to JSON:
+#
+#   fsdp-fp32-dense vs fsdp-bf16-dense   FSDP2 with float32 vs bfloat16 all-gathers
+#                                        (MixedPrecisionPolicy; on one GPU the "all-gather"
+#                                        is a local copy, so this measures the cast-once
+#                                        policy against autocast's cast-per-matmul, not
+#                                        network bytes: BENCHMARKS.md has those)
+#   fsdp-bf16-dense vs fsdp-bf16-ild-dts dense vs ILD+DTS (p_max 0.4): realised step-time
+#   deepspeed2-dense vs deepspeed2-ild-dts   saving against the executed-FLOPs saving
+#   fsdp-bf16-ild-dts vs ...-compile     torch.compile of every block on vs off, and the
+#                                        graphs torch._dynamo makes over the run while the
+#                                        kept-row counts and r_train change every step
+#                                        (bound: 2 graphs per block, no recompile limit hit)
+#
+# Budget: the device lends 15 minutes per session, start included, and 10 per command.
+# STEPS=60 (10 of warmup left out of the means; the compile run's 60 steps give its
+# graph count over 50 steps after its first); each eager run ~1 minute, the compile run
+# ~2-3 (estimates, not measured). RUNS="name ..." runs a subset, in the order given.
 #
 # Before the device call, here on the CPU machine (once):
 #   bash benchmarks/gpu_wheels.sh          # .whl/: deepspeed, litdata, jsonargparse, ... for Python 3.12
@@ -13,22 +28,34 @@
 # The JSON files come back under $OUT; copy gpu_check.json to benchmarks/results/ and
 # the table into BENCHMARKS.md with the date and the machine.
 #
-# What is measured: FSDP2 here is ModelParallelStrategy with data_parallel_size=1 (one
-# GPU, so fully_shard's collectives are no-ops: the overhead of the FSDP2 code path,
-# not multi-GPU scaling); ZeRO-2 likewise on one GPU. The 271M recipe's micro-batch
-# (7 x 2048 tokens) and optimizer are kept; data is the builtin corpus with an
-# 8192-token BPE (no Llama-3 tokenizer on these machines), which changes no FLOP: the
-# model keeps its 128,256-row embedding and unembedding.
+# Without a GPU, SMOKE=1 runs the same sequence on the CPU with recipes/tiny.yaml, 12
+# steps and 32-true precision (no DeepSpeed: Lightning's is CUDA-only), to
+# check the script end to end; its numbers mean nothing:
+#   SMOKE=1 GPU_DATA=<a `layerdrop prepare` folder> PYTHON=.venv/bin/python bash benchmarks/gpu_check.sh
+#
+# What is measured: FSDP2 is our FSDP2Strategy on one device (world size 1), ZeRO-2
+# likewise; the 271M recipe's micro-batch (7 x 2048 tokens) and optimizer are kept;
+# data is the builtin corpus with an 8192-token BPE (no Llama-3 tokenizer on these
+# machines), which changes no FLOP: the model keeps its 128,256-row embedding and head.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 DATA=${GPU_DATA:-benchmarks/out/gpu-data}
 RESULTS=${OUT:-benchmarks/out/gpu-check}  # what comes back: at most 8 files
 OUT_DIR=/tmp/gpu-check-out
-STEPS=${STEPS:-100}
-WARMUP=${WARMUP:-10}
-RUN_TIMEOUT=${RUN_TIMEOUT:-150}
 PYTHON=${PYTHON:-python3}
+if [[ "${SMOKE:-0}" == 1 ]]; then
+    RECIPE=recipes/tiny.yaml ACCELERATOR=cpu PRECISION=32-true WORKERS=0
+    STEPS=${STEPS:-12} WARMUP=${WARMUP:-2} RUN_TIMEOUT=${RUN_TIMEOUT:-600}
+    SMOKE_ARGS=(--model.lr_schedule.warmup_steps 1)  # the recipe's 20 would outlast the run
+    DEFAULT_RUNS="fsdp-fp32-dense fsdp-bf16-dense fsdp-bf16-ild-dts fsdp-bf16-ild-dts-compile"
+else
+    RECIPE=recipes/271m.yaml ACCELERATOR=gpu PRECISION=bf16-mixed WORKERS=4
+    STEPS=${STEPS:-60} WARMUP=${WARMUP:-10} RUN_TIMEOUT=${RUN_TIMEOUT:-150}
+    SMOKE_ARGS=()
+    DEFAULT_RUNS="fsdp-fp32-dense fsdp-bf16-dense fsdp-bf16-ild-dts fsdp-bf16-ild-dts-compile deepspeed2-dense deepspeed2-ild-dts"
+fi
+RUNS=${RUNS:-$DEFAULT_RUNS}
 
 prepare_data() {
     "$PYTHON" -m framework.cli prepare --corpus builtin --tokenizer train --vocab-size 8192 \
@@ -49,22 +76,30 @@ if [[ -d .whl ]]; then
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+rm -rf "$OUT_DIR"
 mkdir -p "$OUT_DIR" "$RESULTS"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT_DIR/machine.txt"
-"$PYTHON" -c "import torch, lightning, deepspeed, litdata; print('torch', torch.__version__, 'lightning', lightning.__version__, 'deepspeed', deepspeed.__version__)" \
+if [[ "$ACCELERATOR" == gpu ]]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT_DIR/machine.txt"
+else
+    echo "SMOKE: CPU ($(nproc --all) cores), recipe $RECIPE, $STEPS steps" | tee "$OUT_DIR/machine.txt"
+fi
+"$PYTHON" -c "import torch, lightning, litdata; print('torch', torch.__version__, 'lightning', lightning.__version__)" \
     | tee -a "$OUT_DIR/machine.txt" || { echo "error: a dependency is missing (see above)" >&2; exit 1; }
 [[ -d "$DATA" ]] || prepare_data || exit 1
 
-FSDP2_ONE_GPU='{"class_path": "lightning.pytorch.strategies.ModelParallelStrategy", "init_args": {"data_parallel_size": 1, "tensor_parallel_size": 1}}'
-common=(--config recipes/271m.yaml --trainer.devices 1 --trainer.num_nodes 1 --trainer.precision bf16-mixed
-        --trainer.max_steps "$STEPS" --trainer.limit_val_batches 0 --trainer.enable_progress_bar false
-        --trainer.logger false --checkpoint.every_n_steps 100000 --data.data_dir "$DATA" --data.num_workers 4
-        --throughput.peak_flops_per_device 989.5e12)
+fsdp2() {  # FSDP2Strategy on one device, all-gathers in $1
+    echo "{\"class_path\": \"framework.strategies.FSDP2Strategy\", \"init_args\": {\"param_dtype\": \"$1\"}}"
+}
+common=(--config "$RECIPE" --trainer.accelerator "$ACCELERATOR" --trainer.devices 1 --trainer.num_nodes 1
+        --trainer.precision "$PRECISION" --trainer.max_steps "$STEPS" --trainer.limit_val_batches 0
+        --trainer.enable_progress_bar false --trainer.logger false --checkpoint.every_n_steps 100000
+        --data.data_dir "$DATA" --data.num_workers "$WORKERS" --throughput.peak_flops_per_device 989.5e12
+        "${SMOKE_ARGS[@]}")
 dense=(--model.layer_dropout.p_max 0.0)
 ild_dts=(--model.layer_dropout.p_max 0.4 --model.layer_dropout.distribution increasing
          --model.layer_dropout.schedule decreasing)
 
-run_one() {  # name, strategy, dropout args...
+run_one() {  # name, strategy, pretrain args...
     local name=$1 strategy=$2
     shift 2
     echo "=== $name"
@@ -76,13 +111,21 @@ run_one() {  # name, strategy, dropout args...
     [[ $code -eq 0 ]] || echo "=== $name FAILED (exit $code)"
 }
 
-run_one fsdp-dense "$FSDP2_ONE_GPU" "${dense[@]}"
-run_one fsdp-ild-dts "$FSDP2_ONE_GPU" "${ild_dts[@]}"
-run_one deepspeed2-dense deepspeed_stage_2 "${dense[@]}"
-run_one deepspeed2-ild-dts deepspeed_stage_2 "${ild_dts[@]}"
+for name in $RUNS; do
+    case $name in
+        fsdp-fp32-dense)           run_one "$name" "$(fsdp2 float32)" "${dense[@]}" ;;
+        fsdp-bf16-dense)           run_one "$name" "$(fsdp2 bfloat16)" "${dense[@]}" ;;
+        fsdp-bf16-ild-dts)         run_one "$name" "$(fsdp2 bfloat16)" "${ild_dts[@]}" ;;
+        fsdp-bf16-ild-dts-compile) RUN_TIMEOUT=$((RUN_TIMEOUT * 2)) run_one "$name" "$(fsdp2 bfloat16)" \
+                                       "${ild_dts[@]}" --model.compile true ;;
+        deepspeed2-dense)          run_one "$name" deepspeed_stage_2 "${dense[@]}" ;;
+        deepspeed2-ild-dts)        run_one "$name" deepspeed_stage_2 "${ild_dts[@]}" ;;
+        *) echo "error: unknown run '$name' in RUNS (known: $DEFAULT_RUNS deepspeed2-dense deepspeed2-ild-dts)" >&2 ;;
+    esac
+done
 
 shopt -s nullglob
-results=("$OUT_DIR"/fsdp-*.json "$OUT_DIR"/deepspeed2-*.json)
+results=("$OUT_DIR"/*.json)
 [[ ${#results[@]} -gt 0 ]] && "$PYTHON" benchmarks/gpu_throughput.py --summarize "${results[@]}" --out "$RESULTS" \
     | tee "$RESULTS/table.md"
 cp "$OUT_DIR/machine.txt" "$RESULTS/"

@@ -13,10 +13,16 @@ causal attention, 3x forward; the rows each block really ran on). The first
     MFU          executed FLOPs / (wall time x devices x peak); peak = 989.5e12, the
                  H200's dense bf16 rate (Lightning does not know "NVIDIA H200")
     dense MFU    the same with the FLOPs the step would have run without dropout
+    graphs       with ``--model.compile true``: torch._dynamo's graphs after every step
+                 (the blocks share their compiled code, so graphs per block = graphs /
+                 layers), and whether any block hit the recompile limit (it then runs
+                 eager, silently)
 
-``--summarize A.json B.json ...`` prints the markdown table of several runs and, for
-each strategy, the step-time saving of its layer-dropout run against its dense run
-beside the saving the executed FLOPs promise.
+``--summarize A.json B.json ...`` prints the markdown table of several runs and the
+comparisons between them: per strategy, the step-time saving of its layer-dropout
+run ("X-ild-dts") against its dense run ("X-dense") beside the saving the executed
+FLOPs promise; bf16 against fp32 FSDP2 collectives ("fsdp-fp32-dense" vs
+"fsdp-bf16-dense"); compile on against off ("X" vs "X-compile"), with the graph count.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ def step_timer_class():
 
         def __init__(self) -> None:
             self.steps: list[dict[str, float]] = []
+            self.graphs: list[int] = []  # torch._dynamo's unique graphs after each step
             self._start = 0.0
             self._tokens = 0
             self._executed = self._dense = 0.0
@@ -68,8 +75,13 @@ def step_timer_class():
             self._sync(trainer)
             self.steps.append({"seconds": time.perf_counter() - self._start, "tokens": self._tokens,
                                "executed_flops": self._executed, "dense_flops": self._dense,
-                               "mean_p": sum(stats.rates) / len(stats.rates)})
+                               "mean_p": sum(stats.rates) / len(stats.rates),
+                               "kept_rows": [rows for rows, _ in stats.kept_counts]})
             self._tokens, self._executed, self._dense = 0, 0.0, 0.0
+            if pl_module.compile_blocks:
+                from torch._dynamo.utils import counters
+
+                self.graphs.append(counters["stats"]["unique_graphs"])
 
     return StepTimer
 
@@ -115,8 +127,25 @@ def measure(name: str, pretrain_args: list[str], warmup: int, peak: float) -> di
         "mean_p": statistics.fmean(s["mean_p"] for s in timed),
         "peak_flops_per_device": peak,
         "max_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "compile": compile_report(timer, cli.model.model_cfg.n_layers) if cli.model.compile_blocks else None,
         "pretrain_args": pretrain_args,
     }
+
+
+def compile_report(timer: Any, layers: int) -> dict[str, Any]:
+    """Graphs torch._dynamo made over the run, against the bound of 2 per block (one
+    with a drop plan, one dense), and whether the kept-row counts really changed."""
+    from torch._dynamo.utils import counters
+
+    graphs = timer.graphs
+    limit_hit = any("recompile" in key.lower() for key in counters["unimplemented"])
+    distinct_kept = len({tuple(s["kept_rows"]) for s in timer.steps})
+    return {"steps": len(graphs), "graphs_after_each_step": graphs, "graphs": graphs[-1] if graphs else 0,
+            "graphs_per_block": (graphs[-1] if graphs else 0) / layers,
+            "graphs_made_after_step_1": (graphs[-1] - graphs[0]) if graphs else 0,
+            "distinct_kept_row_patterns": distinct_kept, "recompile_limit_hit": limit_hit,
+            "graph_breaks": sum(counters["graph_break"].values()),
+            "within_bound": bool(graphs) and graphs[-1] <= 2 * layers and not limit_hit}
 
 
 def summarize(paths: list[Path]) -> tuple[str, list[dict[str, Any]]]:
@@ -127,22 +156,41 @@ def summarize(paths: list[Path]) -> tuple[str, list[dict[str, Any]]]:
         lines.append(f"| {r['name']} | {r['strategy']} | {r['tokens_per_sec']:,.0f} | {r['mfu']:.1%} | "
                      f"{r['step_seconds_mean']:.4f} | {r['executed_flops_fraction']:.3f} |")
     by_name = {r["name"]: r for r in runs}
-    savings = []
-    for r in runs:
-        if not r["name"].endswith("-dense"):
-            continue
-        dense = r
-        dropped = by_name.get(r["name"][: -len("-dense")] + "-ild-dts")
-        if dropped is None:
+    comparisons: list[dict[str, Any]] = []
+    for dense in runs:
+        dropped = by_name.get(dense["name"].removesuffix("-dense") + "-ild-dts")
+        if not dense["name"].endswith("-dense") or dropped is None:
             continue
         measured = 1 - dropped["step_seconds_mean"] / dense["step_seconds_mean"]
         promised = 1 - dropped["executed_flops_fraction"]
-        savings.append({"strategy": dense["strategy"], "step_time_saving": measured, "flops_saving": promised,
-                        "realised_over_promised": measured / promised if promised > 0 else None})
-        ratio = f"{measured / promised:.2f}" if promised > 0 else "n/a"
-        lines += ["", f"{dense['strategy']}: step time saving {measured:.1%} vs executed-FLOPs saving "
-                      f"{promised:.1%} (realised/promised {ratio})"]
-    return "\n".join(lines), savings
+        ratio = measured / promised if promised > 0 else None
+        comparisons.append({"kind": "ild-dts vs dense", "runs": [dense["name"], dropped["name"]],
+                            "step_time_saving": measured, "flops_saving": promised, "realised_over_promised": ratio})
+        lines += ["", f"{dense['name']} -> {dropped['name']}: step time saving {measured:.1%} vs executed-FLOPs "
+                      f"saving {promised:.1%} (realised/promised {'n/a' if ratio is None else f'{ratio:.2f}'})"]
+    if "fsdp-fp32-dense" in by_name and "fsdp-bf16-dense" in by_name:
+        fp32, bf16 = by_name["fsdp-fp32-dense"], by_name["fsdp-bf16-dense"]
+        speedup = bf16["tokens_per_sec"] / fp32["tokens_per_sec"]
+        comparisons.append({"kind": "bf16 vs fp32 FSDP2 collectives", "runs": [fp32["name"], bf16["name"]],
+                            "tokens_per_sec_ratio": speedup, "mfu": [fp32["mfu"], bf16["mfu"]]})
+        lines += ["", f"FSDP2 bf16 vs fp32 all-gathers: tokens/s x{speedup:.2f} (MFU {fp32['mfu']:.1%} -> "
+                      f"{bf16['mfu']:.1%})"]
+    for compiled in runs:
+        eager = by_name.get(compiled["name"].removesuffix("-compile"))
+        if not compiled["name"].endswith("-compile") or eager is None:
+            continue
+        speedup = eager["step_seconds_mean"] / compiled["step_seconds_mean"]
+        graphs = compiled.get("compile") or {}
+        comparisons.append({"kind": "compile on vs off", "runs": [eager["name"], compiled["name"]],
+                            "step_time_speedup": speedup, **{k: graphs.get(k) for k in (
+                                "graphs", "graphs_per_block", "graphs_made_after_step_1", "within_bound",
+                                "recompile_limit_hit", "distinct_kept_row_patterns")}})
+        lines += ["", f"compile on vs off ({eager['name']}): step time x{speedup:.2f}; {graphs.get('graphs')} "
+                      f"graphs over {graphs.get('steps')} steps ({graphs.get('graphs_per_block', 0):.2f} per block, "
+                      f"{graphs.get('graphs_made_after_step_1')} made after step 1, "
+                      f"{graphs.get('distinct_kept_row_patterns')} distinct kept-row patterns): "
+                      f"{'within' if graphs.get('within_bound') else 'OVER'} the bound of 2 per block"]
+    return "\n".join(lines), comparisons
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,12 +207,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summarize", nargs="+", type=Path, metavar="JSON", help="tabulate earlier runs")
     args = parser.parse_args(argv)
     if args.summarize:
-        table, savings = summarize(args.summarize)
+        table, comparisons = summarize(args.summarize)
         print(table)
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             runs = [json.loads(p.read_text()) for p in args.summarize]
-            (args.out / "gpu_check.json").write_text(json.dumps({"runs": runs, "savings": savings}, indent=2) + "\n")
+            (args.out / "gpu_check.json").write_text(json.dumps({"runs": runs, "comparisons": comparisons},
+                                                                indent=2) + "\n")
         return 0
     if not args.name or not args.out or not pretrain_args:
         parser.error("give --name, --out and the pretrain arguments after --, or --summarize")

@@ -44,8 +44,8 @@ META_FILE = "adapters.json"
 INITS = ("last", "random")
 IGNORE_INDEX = -100  # targets the loss leaves out (as in framework/loss.py)
 # Strategies whose frozen, replicated backbone needs nothing special: the optimizer and
-# the gradient all-reduce only see the adapters.
-FIT_STRATEGIES = ("single", "ddp", "deepspeed_stage_2")
+# the gradient all-reduce only see the adapters. "auto": single on one device, else ddp.
+FIT_STRATEGIES = ("auto", "single", "ddp", "deepspeed_stage_2")
 
 
 def check_exits(exits: Sequence[int], num_layers: int) -> list[int]:
@@ -291,7 +291,8 @@ def fit_parser() -> argparse.ArgumentParser:
     p.add_argument("--init", choices=INITS, default="last",
                    help="adapter initialisation: a copy of the backbone's last block (default) or random")
     p.add_argument("--max-steps", type=int, default=200, help="optimizer steps (default 200)")
-    p.add_argument("--batch-size", type=int, default=8, help="sequences per micro-batch (default 8)")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="sequences per device per step (default 8; the global batch is devices x nodes x this)")
     p.add_argument("--seq-len", type=int, default=None,
                    help="tokens per sequence (default: the backbone's max_seq_len)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
@@ -299,7 +300,9 @@ def fit_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup-steps", type=int, default=0, help="linear warmup steps before linear decay")
     p.add_argument("--loss-chunk-tokens", type=int, default=4096,
                    help="tokens per logits chunk of the KL (bounds memory with big vocabularies; default 4096)")
-    p.add_argument("--strategy", choices=FIT_STRATEGIES, default="single", help="Lightning strategy (default single)")
+    p.add_argument("--strategy", choices=FIT_STRATEGIES, default="auto",
+                   help="Lightning strategy (default auto: single on one device, ddp on several: every device "
+                        "holds the frozen backbone, only the adapters' gradients are all-reduced)")
     p.add_argument("--accelerator", default="auto", help="cpu, gpu or auto (default)")
     p.add_argument("--devices", type=int, default=1, help="devices per node (default 1)")
     p.add_argument("--num-nodes", type=int, default=1, help="nodes (default 1)")
@@ -354,8 +357,10 @@ def _trainer(args: argparse.Namespace) -> pl.Trainer:
 
     from framework.strategies import build_strategy, precision_for, resolve_accelerator
 
-    strategy = build_strategy(args.strategy, accelerator=args.accelerator, devices=args.devices,
-                              num_nodes=args.num_nodes)
+    name = args.strategy
+    if name == "auto":
+        name = "ddp" if args.devices * args.num_nodes > 1 else "single"
+    strategy = build_strategy(name, accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes)
     return pl.Trainer(accelerator=resolve_accelerator(args.accelerator), devices=args.devices,
                       num_nodes=args.num_nodes, strategy=strategy, precision=precision_for(args.accelerator),
                       max_steps=args.max_steps, val_check_interval=args.val_every or args.max_steps,

@@ -16,6 +16,12 @@ private ``_accumulated_batches_reached``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightning.pytorch.strategies import ModelParallelStrategy
+    from torch.distributed.device_mesh import DeviceMesh
+
 # "module:Class.name" -> the parameter names of the method, or None for an instance
 # attribute that the class sets in its own code.
 PRIVATE_API: dict[str, tuple[str, ...] | None] = {
@@ -28,4 +34,19 @@ PRIVATE_API: dict[str, tuple[str, ...] | None] = {
 }
 
 
-__all__ = ["PRIVATE_API"]
+def start_process_group(strategy: "ModelParallelStrategy") -> None:
+    """ModelParallelStrategy._setup_distributed: the device, the ranks and the process
+    group, without the (data_parallel, tensor_parallel) mesh its setup_environment
+    builds next (our strategies build their own mesh)."""
+    strategy._setup_distributed()
+
+
+def install_device_mesh(strategy: "ModelParallelStrategy", mesh: "DeviceMesh") -> None:
+    """What ModelParallelStrategy.setup_environment does with its mesh: keep it on the
+    strategy (``strategy.device_mesh``) and hand it to the LightningModule, whose
+    ``device_mesh`` property ``configure_model`` reads."""
+    strategy._device_mesh = mesh
+    strategy.lightning_module._device_mesh = mesh
+
+
+__all__ = ["PRIVATE_API", "start_process_group", "install_device_mesh"]

@@ -142,9 +142,10 @@ class LayerDropModule(pl.LightningModule):
         self._parallelize()
 
     def _parallelize(self) -> None:
-        from framework.strategies import parallelize
+        from framework.strategies import mixed_precision_of, parallelize
 
         self.model = parallelize(self.model, device_mesh=getattr(self, "device_mesh", None),
+                                 mp_policy=mixed_precision_of(self),
                                  activation_checkpointing=self.activation_checkpointing,
                                  compile=self.compile_blocks)
         register_extra_forward_methods(self.model)
@@ -284,14 +285,16 @@ def check_same_model(saved: dict[str, Any], configured: dict[str, Any]) -> None:
 
 def register_extra_forward_methods(decoder: torch.nn.Module) -> None:
     """FSDP2 unshards the root's parameters in a pre-forward hook of ``forward``; the
-    training step calls ``hidden`` and ``logits`` instead, so they get the hook too."""
+    training step calls ``hidden`` instead, so it gets the hook too. Not ``logits``: it
+    runs right after ``hidden`` on the root's still-gathered weights (the root is not
+    resharded after forward), and as an FSDP forward of its own each loss chunk would
+    all-gather the embedding and head again in backward."""
     try:
         from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
     except ImportError:
         return
     if isinstance(decoder, FSDPModule):
-        for name in ("hidden", "logits"):
-            register_fsdp_forward_method(decoder, name)
+        register_fsdp_forward_method(decoder, "hidden")
 
 
 __all__ = ["LayerDropModule", "MicroBatchStats", "with_parametrization", "check_same_model"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain_launch import ddp_reference_recipe, pretrain_command, run, shared_once
+from pretrain_launch import ddp_reference_recipe, launch_nodes, nodes_recipe, pretrain_command, run, shared_once
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +23,10 @@ def ddp_run(shared_dir: Path, tiny_data: Path) -> Path:
         run(pretrain_command(ddp_reference_recipe(out, tiny_data)), out / "log.txt")
 
     return shared_once(shared_dir, "ddp-run", train)
+
+
+@pytest.fixture(scope="session")
+def nodes_ddp_run(shared_dir: Path, tiny_data: Path) -> Path:
+    """DDP over two torchrun "nodes" of two processes each (made once per session)."""
+    return shared_once(shared_dir, "nodes-ddp-run",
+                       lambda out: launch_nodes(nodes_recipe(out, tiny_data, "ddp"), out, devices=2, strategy="ddp"))

@@ -21,13 +21,14 @@ HERE = Path(__file__).resolve().parent
 LAUNCH_TIMEOUT_S = 420  # generous for 2 loaded cores; a healthy launch takes ~1 min
 VOCAB, SEQ_LEN, MICRO_BATCH, LAYERS = 512, 32, 4, 4
 STEPS, P_MAX = 30, 0.99  # the reference runs: ≥ 30 steps at p_max = 0.99
+NODES_STEPS = 20  # the 2 nodes x 2 devices runs (DDP reference, HSDP)
 
 
 def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps: int = 30, devices: int = 2,
                 num_nodes: int = 1, p_max: float = 0.99, distribution: str = "uniform",
                 schedule: str = "constant", probe_dir: Path | None = None, save_parameters: bool = False,
                 activation_checkpointing: bool = False, every_n_steps: int = 1000,
-                val_check_interval: int | None = None) -> Path:
+                val_check_interval: int | None = None, record_collectives: bool = False) -> Path:
     """A recipe for the tiny model (d=32, L=4, vocab 512, seq 32, micro-batch 4), written to ``path``."""
     trainer: dict[str, Any] = {
         "accelerator": "cpu", "devices": devices, "num_nodes": num_nodes, "strategy": strategy,
@@ -37,7 +38,8 @@ def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps:
     }
     if probe_dir is not None:
         trainer["callbacks"] = [{"class_path": "rank_probe.RankProbe",
-                                 "init_args": {"out_dir": str(probe_dir), "save_parameters": save_parameters}}]
+                                 "init_args": {"out_dir": str(probe_dir), "save_parameters": save_parameters,
+                                               "record_collectives": record_collectives}}]
     recipe = {
         "seed_everything": 1234,
         "trainer": trainer,
@@ -64,17 +66,44 @@ def ddp_reference_recipe(out: Path, data: Path, **changes: Any) -> Path:
     return tiny_recipe(out / "recipe.json", **{**settings, **changes})
 
 
+def nodes_recipe(out: Path, data: Path, strategy: Any, **changes: Any) -> Path:
+    """2 nodes x 2 devices, uniform p_max = 0.99, 20 steps, a checkpoint at step 10,
+    the parameters saved per rank."""
+    settings = dict(data_dir=data, root=out / "run", strategy=strategy, steps=NODES_STEPS, devices=2, num_nodes=2,
+                    p_max=P_MAX, probe_dir=out / "probe", save_parameters=True, every_n_steps=NODES_STEPS // 2)
+    return tiny_recipe(out / "recipe.json", **{**settings, **changes})
+
+
 def pretrain_command(recipe: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "framework.cli", "pretrain", "--config", str(recipe), *extra]
 
 
-def torchrun_node(node_rank: int, nnodes: int, port: int, recipe: Path, *extra: str) -> tuple[list[str], dict]:
+def torchrun_node(node_rank: int, nnodes: int, port: int, recipe: Path, *extra: str, devices: int = 1,
+                  strategy: str = "ddp") -> tuple[list[str], dict]:
     """One "node" of a multi-node CPU launch through recipes/launch/torchrun.sh (torchrun
-    with a static rendezvous on loopback, one process per node)."""
+    with a static rendezvous on loopback, ``devices`` processes per node)."""
     env = {**clean_env(), "NNODES": str(nnodes), "NODE_RANK": str(node_rank), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "GPUS_PER_NODE": "1", "ACCELERATOR": "cpu", "STRATEGY": "ddp",
+           "MASTER_PORT": str(port), "GPUS_PER_NODE": str(devices), "ACCELERATOR": "cpu", "STRATEGY": strategy,
            "PYTHON": sys.executable}
     return ["bash", str(REPO / "recipes" / "launch" / "torchrun.sh"), str(recipe), *extra], env
+
+
+def launch_nodes(recipe: Path, log_dir: Path, *extra: str, nnodes: int = 2, devices: int = 1,
+                 strategy: str = "ddp") -> list[str]:
+    """Start ``nnodes`` torchrun "nodes" on loopback and wait for all of them; their outputs.
+    If one fails or hangs, the others are killed rather than left waiting."""
+    port = free_port()
+    logs = [log_dir / f"node{node}.log" for node in range(nnodes)]
+    processes = []
+    for node in range(nnodes):
+        command, env = torchrun_node(node, nnodes, port, recipe, *extra, devices=devices, strategy=strategy)
+        processes.append(start(command, logs[node], env))
+    try:
+        return [finish(process, log) for process, log in zip(processes, logs)]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
 
 
 def clean_env() -> dict[str, str]:

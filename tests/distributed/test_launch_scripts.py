@@ -51,6 +51,15 @@ def test_sbatch_takes_nodes_and_gpus_from_the_allocation(tmp_path, tasks, expect
     assert args[-2:] == ["--trainer.max_steps", "7"]  # the user's overrides come last and win
 
 
+@pytest.mark.parametrize("nodes, strategy", [("3", "hsdp"), ("1", "fsdp")])
+def test_sbatch_defaults_to_hsdp_across_nodes_and_fsdp_on_one(tmp_path, nodes, strategy):
+    record = _stub(tmp_path / "bin", "srun")
+    result = _run(SBATCH, ["recipes/3.9b.yaml"], {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+                                                  "SLURM_JOB_NUM_NODES": nodes, "SLURM_NTASKS_PER_NODE": "8"})
+    assert result.returncode == 0, result.stderr
+    assert _option(record.read_text().splitlines(), "--trainer.strategy") == strategy
+
+
 def test_sbatch_outside_slurm_is_an_error(tmp_path):
     result = _run(SBATCH, ["recipes/tiny.yaml"], {})
     assert result.returncode != 0 and "run this through sbatch" in result.stderr
@@ -69,8 +78,17 @@ def test_torchrun_script_forwards_the_layout(tmp_path):
     assert [_option(args, k) for k in ("--nnodes", "--node-rank", "--nproc-per-node", "--master-addr")] == \
         ["4", "2", "8", "node0"]
     assert [_option(args, k) for k in ("--trainer.devices", "--trainer.num_nodes", "--trainer.strategy",
-                                       "--trainer.precision")] == ["8", "4", "fsdp", "bf16-mixed"]
+                                       "--trainer.precision")] == ["8", "4", "hsdp", "bf16-mixed"]
     assert args[-2:] == ["--resume", "auto"]
+
+
+def test_torchrun_script_on_one_node_defaults_to_fsdp(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("{}")
+    record = _stub(tmp_path / "bin", "fakepython")
+    result = _run(TORCHRUN, [str(recipe)], {"PYTHON": str(tmp_path / "bin" / "fakepython"), "GPUS_PER_NODE": "8"})
+    assert result.returncode == 0, result.stderr
+    assert _option(record.read_text().splitlines(), "--trainer.strategy") == "fsdp"
 
 
 @pytest.mark.parametrize("args, message", [([], "usage:"), (["missing.yaml"], "recipe 'missing.yaml' does not exist")])

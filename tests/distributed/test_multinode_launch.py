@@ -1,6 +1,8 @@
 """Two "nodes" on one machine: recipes/launch/torchrun.sh started twice (NNODES=2,
-NODE_RANK 0 and 1, one process each); the torchruns meet at a static rendezvous on
-127.0.0.1 and run `layerdrop pretrain` under DDP: the path a cluster without SLURM takes.
+NODE_RANK 0 and 1, two processes each); the torchruns meet at a static rendezvous on
+127.0.0.1 and run `layerdrop pretrain` under DDP over 4 ranks: the path a cluster
+without SLURM takes. This run is also the reference the HSDP run (test_hsdp.py) must
+reproduce at the same global batch.
 """
 
 from __future__ import annotations
@@ -8,36 +10,25 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-from pretrain_launch import LAYERS, finish, free_port, read_ranks, start, tiny_recipe, torchrun_node
+from pretrain_launch import LAYERS, read_ranks
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
-STEPS = 8
 
-
-def _node(node: int, port: int, recipe, tmp_path):
-    command, env = torchrun_node(node, 2, port, recipe)
-    return command, tmp_path / f"node{node}.log", env
-
-
-def test_two_torchrun_nodes_train_together(tiny_data, tmp_path):
-    recipe = tiny_recipe(tmp_path / "recipe.json", data_dir=tiny_data, root=tmp_path / "run", strategy="ddp",
-                         steps=STEPS, devices=1, num_nodes=2, p_max=0.5, distribution="increasing",
-                         schedule="decreasing", probe_dir=tmp_path / "probe")
-    port = free_port()
-    nodes = [start(*_node(node, port, recipe, tmp_path)) for node in (0, 1)]
-    try:
-        outputs = [finish(process, tmp_path / f"node{node}.log") for node, process in enumerate(nodes)]
-    finally:
-        for process in nodes:  # if one node failed, do not leave the other waiting
-            if process.poll() is None:
-                process.kill()
-    assert "run summary" in outputs[0]
-    ranks = read_ranks(tmp_path / "probe", 2)
+def test_two_torchrun_nodes_of_two_devices_train_together(nodes_ddp_run):
+    assert "run summary" in (nodes_ddp_run / "node0.log").read_text()
+    ranks = read_ranks(nodes_ddp_run / "probe", 4)
+    steps = len(ranks[0]["steps"])
     for rank in ranks:
-        assert rank["world_size"] == 2 and rank["num_nodes"] == 2
-        assert [s["step"] for s in rank["steps"]] == list(range(1, STEPS + 1))
+        assert rank["world_size"] == 4 and rank["num_nodes"] == 2 and rank["strategy"] == "DDPStrategy"
+        assert [s["step"] for s in rank["steps"]] == list(range(1, steps + 1))
         assert all(math.isfinite(s["loss"]) and len(s["rows_per_call"]) == LAYERS for s in rank["steps"])
-    assert [s["rows_per_call"] for s in ranks[0]["steps"]] != [s["rows_per_call"] for s in ranks[1]["steps"]]
-    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    masks = [[s["rows_per_call"] for s in rank["steps"]] for rank in ranks]
+    assert all(masks[0] != other for other in masks[1:])  # every device draws its own
+    first, *others = (torch.load(nodes_ddp_run / "probe" / f"parameters-rank{r}.pt", weights_only=True)
+                      for r in range(4))
+    for other in others:  # the replicas agree across the two "nodes"
+        assert all(torch.equal(first[name], other[name]) for name in first)
+    assert (nodes_ddp_run / "run" / "checkpoints" / "last.ckpt").is_file()
