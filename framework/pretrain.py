@@ -7,16 +7,18 @@
 Sections of a recipe: ``trainer`` (Lightning's Trainer), ``model`` (LayerDropModule:
 decoder, layer_dropout, parametrization, lr_schedule), ``data`` (TokenDataModule),
 ``checkpoint`` (PeriodicCheckpoint), ``throughput`` (Throughput: peak FLOPs for MFU),
-``summary`` (RunSummary) and ``resume``. A run lives in ``trainer.default_root_dir``:
+``summary`` (RunSummary), ``guard`` (NonFiniteLossGuard) and ``resume``. A run lives in
+``trainer.default_root_dir``:
 
-    <root>/checkpoints/step-XXXXXXXX.ckpt, last.ckpt
+    <root>/checkpoints/step-XXXXXXXX.ckpt, last.ckpt -> the newest (framework/checkpointing.py)
     <root>/lightning_logs/version_N/      TensorBoard events + config.yaml (resolved config)
     <root>/summary.json                   what the run did (also printed at the end)
 
 Everything that can be checked before the first step is checked first, with a one-line
-error: the resume target, the checkpoint's model shape against the config, the data's
-vocabulary against the model (the DataModule's setup), a non-constant dropout schedule
-or LR decay without ``max_steps``.
+error: a bad flag, recipe key or value, the Trainer settings Lightning would trip over
+later, the resume target (framework/resume.py: complete, harmless), the checkpoint's
+model shape against the config, the data's vocabulary against the model (the
+DataModule's setup), a non-constant dropout schedule without ``max_steps``.
 """
 
 from __future__ import annotations
