@@ -131,12 +131,17 @@ def _gradients_are_bad(trainer: pl.Trainer, optimizer: Any) -> torch.Tensor:
 
 
 def _gather_flags(trainer: pl.Trainer, loss_bad: torch.Tensor, grads_bad: torch.Tensor) -> torch.Tensor:
-    """(world size, 2) bools: every rank's (loss, gradient) verdict, on every rank. The
-    one host synchronisation of the check."""
+    """(world size, 2) bools: every rank's (loss, gradient) verdict, on every rank: one
+    all-gather of 2 float32 per rank (benchmarks/comm_volume.py counts it) and the one
+    host synchronisation of the check."""
     local = torch.stack([loss_bad, grads_bad]).float()
-    if trainer.world_size > 1:
-        local = trainer.strategy.all_gather(local)
-    return local.reshape(-1, 2).bool().cpu()
+    if trainer.world_size == 1:
+        return local.reshape(1, 2).bool().cpu()
+    import torch.distributed as dist
+
+    gathered = local.new_empty(trainer.world_size * 2)
+    dist.all_gather_into_tensor(gathered, local)
+    return gathered.reshape(-1, 2).bool().cpu()
 
 
 def _describe(bad: torch.Tensor) -> str:

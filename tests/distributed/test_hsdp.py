@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.comm_volume import expected_calls, micro_batch_collectives, recorded_calls
+from benchmarks.comm_volume import (expected_calls, micro_batch_collectives, optimizer_step_collectives,
+                                     recorded_calls)
 from pretrain_launch import (LAYERS, MICRO_BATCH, NODES_STEPS, SEQ_LEN, VOCAB, launch_nodes, nodes_recipe, read_ranks,
                              shared_once)
 
@@ -73,9 +74,10 @@ def test_hsdp_moves_the_collectives_comm_volume_computes(hsdp_run):
     model = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=LAYERS, n_heads=4, max_seq_len=SEQ_LEN)
     expected = expected_calls(micro_batch_collectives(model, "hsdp", nodes=2, gpus_per_node=2))
     assert {op for op, *_ in expected} == {"all_gather", "reduce_scatter", "all_reduce"}
+    guard = expected_calls(optimizer_step_collectives(nodes=2, gpus_per_node=2))  # the non-finite flags
     for rank in read_ranks(hsdp_run / "probe", 4):
         for step in rank["steps"]:
-            assert recorded_calls(step["collectives"]) == expected, (rank["rank"], step["step"])
+            assert recorded_calls(step["collectives"]) == expected + guard, (rank["rank"], step["step"])
         assert rank["parameter_dtypes"] == rank["optimizer_state_dtypes"] == ["float32"]
 
 
