@@ -38,8 +38,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from eval.inputs import validation_prompts  # noqa: E402
 from eval.search import METHODS, CalibrationObjective, calibrate, search  # noqa: E402
-from eval.speculative import AdaptiveThreshold, ExitDraft, SkipDraft, compare, load_prompts  # noqa: E402
+from eval.speculate import compare  # noqa: E402
+from eval.speculative import AdaptiveThreshold, ExitDraft, SkipDraft  # noqa: E402
 from framework.checkpoint import load_decoder  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out"
@@ -96,7 +98,7 @@ def adaptive_options(args: argparse.Namespace) -> dict:
 def measure(ckpt: Path, args: argparse.Namespace) -> dict:
     model, cfg = load_decoder(ckpt)
     count = args.calibration_prompts + args.confirm_prompts
-    prompts = load_prompts(data=str(args.data), count=count, length=args.prompt_len)
+    prompts = validation_prompts(str(args.data), count=count, length=args.prompt_len)
     started = time.perf_counter()
     objective = calibrate(model, prompts[:args.calibration_prompts], gamma=args.gamma,
                           max_new_tokens=args.max_new_tokens)

@@ -32,17 +32,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from torch.utils.checkpoint import checkpoint
 
+from eval import options
 from framework.checkpoint import CheckpointError, load_decoder
 from framework.config import ModelConfig
+from framework.loss import IGNORE_INDEX, chunked_sum, counted_tokens, inference_chunk_tokens
 from framework.lr_schedule import LRScheduleConfig, schedule_for
 from framework.model import Block, Decoder
 
 WEIGHTS_FILE = "adapters.safetensors"
 META_FILE = "adapters.json"
 INITS = ("last", "random")
-IGNORE_INDEX = -100  # targets the loss leaves out (as in framework/loss.py)
 # Strategies whose frozen, replicated backbone needs nothing special: the optimizer and
 # the gradient all-reduce only see the adapters. "auto": single on one device, else ddp.
 FIT_STRATEGIES = ("auto", "single", "ddp", "deepspeed_stage_2")
@@ -68,7 +68,8 @@ class ExitAdapters(nn.Module):
     def __init__(self, cfg: ModelConfig, exits: Sequence[int]) -> None:
         super().__init__()
         self.exits = check_exits(list(exits), cfg.n_layers)
-        self.blocks = nn.ModuleDict({str(e): Block(cfg, cfg.n_layers - 1) for e in self.exits})
+        # Adapter i is layer n_layers + i of a KV cache made with extra_layers=len(exits).
+        self.blocks = nn.ModuleDict({str(e): Block(cfg, cfg.n_layers + i) for i, e in enumerate(self.exits)})
         self.init_std = cfg.init_std
 
     @torch.no_grad()
@@ -109,17 +110,13 @@ def distillation_kl(student_logits: torch.Tensor, teacher_logprobs: torch.Tensor
 def chunked_distillation_kl(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor,
                             logits_fn: Callable[[torch.Tensor], torch.Tensor], chunk_tokens: int) -> torch.Tensor:
     """``distillation_kl`` of the logits of two residual streams [..., d], ``chunk_tokens``
-    rows at a time: with a 128k vocabulary the logits of a micro-batch would be the
-    largest tensors of the step, so (as framework/loss.py does for the cross-entropy)
-    only one chunk's exist at once, the student's recomputed in backward."""
+    rows at a time (framework/loss.py's reducer): with a 128k vocabulary the logits of a
+    micro-batch would be the largest tensors of the step, so only one chunk's exist at
+    once, the student's recomputed in backward."""
     student = student_hidden.reshape(-1, student_hidden.shape[-1])
     teacher = teacher_hidden.reshape(-1, teacher_hidden.shape[-1])
-    if student.shape[0] <= chunk_tokens:
-        return _summed_kl(student, teacher, logits_fn) / student.shape[0]
-    total = student.new_zeros((), dtype=torch.float32)
-    for start in range(0, student.shape[0], chunk_tokens):
-        piece = slice(start, start + chunk_tokens)
-        total = total + checkpoint(_summed_kl, student[piece], teacher[piece], logits_fn, use_reentrant=False)
+    total = chunked_sum(lambda s_, t_: _summed_kl(s_, t_, logits_fn), student, teacher, chunk_tokens=chunk_tokens,
+                        recompute=True)
     return total / student.shape[0]
 
 
@@ -190,7 +187,7 @@ class AdapterModule(pl.LightningModule):
 def save_adapters(adapters: ExitAdapters, out_dir: str | Path, meta: dict, *, overwrite: bool = False) -> Path:
     out_dir = Path(out_dir)
     if (out_dir / WEIGHTS_FILE).exists() and not overwrite:
-        raise FileExistsError(f"{str(out_dir)!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
+        raise FileExistsError(options.exists_message(out_dir / WEIGHTS_FILE))
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in adapters.state_dict().items()}
     save_file(state, str(out_dir / WEIGHTS_FILE))
@@ -221,29 +218,42 @@ def load_adapters(path: str | Path, backbone: Decoder) -> tuple[ExitAdapters, di
 
 
 @torch.inference_mode()
-def adapter_losses(backbone: Decoder, adapters: ExitAdapters, batches: Iterable) -> dict:
+def adapter_losses(backbone: Decoder, adapters: ExitAdapters, batches: Iterable, *,
+                   chunk_tokens: int | None = None) -> dict:
     """Token-averaged, at every adapter exit: cross-entropy with the adapter, and the KL
-    to the full model with and without the adapter (plain early exit)."""
+    to the full model with and without the adapter (plain early exit); the logits exist
+    a chunk of tokens at a time (framework/loss.py's reducer)."""
+    cfg = backbone.config
     device = backbone.embed.weight.device
-    sums = {key: {e: 0.0 for e in adapters.exits} for key in ("adapter_loss", "adapter_kl", "plain_kl")}
+    chunk_tokens = chunk_tokens or inference_chunk_tokens(cfg.vocab_size, cfg.d_model, device.type == "cuda")
+    sums = {e: torch.zeros(3, dtype=torch.float64, device=device) for e in adapters.exits}
     positions = targets_counted = 0
     for inputs, targets in batches:
         inputs, targets = inputs.to(device), targets.to(device)
         states = backbone.hidden(inputs, all_layers=True)
-        teacher = F.log_softmax(backbone.logits(states[-1]).float(), dim=-1)
         bias = backbone.attention_bias(inputs.shape[1], None)
-        count = inputs.numel()
-        for e, logits in adapters.exit_logits(backbone, states, bias).items():
-            sums["adapter_loss"][e] += float(F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(),
-                                                             ignore_index=IGNORE_INDEX, reduction="sum"))
-            sums["adapter_kl"][e] += float(distillation_kl(logits, teacher)) * count
-            sums["plain_kl"][e] += float(distillation_kl(backbone.logits(states[e - 1]), teacher)) * count
-        positions += count
-        targets_counted += int((targets != IGNORE_INDEX).sum())
+        teacher, labels = states[-1].flatten(0, 1), targets.flatten()
+        for e, hidden in adapters.exit_hidden(states, bias).items():
+            sums[e] += chunked_sum(lambda a, p, t, y: _exit_sums(backbone.logits, a, p, t, y), hidden.flatten(0, 1),
+                                   states[e - 1].flatten(0, 1), teacher, labels, chunk_tokens=chunk_tokens)
+        positions += inputs.numel()
+        targets_counted += counted_tokens(targets)
     if targets_counted == 0:
         raise ValueError("the evaluation data yielded no tokens: check --data, --batches and --max-tokens")
-    return {key: {str(e): total / (targets_counted if key == "adapter_loss" else positions)
-                  for e, total in per_exit.items()} for key, per_exit in sums.items()}
+    return {"adapter_loss": {str(e): float(v[0]) / targets_counted for e, v in sums.items()},
+            "adapter_kl": {str(e): float(v[1]) / positions for e, v in sums.items()},
+            "plain_kl": {str(e): float(v[2]) / positions for e, v in sums.items()}}
+
+
+def _exit_sums(logits_fn, adapter_hidden: torch.Tensor, plain_hidden: torch.Tensor, teacher_hidden: torch.Tensor,
+               labels: torch.Tensor) -> torch.Tensor:
+    """[Σ cross-entropy with the adapter, Σ KL(full ‖ adapter), Σ KL(full ‖ plain exit)] of a chunk."""
+    teacher = F.log_softmax(logits_fn(teacher_hidden).float(), dim=-1)
+    adapter = F.log_softmax(logits_fn(adapter_hidden).float(), dim=-1)
+    plain = F.log_softmax(logits_fn(plain_hidden).float(), dim=-1)
+    return torch.stack([F.nll_loss(adapter, labels, ignore_index=IGNORE_INDEX, reduction="sum"),
+                        F.kl_div(adapter, teacher, log_target=True, reduction="sum"),
+                        F.kl_div(plain, teacher, log_target=True, reduction="sum")]).double()
 
 
 def evaluate(backbone: Decoder, adapters: ExitAdapters, batches: Iterable) -> dict:
@@ -282,12 +292,14 @@ def _load_backbone(parser: argparse.ArgumentParser, path: str, device: str = "cp
 def fit_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="layerdrop adapters fit",
                                 description="Train Balcony-style exit adapters on a frozen backbone "
-                                            "(KL to the full model's next-token distribution).")
+                                            "(KL to the full model's next-token distribution). "
+                                            f"Layer numbering: {options.LAYERS}.")
     p.add_argument("--ckpt", required=True, help="backbone: a .ckpt from `layerdrop pretrain` or an exported folder")
     p.add_argument("--data", required=True, metavar="DIR", help="a folder made by `layerdrop prepare`")
     p.add_argument("--out", required=True, metavar="DIR", help="where adapters.safetensors + adapters.json go")
     p.add_argument("--exits", type=_int_list, default=None,
-                   help="exit layers, e.g. 2,4,6 (each in 1..L-1; default: L/4, L/2, 3L/4)")
+                   help="exits, e.g. 2,4,6: exit K reads the stream after blocks 0..K-1 (K in 1..L-1; default: "
+                        "L/4, L/2, 3L/4)")
     p.add_argument("--init", choices=INITS, default="last",
                    help="adapter initialisation: a copy of the backbone's last block (default) or random")
     p.add_argument("--max-steps", type=int, default=200, help="optimizer steps (default 200)")
@@ -319,8 +331,7 @@ def fit_main(argv: list[str] | None = None) -> int:
     for name in ("max_steps", "batch_size", "devices", "num_nodes", "val_batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')}={getattr(args, name)} is invalid: must be a positive integer")
-    if (Path(args.out) / WEIGHTS_FILE).exists() and not args.overwrite:
-        parser.error(f"{args.out!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
+    options.refuse_existing(parser, [Path(args.out) / WEIGHTS_FILE], args.overwrite)
     if not Path(args.data).is_dir():
         parser.error(f"--data {args.data!r} is not a folder: expected one made by `layerdrop prepare`")
     pl.seed_everything(args.seed, verbose=False)
@@ -378,58 +389,66 @@ def _check_frozen(before: dict[str, torch.Tensor], backbone: Decoder) -> None:
 
 def eval_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="layerdrop adapters eval",
-                                description="Per-exit validation loss with exit adapters next to plain early exit.")
+                                description="Per-exit validation loss with exit adapters next to plain early exit. "
+                                            f"Layer numbering: {options.LAYERS}.")
     p.add_argument("--adapters", required=True, metavar="DIR", help="a folder written by `layerdrop adapters fit`")
     p.add_argument("--ckpt", default=None, help="the backbone (default: the one named in adapters.json)")
     p.add_argument("--data", required=True, metavar="DIR", help="a folder made by `layerdrop prepare`")
-    p.add_argument("--out", required=True, metavar="JSON", help="report path")
-    p.add_argument("--plot", default=None, metavar="PNG", help="plot path (default: --out with .png)")
-    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default: max_seq_len)")
+    p.add_argument("--seq-len", type=int, default=None, help="tokens per sequence (default and most: max_seq_len)")
     p.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
     p.add_argument("--max-tokens", type=int, default=None, help="stop after this many target tokens")
     p.add_argument("--batches", type=int, default=None, help="stop after this many batches")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default cpu)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing report/plot")
+    options.add_device(p)
+    options.add_output(p, plot=True)
     return p
 
 
 def eval_main(argv: list[str] | None = None) -> int:
+    from eval.inputs import ContextLimit, ValidationData
+    from framework.progress import progress
+
     parser = eval_parser()
     args = parser.parse_args(argv)
-    for name in ("seq_len", "batch_size", "max_tokens", "batches"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')}={value} is invalid: must be a positive integer")
+    options.check_positive(parser, args, ("seq_len", "batch_size", "max_tokens", "batches"))
     args.plot = args.plot or str(Path(args.out).with_suffix(".png"))
-    for path in (args.out, args.plot):
-        if Path(path).exists() and not args.overwrite:
-            parser.error(f"{path!r} already exists; pass --overwrite to replace it")
+    options.refuse_existing(parser, [args.out, args.plot], args.overwrite)
+    device = options.resolve_device(parser, args.device)
     try:
         meta = read_meta(args.adapters)
+        cfg = ModelConfig.from_dict(meta["model"])
+        seq_len = ContextLimit(cfg.max_seq_len, "sequence").fit_length(args.seq_len or cfg.max_seq_len, "--seq-len")
+        data = ValidationData(args.data, seq_len=seq_len, batch_size=args.batch_size, max_tokens=args.max_tokens,
+                              max_batches=args.batches, model_vocab_size=cfg.vocab_size)
     except CheckpointError as err:
         parser.error(str(err))
-    backbone = _load_backbone(parser, args.ckpt or meta["backbone"], args.device)
+    except (ValueError, FileNotFoundError) as err:
+        parser.error(f"--data {args.data!r}: {err}")
+    backbone = _load_backbone(parser, args.ckpt or meta["backbone"], device)
     try:
         adapters, _ = load_adapters(args.adapters, backbone)
     except CheckpointError as err:
         parser.error(str(err))
-    from eval.exits import ValidationData
-
-    try:
-        data = ValidationData(args.data, seq_len=args.seq_len or backbone.config.max_seq_len,
-                              batch_size=args.batch_size, max_tokens=args.max_tokens, max_batches=args.batches,
-                              model_vocab_size=backbone.config.vocab_size)
-    except (ValueError, FileNotFoundError) as err:
-        parser.error(f"--data {args.data!r}: {err}")
-    report = {"adapters": str(args.adapters), "backbone": str(args.ckpt or meta["backbone"]),
-              **evaluate(backbone, adapters, data), "plot": args.plot}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    with progress(2 * len(data), "adapters eval: batches") as bar:
+        report = {"adapters": str(args.adapters), "backbone": str(args.ckpt or meta["backbone"]),
+                  **evaluate(backbone, adapters, _advancing(data, bar)), "plot": args.plot}
+    options.write_json(report, args.out)
     _plot(report, args.plot)
     for e in report["exits"]:
         print(f"exit {e}: plain {report['plain_loss'][str(e)]:.4f}  adapter {report['adapter_loss'][str(e)]:.4f}")
     print(f"full model: {report['final_loss']:.4f}; wrote {args.out} and {args.plot}")
     return 0
+
+
+class _advancing:
+    """Batches that advance a progress display as they are read (iterable many times)."""
+
+    def __init__(self, batches: Iterable, bar) -> None:
+        self.batches, self.bar = batches, bar
+
+    def __iter__(self):
+        for batch in self.batches:
+            yield batch
+            self.bar.advance()
 
 
 def _plot(report: dict, path: str) -> None:

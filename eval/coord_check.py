@@ -23,18 +23,19 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from eval import options
 from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig
 from framework.layer_dropout import StepKey, plan
 from framework.model import Decoder
 from framework.parametrization import adamw, init_decoder_, model_multipliers
+from framework.progress import progress
 
 R_TRAIN = ("one", "inverse_density")
 DEFAULT_DENSITIES = (0.25, 0.5, 0.75, 1.0)
@@ -64,7 +65,7 @@ def rms(h: torch.Tensor) -> float:
 
 
 def train_and_record(initial: Decoder, pcfg: ParametrizationConfig, batches: Sequence[torch.Tensor],
-                     density: float, r_train: str, seed: int) -> list[float]:
+                     density: float, r_train: str, seed: int, on_step: Callable[[], None] | None = None) -> list[float]:
     """RMS of the final residual stream at each training step of one run."""
     model = copy.deepcopy(initial).train()
     batch_size, seq_len = batches[0].shape[0], batches[0].shape[1] - 1
@@ -82,13 +83,16 @@ def train_and_record(initial: Decoder, pcfg: ParametrizationConfig, batches: Seq
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if on_step is not None:
+            on_step()
     return history
 
 
 def coord_check(*, densities: Sequence[float] = DEFAULT_DENSITIES, r_trains: Sequence[str] = R_TRAIN,
                 steps: int = 10, d_model: int = 64, n_layers: int = 16, n_heads: int = 4,
                 vocab_size: int = 256, batch_size: int = 32, seq_len: int = 32, lr: float = 1e-2,
-                d_base: int | None = None, n_layers_base: int = 4, seed: int = 0) -> dict:
+                d_base: int | None = None, n_layers_base: int = 4, seed: int = 0,
+                on_step: Callable[[], None] | None = None) -> dict:
     """Run every (r_train, density) pair from one initialisation; the report's series."""
     _validate(densities, r_trains, steps)
     pcfg = ParametrizationConfig(kind="complete_p", d_base=d_base or d_model, n_layers_base=n_layers_base, lr=lr)
@@ -101,7 +105,7 @@ def coord_check(*, densities: Sequence[float] = DEFAULT_DENSITIES, r_trains: Seq
     series = []
     for r_train in r_trains:
         for density in densities:
-            for step, value in enumerate(train_and_record(initial, pcfg, batches, density, r_train, seed)):
+            for step, value in enumerate(train_and_record(initial, pcfg, batches, density, r_train, seed, on_step)):
                 series.append({"r_train": r_train, "density": density, "step": step, "rms": value})
     config = dict(densities=list(densities), r_train=list(r_trains), steps=steps, d_model=d_model,
                   n_layers=n_layers, n_heads=n_heads, vocab_size=vocab_size, batch_size=batch_size,
@@ -156,24 +160,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-2, help="base AdamW LR η (Table A.2 scales it)")
     parser.add_argument("--n-layers-base", type=int, default=4, help="CompleteP base depth L_base")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, metavar="JSON")
-    parser.add_argument("--plot", default=None, metavar="PNG", help="default: --out with .png")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing report/plot")
+    options.add_output(parser, plot=True)
     args = parser.parse_args(argv)
     plot_path = args.plot or str(Path(args.out).with_suffix(".png"))
-    for path in (args.out, plot_path):
-        if Path(path).exists() and not args.overwrite:
-            parser.error(f"{path!r} already exists; pass --overwrite to replace it")
+    options.refuse_existing(parser, [args.out, plot_path], args.overwrite)
     try:
-        report = coord_check(densities=args.densities, r_trains=args.r_trains, steps=args.steps,
-                             d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
-                             vocab_size=args.vocab_size, batch_size=args.batch_size, seq_len=args.seq_len,
-                             lr=args.lr, n_layers_base=args.n_layers_base, seed=args.seed)
+        _validate(args.densities, args.r_trains, args.steps)
+        with progress(len(args.densities) * len(args.r_trains) * args.steps, "coord-check: training steps") as bar:
+            report = coord_check(densities=args.densities, r_trains=args.r_trains, steps=args.steps,
+                                 d_model=args.d_model, n_layers=args.n_layers, n_heads=args.n_heads,
+                                 vocab_size=args.vocab_size, batch_size=args.batch_size, seq_len=args.seq_len,
+                                 lr=args.lr, n_layers_base=args.n_layers_base, seed=args.seed, on_step=bar.advance)
     except ValueError as err:
         parser.error(str(err))
     report["plot"] = plot_path
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    options.write_json(report, args.out)
     from eval.plots import plot_coord_check
 
     plot_coord_check(report, plot_path)

@@ -10,21 +10,27 @@ tasks read their data sets from the Hugging Face cache (``HF_HOME`` /
 ``HF_DATASETS_CACHE``), so a machine without a hub connection needs that cache filled
 beforehand (copied from a machine that ran them once), or local task YAMLs whose
 ``dataset_path: json`` + ``dataset_kwargs.data_files`` point at JSON/JSONL files, passed
-with ``--include-path``. Task names are checked against lm-eval's index (built-in +
-include path) before the model is loaded; indexing the ~14k built-in names takes
-~30 s, which ``--no-builtin-tasks`` skips when only include-path tasks are wanted.
+with ``--include-path``. Before the model loads, task names are checked
+(eval/task_index.py: a second for declared names; lm-eval's ~30 s index once, then
+cached, for the rest), then the tasks' data sets are read, so a data set missing from
+the cache is one line naming it. lm-eval still indexes its ~14k built-in names to run
+them, which ``--no-builtin-tasks`` skips when only include-path tasks are wanted.
+``--log-samples`` writes every request with the model's answer (the generated text
+too) to ``<out>.samples.jsonl``.
 """
 
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Sequence
+
+from eval import options
 
 PAPER_TASKS = ("bbh", "piqa", "social_iqa", "hellaswag", "winogrande", "arc_challenge", "arc_easy",
                "openbookqa", "lambada_openai", "copa", "race")
@@ -72,22 +78,19 @@ def task_manager(include_paths: Sequence[str], builtin: bool):
     return TaskManager(include_path=list(include_paths) or None, include_defaults=builtin)
 
 
-def check_tasks(names: Sequence[str], manager, builtin: bool) -> None:
-    """Every name must be a task, group or tag the manager indexed."""
-    known = set(manager.all_tasks)
-    unknown = [name for name in names if name not in known]
-    if not unknown:
-        return
-    hints = []
-    for name in unknown:
-        close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
-        hints.append(f"{name!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
-    if builtin:
-        allowed = (f"'paper' ({','.join(PAPER_TASKS)}) or one of lm-eval's {len(known)} task/group/tag "
-                   "names (list them with `lm-eval ls tasks`) or a task under --include-path")
-    else:
-        allowed = f"'paper' or a task under --include-path: {', '.join(sorted(known)) or '(none found)'}"
-    raise ValueError(f"unknown task {', '.join(hints)}; allowed: {allowed}")
+def load_task_data(manager, tasks: Sequence[str]) -> list:
+    """The tasks, data sets read (what simple_evaluate would do after loading the model);
+    a data set that is neither cached nor local is one ValueError naming it."""
+    try:
+        loaded = manager.load(list(tasks))
+    except ConnectionError as err:  # datasets/huggingface_hub in offline mode
+        match = re.search(r"reach '([^']+)'", str(err))
+        name = match.group(1) if match else str(err).splitlines()[0]
+        cache = os.environ.get("HF_DATASETS_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
+        raise ValueError(f"the data set {name!r} of these tasks is not in the Hugging Face cache ({cache}) and "
+                         "runs are offline: run the task once where the hub is reachable and copy the cache here, "
+                         "or use a local task YAML (dataset_path: json) with --include-path") from None
+    return [loaded["groups"].get(name) or loaded["tasks"].get(name) or name for name in tasks]
 
 
 def primary_metric(metrics: dict) -> tuple[str, float] | None:
@@ -132,8 +135,9 @@ def _json_safe(value):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="layerdrop eval downstream",
-                                     description="Downstream benchmarks of a checkpoint through lm-eval (offline).")
-    parser.add_argument("--ckpt", required=True, help="a .ckpt from `layerdrop pretrain` or an exported folder")
+                                     description="Downstream benchmarks of a checkpoint through lm-eval (offline). "
+                                                 f"Layer numbering: {options.LAYERS}.")
+    options.add_checkpoint(parser)
     parser.add_argument("--tasks", nargs="+", required=True,
                         help=f"'paper' ({','.join(PAPER_TASKS)}) and/or lm-eval task names, comma separated")
     parser.add_argument("--include-path", nargs="+", action="extend", default=[], metavar="DIR",
@@ -143,39 +147,38 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=float, default=None,
                         help="examples per task (a fraction if < 1); for quick checks, not for reporting")
     parser.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
-    parser.add_argument("--exit-layer", type=int, default=None, help="early exit: run blocks 0..k-1 (1..L)")
-    parser.add_argument("--skip-layers", default=None,
-                        help="skip set: alternate-odd, alternate-even, a-b, or a list i,j,k")
-    parser.add_argument("--tokenizer", default=None, help="tokenizer.json (default: beside the checkpoint "
-                                                          "or in the data folder it was trained on)")
-    parser.add_argument("--eot-token", default=None, help="end-of-text token (default: the data's EOS)")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
+    parser.add_argument("--exit-layer", type=int, default=None, help=options.EXIT_HELP)
+    parser.add_argument("--skip-layers", default=None, help=options.SKIP_HELP)
+    options.add_adapters(parser, "with --exit-layer K, the exit reads through the adapter trained at K")
+    options.add_tokenizer(parser)
     parser.add_argument("--max-length", type=int, default=None, help="context window (default: max_seq_len)")
+    parser.add_argument("--max-gen-toks", type=int, default=None,
+                        help="generation budget of tasks that set none (default: 256, at most half the context)")
+    parser.add_argument("--log-samples", action="store_true",
+                        help="write every request and the model's answer to <out>.samples.jsonl")
     parser.add_argument("--bootstrap-iters", type=int, default=100000,
                         help="bootstrap resamples for standard errors of non-mean metrics (0: none)")
-    parser.add_argument("--seed", type=int, default=0, help="few-shot sampling and python/numpy/torch seeds")
-    parser.add_argument("--out", required=True, metavar="JSON", help="report path")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing report")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="few-shot sampling, sampled generation, python/numpy/torch seeds")
+    options.add_device(parser)
+    options.add_output(parser)
     return parser
 
 
 def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from eval.lm_eval_adapter import find_tokenizer
     from eval.skip_sets import parse_skip_set
+    from eval.tokenizer import find_tokenizer
     from framework.checkpoint import CheckpointError, read_model_config
 
-    if Path(args.out).exists() and not args.overwrite:
-        parser.error(f"{args.out!r} already exists; pass --overwrite to replace it")
-    for name in ("batch_size", "max_length", "num_fewshot"):
-        value = getattr(args, name)
-        if value is not None and value < (0 if name == "num_fewshot" else 1):
-            parser.error(f"--{name.replace('_', '-')}={value} is invalid: must be a "
-                         f"{'non-negative' if name == 'num_fewshot' else 'positive'} integer")
+    options.refuse_existing(parser, [args.out, samples_path(args.out) if args.log_samples else None],
+                            args.overwrite)
+    options.check_positive(parser, args, ("batch_size", "max_length", "num_fewshot", "max_gen_toks"),
+                           zero_ok=("num_fewshot",))
     if args.limit is not None and args.limit <= 0:
         parser.error(f"--limit={args.limit} is invalid: must be positive")
-    if not Path(args.ckpt).exists():
-        parser.error(f"checkpoint {args.ckpt!r} does not exist")
+    options.check_checkpoint(parser, args.ckpt)
+    args.device = str(options.resolve_device(parser, args.device))
     try:
         cfg = read_model_config(args.ckpt)
     except (CheckpointError, FileNotFoundError) as err:
@@ -183,17 +186,47 @@ def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
     n = cfg.n_layers
     if args.exit_layer is not None and not 1 <= args.exit_layer <= n:
         parser.error(f"--exit-layer={args.exit_layer} is invalid: must be an integer in 1..{n}")
+    window = args.max_length or cfg.max_seq_len
+    if args.max_gen_toks is not None and args.max_gen_toks >= window:
+        parser.error(f"--max-gen-toks={args.max_gen_toks} is invalid: must be below the context ({window} tokens), "
+                     "which also holds the prompt")
     try:
         args.skip = list(parse_skip_set(args.skip_layers, n)) if args.skip_layers else []
+        if args.adapters is not None:
+            _check_adapters(args.adapters, args.exit_layer, args.skip)
         if args.tokenizer is None:
             find_tokenizer(args.ckpt)
         elif not Path(args.tokenizer).is_file():
             raise ValueError(f"--tokenizer {args.tokenizer!r} does not exist")
-    except ValueError as err:
+    except (ValueError, CheckpointError) as err:
         parser.error(str(err))
 
 
+def _check_adapters(folder: str, exit_layer: int | None, skip: list[int]) -> None:
+    from eval.adapters import read_meta
+
+    exits = read_meta(folder)["exits"]
+    if exit_layer not in exits or skip:
+        raise ValueError(f"--adapters {folder!r} needs --exit-layer set to one of their exits {exits} "
+                         "(and no --skip-layers)")
+
+
+def samples_path(out: str) -> Path:
+    return Path(out).with_suffix(".samples.jsonl")
+
+
+def write_samples(results: dict, path: Path) -> int:
+    """Every logged sample as one JSON line, its task first; the number written."""
+    lines = [json.dumps({"task": task, **_json_safe(sample)})
+             for task, samples in (results.get("samples") or {}).items() for sample in samples]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(line + "\n" for line in lines))
+    return len(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from eval.task_index import check_tasks
+
     parser = _parser()
     args = parser.parse_args(argv)
     try:
@@ -202,9 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     _check_model_args(parser, args)
     force_offline()
+    builtin = not args.no_builtin_tasks
     try:
-        manager = task_manager(args.include_path, builtin=not args.no_builtin_tasks)
-        check_tasks(tasks, manager, builtin=not args.no_builtin_tasks)
+        check_tasks(tasks, args.include_path, builtin, PAPER_TASKS)
+        manager = task_manager(args.include_path, builtin=builtin)
+        task_objects = load_task_data(manager, tasks)
     except ValueError as err:
         parser.error(str(err))
 
@@ -215,18 +250,24 @@ def main(argv: list[str] | None = None) -> int:
 
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     model_args = {"ckpt": args.ckpt, "tokenizer": args.tokenizer, "exit_layer": args.exit_layer,
-                  "skip_layers": args.skip or None, "max_length": args.max_length, "eot_token": args.eot_token}
+                  "skip_layers": args.skip or None, "adapters": args.adapters, "max_length": args.max_length,
+                  "max_gen_toks": args.max_gen_toks, "eot_token": args.eot_token, "seed": args.seed}
     results = lm_eval.simple_evaluate(
-        model="layerdrop", model_args={k: v for k, v in model_args.items() if v is not None}, tasks=tasks,
+        model="layerdrop", model_args={k: v for k, v in model_args.items() if v is not None}, tasks=task_objects,
         num_fewshot=args.num_fewshot, batch_size=args.batch_size, device=args.device, limit=limit,
-        task_manager=manager, log_samples=False, bootstrap_iters=args.bootstrap_iters, random_seed=args.seed,
-        numpy_random_seed=args.seed, torch_random_seed=args.seed, fewshot_random_seed=args.seed)
+        task_manager=manager, log_samples=args.log_samples, bootstrap_iters=args.bootstrap_iters,
+        random_seed=args.seed, numpy_random_seed=args.seed, torch_random_seed=args.seed,
+        fewshot_random_seed=args.seed)
     model_info = {k: v for k, v in results.get("config", {}).items()
-                  if k in ("ckpt", "tokenizer", "exit_layer", "skip_layers", "num_layers", "parameters")}
+                  if k in ("ckpt", "tokenizer", "exit_layer", "skip_layers", "adapters", "num_layers", "parameters")}
     report = _json_safe(build_report(results, tasks, model_info, limit))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    if args.log_samples:
+        report["samples_file"] = str(samples_path(args.out))
+        count = write_samples(results, samples_path(args.out))
+    options.write_json(report, args.out)
     print(make_table(results))
+    if args.log_samples:
+        print(f"wrote {count} samples to {report['samples_file']}")
     print(f"wrote {args.out}")
     return 0
 

@@ -20,59 +20,35 @@ several -> the first model's keys at the top level and every model under "models
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import re
 import sys
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 
+from eval import options
 from eval import skip_sets as sets
+from eval.inputs import Batch, ContextLimit, ValidationData
 from framework.checkpoint import CheckpointError, load_decoder, read_model_config
+from framework.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
 from framework.model import Decoder
-
-IGNORE_INDEX = -100
-# Rows of logits per chunk. On a GPU, big chunks keep the matmuls efficient: 2^26 float32
-# logits (256 MB), 523 tokens at the Llama-3 vocabulary. On a CPU the cross-entropy is
-# memory-bound, so a chunk's logits should stay in cache (2^21 entries, 8 MB), but with
-# at least d_model rows so the head's weight matrix, read once per chunk, is amortised.
-GPU_LOGIT_BUDGET = 2**26
-CPU_LOGIT_BUDGET = 2**21
+from framework.progress import progress
 
 # `eval skip` without --sets/--sweep: the full model, the paper's "skip alternate layers"
 # (the odd ones, which ALD trains to be skippable) and the middle-out loss-vs-memory curve.
 DEFAULT_SETS = ("none", "alternate-odd")
 DEFAULT_SWEEPS = ("middle",)
 
-Batch = tuple[torch.Tensor, torch.Tensor]
-
 
 # --------------------------------------------------------------------------- losses
 def default_chunk_tokens(decoder: Decoder) -> int:
-    vocab = decoder.config.vocab_size
-    if decoder.embed.weight.is_cuda:
-        return max(1, GPU_LOGIT_BUDGET // vocab)
-    return max(decoder.config.d_model, CPU_LOGIT_BUDGET // vocab)
+    cfg = decoder.config
+    return inference_chunk_tokens(cfg.vocab_size, cfg.d_model, decoder.embed.weight.is_cuda)
 
 
-def summed_cross_entropy(decoder: Decoder, hidden: torch.Tensor, targets: torch.Tensor,
-                         chunk_tokens: int) -> torch.Tensor:
-    """Σ cross-entropy (float64 accumulator) of the logits of ``hidden`` [B, S, d]."""
-    rows = hidden.reshape(-1, hidden.shape[-1])
-    labels = targets.reshape(-1).to(rows.device)
-    total = torch.zeros((), dtype=torch.float64, device=rows.device)
-    for start in range(0, rows.shape[0], chunk_tokens):
-        logits = decoder.logits(rows[start:start + chunk_tokens]).float()
-        total += F.cross_entropy(logits, labels[start:start + chunk_tokens], ignore_index=IGNORE_INDEX,
-                                 reduction="sum").double()
-    return total
-
-
-def counted_tokens(targets: torch.Tensor) -> int:
-    return int((targets != IGNORE_INDEX).sum())
+def _summed_loss(decoder: Decoder, hidden: torch.Tensor, targets: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
+    return summed_cross_entropy(hidden, targets, decoder.logits, chunk_tokens=chunk_tokens)
 
 
 @torch.inference_mode()
@@ -91,20 +67,12 @@ def exit_losses(decoder: Decoder, batches: Iterable[Batch], *, chunk_tokens: int
     for inputs, targets in batches:
         states = decoder.hidden(inputs.to(device), exit_layer=exits[-1], all_layers=True)
         for index, k in enumerate(exits):
-            sums[index] += summed_cross_entropy(decoder, states[k - 1], targets, chunk_tokens)
+            sums[index] += _summed_loss(decoder, states[k - 1], targets, chunk_tokens)
         tokens += counted_tokens(targets)
     _require_tokens(tokens)
     return {"num_layers": num_layers,
             "exit_loss": {str(k): float(sums[i] / tokens) for i, k in enumerate(exits)},
             "tokens": tokens}
-
-
-def run_from(decoder: Decoder, h: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
-    """The residual stream after running ``layers`` (in order) on ``h``, as in eval."""
-    bias = decoder.attention_bias(h.shape[1], None)
-    for index in layers:
-        h = decoder.blocks[index](h, bias)
-    return h
 
 
 @torch.inference_mode()
@@ -125,8 +93,8 @@ def skip_losses(decoder: Decoder, batches: Iterable[Batch], skips: Sequence[Sequ
         for index, skip in enumerate(skips):
             first = skip[0] if skip else num_layers
             rest = [i for i in range(first, num_layers) if i not in skip]
-            final = run_from(decoder, prefix[first], rest)
-            sums[index] += summed_cross_entropy(decoder, final, targets, chunk_tokens)
+            final = decoder.run_blocks(prefix[first], rest)
+            sums[index] += _summed_loss(decoder, final, targets, chunk_tokens)
         tokens += counted_tokens(targets)
     _require_tokens(tokens)
     results = [{"skip_layers": list(skip), "loss": float(sums[i] / tokens),
@@ -142,71 +110,17 @@ def _require_tokens(tokens: int) -> None:
         raise ValueError("the evaluation data yielded no tokens: check --data, --batches and --max-tokens")
 
 
-# --------------------------------------------------------------------------- data
-def capped_batches(batches: Iterable[Batch], *, max_tokens: int | None = None,
-                   max_batches: int | None = None) -> Iterator[Batch]:
-    """At most ``max_batches`` batches and ``max_tokens`` target tokens (whole sequences:
-    the last batch is trimmed; at least one sequence)."""
-    used = 0
-    for count, (inputs, targets) in enumerate(batches):
-        if max_batches is not None and count >= max_batches:
-            return
-        if max_tokens is not None:
-            rows = min(inputs.shape[0], (max_tokens - used) // targets.shape[1])
-            if rows < 1 and used > 0:
-                return
-            inputs, targets = inputs[:max(rows, 1)], targets[:max(rows, 1)]
-        used += targets.numel()
-        yield inputs, targets
-
-
-def validation_batches(data_dir: str, *, seq_len: int, batch_size: int, max_batches: int | None = None,
-                       model_vocab_size: int | None = None) -> Iterable[Batch]:
-    """The validation split of a folder made by `layerdrop prepare`, in order (the whole
-    split unless ``max_batches``); the manifest is checked against the model's vocab."""
-    from framework.data import TokenDataModule  # the data layer is only needed here
-
-    module = TokenDataModule(data_dir, seq_len=seq_len, batch_size=batch_size, val_batches=max_batches or 2**40,
-                             model_vocab_size=model_vocab_size)
-    module.setup("validate")
-    return module.val_dataloader()
-
-
-class ValidationData:
-    """The validation batches of a prepared folder, re-read (in order, so identical) for
-    each checkpoint instead of held in memory."""
-
-    def __init__(self, data_dir: str, *, seq_len: int, batch_size: int, max_tokens: int | None,
-                 max_batches: int | None, model_vocab_size: int) -> None:
-        self.data_dir, self.seq_len, self.batch_size = data_dir, seq_len, batch_size
-        self.max_tokens, self.max_batches, self.model_vocab_size = max_tokens, max_batches, model_vocab_size
-        if max_tokens is not None:  # read no more batches than the token cap needs
-            needed = math.ceil(max_tokens / (seq_len * batch_size))
-            self.max_batches = min(max_batches or needed, needed)
-        self.loader = self._loader()  # reads the manifest: bad folders fail here, before any model loads
-        if len(self.loader) == 0:
-            raise ValueError("its validation split holds no sequence of seq_len + 1 tokens")
-
-    def _loader(self):
-        return validation_batches(self.data_dir, seq_len=self.seq_len, batch_size=self.batch_size,
-                                  max_batches=self.max_batches, model_vocab_size=self.model_vocab_size)
-
-    def __iter__(self) -> Iterator[Batch]:
-        return capped_batches(self.loader, max_tokens=self.max_tokens, max_batches=self.max_batches)
-
-
 # --------------------------------------------------------------------------- CLI
 def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--ckpt", nargs="+", action="extend", required=True, metavar="PATH",
-                        help="checkpoint(s): a .ckpt from `layerdrop pretrain` or an exported folder; "
-                             "several land on one plot (--ckpt A B or --ckpt A --ckpt B)")
+    parser = argparse.ArgumentParser(prog=prog, description=f"{description} Layer numbering: {options.LAYERS}.")
+    options.add_checkpoint(parser, several=True)
     parser.add_argument("--label", nargs="+", action="extend", default=None, metavar="NAME",
-                        help="plot/report label per checkpoint (default: the checkpoint's name)")
+                        help="plot/report label per checkpoint (default: the run's name, runs/x/checkpoints/"
+                             "last.ckpt -> x)")
     parser.add_argument("--data", required=True, metavar="DIR",
                         help="a folder made by `layerdrop prepare`; its validation split is used")
     parser.add_argument("--seq-len", type=int, default=None,
-                        help="tokens per sequence (default: the first model's max_seq_len)")
+                        help="tokens per sequence (default and most: the models' max_seq_len)")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help="stop after this many target tokens (default: the whole split)")
@@ -214,27 +128,20 @@ def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--chunk-tokens", type=int, default=None,
                         help="tokens per unembedding chunk (default: 2^26/vocab on GPU; "
                              "max(d_model, 2^21/vocab) on CPU)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, … (default: cuda if available)")
-    parser.add_argument("--out", required=True, metavar="JSON", help="report path")
-    parser.add_argument("--plot", default=None, metavar="PNG", help="plot path (default: --out with .png)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing report/plot")
+    options.add_device(parser)
+    options.add_output(parser, plot=True)
     return parser
 
 
 def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    for name in ("seq_len", "batch_size", "max_tokens", "batches", "chunk_tokens"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')}={value} is invalid: must be a positive integer")
+    options.check_positive(parser, args, ("seq_len", "batch_size", "max_tokens", "batches", "chunk_tokens"))
     args.labels = args.label or default_labels(args.ckpt)
     if len(args.labels) != len(args.ckpt):
         parser.error(f"--label has {len(args.labels)} names for {len(args.ckpt)} checkpoints: give one per --ckpt")
     if len(set(args.labels)) != len(args.labels):
         parser.error(f"--label {args.labels} is invalid: labels must be distinct")
     args.plot = args.plot or str(Path(args.out).with_suffix(".png"))
-    for path in (args.out, args.plot):
-        if Path(path).exists() and not args.overwrite:
-            parser.error(f"{path!r} already exists; pass --overwrite to replace it")
+    options.refuse_existing(parser, [args.out, args.plot], args.overwrite)
     if "://" not in args.data and not Path(args.data).is_dir():  # URLs are litdata's to check
         parser.error(f"--data {args.data!r} is not a folder: expected one made by `layerdrop prepare`")
     for path in args.ckpt:
@@ -244,34 +151,30 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         args.configs = [read_model_config(p) for p in args.ckpt]
     except (CheckpointError, FileNotFoundError) as err:
         parser.error(str(err))
-    args.device = _device(parser, args.device)
-    args.seq_len = args.seq_len or args.configs[0].max_seq_len
+    args.device = options.resolve_device(parser, args.device)
+    window = min(c.max_seq_len for c in args.configs)
+    args.seq_len = ContextLimit(window, "sequence").fit_length(args.seq_len or args.configs[0].max_seq_len,
+                                                              "--seq-len")
 
 
 def default_labels(paths: Sequence[str]) -> list[str]:
-    """Short distinct names: the file or folder name, else run/name (runs/x/checkpoints/
-    last.ckpt -> x/last), else the whole path."""
-    def run_and_name(path: Path) -> str:
-        run = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-        return f"{run.name}/{path.stem if path.suffix == '.ckpt' else path.name}"
+    """Short distinct names: the run's name (runs/x/checkpoints/last.ckpt -> x; an
+    exported folder's or a loose file's own name), else run/name (x/step-100), else the
+    whole path."""
+    def run(path: Path) -> str:
+        if path.suffix == ".ckpt":
+            return path.parent.parent.name if path.parent.name == "checkpoints" else path.stem
+        return path.name
 
-    for naming in (lambda p: p.stem if p.suffix == ".ckpt" else p.name, run_and_name, str):
+    def run_and_name(path: Path) -> str:
+        folder = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+        return f"{folder.name}/{path.stem if path.suffix == '.ckpt' else path.name}"
+
+    for naming in (run, run_and_name, str):
         labels = [naming(Path(p)) for p in paths]
-        if len(set(labels)) == len(labels):
+        if len(set(labels)) == len(labels) and all(labels):
             return labels
     return [str(p) for p in paths]
-
-
-def _device(parser: argparse.ArgumentParser, name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        parser.error(f"--device {name!r} is invalid: allowed: auto, cpu, cuda, cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {name!r} is invalid: no CUDA device is available")
-    return device
 
 
 def _read_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ValidationData:
@@ -289,18 +192,21 @@ def _combined(reports: list[dict]) -> dict:
     return {**reports[0], "models": reports}
 
 
-def _write(report: dict, path: str) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(report, indent=2) + "\n")
-
-
-def _evaluate_each(args: argparse.Namespace, evaluate) -> list[dict]:
+def _evaluate_each(args: argparse.Namespace, data: ValidationData, evaluate, what: str) -> list[dict]:
+    """``evaluate(decoder, batches)`` for every checkpoint, with one progress display."""
     reports = []
-    for path, label in zip(args.ckpt, args.labels):
-        decoder, _ = load_decoder(path, map_location=args.device)
-        reports.append({"label": label, "ckpt": str(path), **evaluate(decoder)})
-        del decoder
+    with progress(len(data) * len(args.ckpt), f"{what}: batches") as bar:
+        for path, label in zip(args.ckpt, args.labels):
+            decoder, _ = load_decoder(path, map_location=args.device)
+            reports.append({"label": label, "ckpt": str(path), **evaluate(decoder, _advancing(data, bar))})
+            del decoder
     return reports
+
+
+def _advancing(batches: Iterable[Batch], bar) -> Iterable[Batch]:
+    for batch in batches:
+        yield batch
+        bar.advance()
 
 
 def parse_exit_layers(spec: str, num_layers: int) -> list[int]:
@@ -339,11 +245,11 @@ def exits_main(argv: list[str] | None = None) -> int:
     exits = [_exit_layers(parser, args.exit_layers, cfg.n_layers) for cfg in args.configs]
     data = _read_data(parser, args)
     queue = iter(exits)
-    reports = _evaluate_each(args, lambda d: exit_losses(d, data, chunk_tokens=args.chunk_tokens,
-                                                         exits=next(queue)))
+    reports = _evaluate_each(args, data, lambda d, b: exit_losses(d, b, chunk_tokens=args.chunk_tokens,
+                                                                  exits=next(queue)), "eval exits")
     report = _combined(reports)
     report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
-    _write(report, args.out)
+    options.write_json(report, args.out)
     from eval.plots import plot_exits
 
     plot_exits(reports, args.plot)
@@ -373,10 +279,11 @@ def skip_main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     data = _read_data(parser, args)
     queue = iter(skips)
-    reports = _evaluate_each(args, lambda d: skip_losses(d, data, next(queue), chunk_tokens=args.chunk_tokens))
+    reports = _evaluate_each(args, data, lambda d, b: skip_losses(d, b, next(queue), chunk_tokens=args.chunk_tokens),
+                             "eval skip")
     report = _combined(reports)
     report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
-    _write(report, args.out)
+    options.write_json(report, args.out)
     from eval.plots import plot_skip
 
     plot_skip(reports, args.plot)

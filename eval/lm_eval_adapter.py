@@ -8,86 +8,50 @@
 Model arguments (in an lm-eval argument string, separate skip layers with ';'):
     ckpt | pretrained   a .ckpt from `layerdrop pretrain` or an exported folder (required)
     tokenizer           a tokenizer.json (default: found beside the checkpoint, or the
-                        data folder its training run read; see ``find_tokenizer``)
-    exit_layer          run blocks 0..k-1 only (early exit), 1..L
-    skip_layers         a skip set: alternate-odd, 2-5, 1;3;5, … (eval/skip_sets.py)
-    batch_size          sequences per forward for log-likelihoods (default 8)
+                        data folder its training run read; see eval/tokenizer.py)
+    exit_layer          early exit K: run blocks 0..K-1 only (K in 1..L)
+    skip_layers         a skip set of block indices 0..L-1: alternate-odd, 2-5, 1;3;5, …
+    adapters            a folder from `layerdrop adapters fit`: exit_layer K reads its exit
+                        through the adapter trained at K
+    batch_size          sequences per forward (log-likelihoods and generation; default 8)
     max_batch_size      caps batch_size
     device              cpu, cuda, cuda:N (default: cuda if available)
     max_length          context window in tokens (default: the model's max_seq_len)
-    max_gen_toks        default generation budget when a task gives none (256)
+    max_gen_toks        generation budget when a task gives none (default: 256, at most
+                        half of max_length)
     eot_token           the end-of-text token (default: the data manifest's EOS, else
                         the first usual EOS name the vocabulary holds)
+    seed                seed of sampled generation (default 0)
 
-Log-likelihoods go through framework.multiple_choice.score_continuations, the same
-scorer as the native multiple-choice metric. Generation is greedy, one request at a
-time with the KV cache (the decoder has no padding mask, so prompts of different
-lengths are not batched), stopping at EOS, at any ``until`` string, or after
-``max_gen_toks`` tokens.
+Log-likelihoods go through eval.multiple_choice.score_continuations, the same scorer
+as the native multiple-choice metric. Generation goes through the same batched
+generator as `layerdrop generate` (eval/generation.py): requests with the same
+generation arguments decode together, left-padded, with the KV cache, stopping at EOS,
+at any ``until`` string, or after ``max_gen_toks``; greedy unless the task asks for
+sampling (``do_sample``, ``temperature``, ``top_k``, ``top_p``). Contexts longer than
+max_length keep their last tokens, as everywhere in this project, with one warning.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import logging
 from typing import Any
 
 import torch
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from tokenizers import Tokenizer
 from tqdm import tqdm
 
+from eval.generation import BatchGenerator, StaticRoute, StopStrings
+from eval.multiple_choice import score_continuations
+from eval.sampling import Sampling
 from eval.skip_sets import parse_skip_set
+from eval.tokenizer import EOS_CANDIDATES, TextCodec, eos_id_of, find_tokenizer
 from framework.checkpoint import load_decoder
-from framework.multiple_choice import score_continuations
 
-TOKENIZER_FILE = "tokenizer.json"
-EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<|im_end|>", "<|eot_id|>")
-# Sampling filters: they only act when do_sample is true (Hugging Face semantics), which
-# the adapter refuses, so with greedy decoding they are moot.
-_GREEDY_NEUTRAL = ("top_p", "top_k")
-
-
-def training_data_dir(ckpt: Path) -> Path | None:
-    """The data folder a Lightning checkpoint's run trained on (its datamodule's
-    hyperparameters), read without materialising the weights."""
-    if ckpt.is_dir() or not ckpt.is_file():
-        return None
-    try:
-        saved = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # not a readable checkpoint: load_decoder reports why
-        return None
-    data_dir = (saved.get("datamodule_hyper_parameters") or {}).get("data_dir") if isinstance(saved, dict) else None
-    return Path(data_dir) if isinstance(data_dir, str) else None
-
-
-def find_tokenizer(ckpt: str | Path) -> tuple[Path, int | None]:
-    """(tokenizer.json, the EOS id the training data recorded, or None) for a checkpoint
-    of any form, from any working directory: framework.checkpoint.find_tokenizer."""
-    from framework.checkpoint import find_tokenizer as find
-    from framework.checkpoint_tokenizer import tokenizer_record
-
-    path = find(ckpt)
-    eos_id = tokenizer_record(ckpt).get("eos_id")
-    if eos_id is None and (path.parent / "manifest.json").is_file():  # found in a prepared data folder
-        eos_id = json.loads((path.parent / "manifest.json").read_text()).get("tokenizer", {}).get("eos_id")
-    return path, eos_id
-
-
-def eos_id_of(tokenizer: Tokenizer, requested: str | None) -> int:
-    if requested is not None:
-        token_id = tokenizer.token_to_id(requested)
-        if token_id is None:
-            raise ValueError(f"eot_token={requested!r} is not in the tokenizer's vocabulary")
-        return token_id
-    for name in EOS_CANDIDATES:
-        token_id = tokenizer.token_to_id(name)
-        if token_id is not None:
-            return token_id
-    raise ValueError(f"the tokenizer has none of the usual end-of-text tokens ({', '.join(EOS_CANDIDATES)}); "
-                     "name yours with eot_token=")
+log = logging.getLogger(__name__)
+_SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p")
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -109,13 +73,14 @@ def _layer_number(value: Any, num_layers: int) -> int:
 
 @register_model("layerdrop")
 class LayerDropLM(TemplateLM):
-    """A layerdrop Decoder (optionally early-exited or with layers skipped) for lm-eval."""
+    """A layerdrop Decoder (optionally early-exited, with an exit adapter, or with layers
+    skipped) for lm-eval."""
 
     def __init__(self, ckpt: str | None = None, pretrained: str | None = None, tokenizer: str | None = None,
-                 exit_layer: int | str | None = None, skip_layers: Any = None, batch_size: int | str = 8,
-                 max_batch_size: int | str | None = None, device: str | None = None,
-                 max_length: int | str | None = None, max_gen_toks: int | str = 256,
-                 eot_token: str | None = None) -> None:
+                 exit_layer: int | str | None = None, skip_layers: Any = None, adapters: str | None = None,
+                 batch_size: int | str = 8, max_batch_size: int | str | None = None, device: str | None = None,
+                 max_length: int | str | None = None, max_gen_toks: int | str | None = None,
+                 eot_token: str | None = None, seed: int | str = 0) -> None:
         super().__init__()
         path = ckpt or pretrained
         if not path:
@@ -131,22 +96,36 @@ class LayerDropLM(TemplateLM):
         self.exit_layer = None if exit_layer in (None, "", "None") else _layer_number(exit_layer, n)
         self.skip_layers = () if skip_layers in (None, "", "None") else parse_skip_set(skip_layers, n)
         self.decoder.active_layers(self.exit_layer, self.skip_layers)  # validates both
-        tokenizer_path, manifest_eos = (Path(tokenizer), None) if tokenizer else find_tokenizer(path)
-        if not tokenizer_path.is_file():
-            raise ValueError(f"tokenizer={str(tokenizer_path)!r} does not exist")
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_path))
-        self._eot_token_id = manifest_eos if (manifest_eos is not None and eot_token is None) \
-            else eos_id_of(self.tokenizer, eot_token)
+        self.adapter = self._adapter(adapters)
+        self.codec = TextCodec.for_checkpoint(path, tokenizer, eot_token)
+        self.tokenizer = self.codec.tokenizer
         self._max_length = _positive_int("max_length", max_length) if max_length else self.model_cfg.max_seq_len
-        self.max_gen_toks = _positive_int("max_gen_toks", max_gen_toks)
-        self.info = {"ckpt": str(path), "tokenizer": str(tokenizer_path), "exit_layer": self.exit_layer,
-                     "skip_layers": list(self.skip_layers), "num_layers": n,
+        self.max_gen_toks = (_positive_int("max_gen_toks", max_gen_toks) if max_gen_toks is not None
+                             else min(256, self._max_length // 2))
+        if self.max_gen_toks >= self._max_length:
+            raise ValueError(f"max_gen_toks={self.max_gen_toks} is invalid: must be below max_length="
+                             f"{self._max_length}, which also holds the prompt")
+        self.seed = int(seed)
+        self._warned: set[str] = set()
+        self.info = {"ckpt": str(path), "tokenizer": str(self.codec.path), "exit_layer": self.exit_layer,
+                     "skip_layers": list(self.skip_layers), "adapters": adapters, "num_layers": n,
                      "parameters": self.decoder.num_parameters()}
+
+    def _adapter(self, adapters: str | None):
+        if adapters in (None, "", "None"):
+            return None
+        from eval.adapters import load_adapters
+
+        loaded, _ = load_adapters(adapters, self.decoder)
+        if self.exit_layer not in loaded.exits or self.skip_layers:
+            raise ValueError(f"adapters={adapters!r} need exit_layer set to one of their exits {loaded.exits} "
+                             "(and no skip_layers)")
+        return loaded.blocks[str(self.exit_layer)]
 
     # ------------------------------------------------------------ tokenizer
     @property
     def eot_token_id(self) -> int:
-        return self._eot_token_id
+        return self.codec.eos_id
 
     @property
     def max_length(self) -> int:
@@ -159,20 +138,25 @@ class LayerDropLM(TemplateLM):
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
         # Our tokenizers add nothing; documents in training were separated by EOS only,
         # which lm-eval's prefix token (eot_token_id) reproduces.
-        return self.tokenizer.encode(string, add_special_tokens=False).ids
+        return self.codec.encode(string)
 
     def tok_decode(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens, skip_special_tokens=False)
+        return self.codec.decode(tokens)
 
     def get_model_info(self) -> dict:
         return dict(self.info)
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            log.warning(message)
 
     # ------------------------------------------------------------ log-likelihoods
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         scored = [i for i, (_, _, continuation) in enumerate(requests) if continuation]
         values = score_continuations(self.decoder, [(requests[i][1], requests[i][2]) for i in scored],
                                      batch_size=self.batch_size, max_length=self.max_length,
-                                     exit_layer=self.exit_layer, skip_layers=self.skip_layers)
+                                     exit_layer=self.exit_layer, skip_layers=self.skip_layers, adapter=self.adapter)
         results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)  # empty continuation: log 1
         for i, value in zip(scored, values):
             results[i] = value
@@ -200,62 +184,85 @@ class LayerDropLM(TemplateLM):
 
     # ------------------------------------------------------------ generation
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        outputs = []
-        for req in tqdm(requests, desc="generate_until", disable=disable_tqdm):
-            context, gen_kwargs = req.args
-            until, max_new = self._generation_args(gen_kwargs)
-            text = self.greedy_text(context, until, max_new)
-            self.cache_hook.add_partial("generate_until", req.args, text)
-            outputs.append(text)
+        """Requests with the same generation arguments decode together, batch_size at a time."""
+        groups: dict[tuple, list[int]] = {}
+        settings = []
+        for number, req in enumerate(requests):
+            until, max_new, sampling = self._generation_args(req.args[1])
+            key = (tuple(until), max_new, sampling)
+            groups.setdefault(key, []).append(number)
+            settings.append(key)
+        outputs: list[str] = [""] * len(requests)
+        bar = tqdm(total=len(requests), desc="generate_until", disable=disable_tqdm)
+        for (until, max_new, sampling), members in groups.items():
+            generator = BatchGenerator(self.decoder, self._route(), sampling=sampling, seed=self.seed)
+            stop = StopStrings(list(until), self.tok_decode)
+            for start in range(0, len(members), self.batch_size):
+                chunk = members[start:start + self.batch_size]
+                prompts = [self._context(requests[i].args[0], max_new) for i in chunk]
+                items, _ = generator.generate(prompts, max_new, eos_id=self.eot_token_id, stop=stop, numbers=chunk)
+                for i, item in zip(chunk, items):
+                    outputs[i] = stop.cut(self.tok_decode(item.tokens))
+                    self.cache_hook.add_partial("generate_until", requests[i].args, outputs[i])
+                bar.update(len(chunk))
+        bar.close()
         return outputs
 
-    def _generation_args(self, gen_kwargs: dict) -> tuple[list[str], int]:
+    def _route(self) -> StaticRoute:
+        return StaticRoute(self.decoder, exit_layer=self.exit_layer, skip_layers=self.skip_layers,
+                           adapter=self.adapter)
+
+    def _context(self, context: str, max_new: int) -> list[int]:
+        ids = self.tok_encode(context) or [self.prefix_token_id]
+        room = self.max_length - max_new
+        if len(ids) > room:
+            self._warn_once(f"generate_until: contexts longer than max_length {self.max_length} minus "
+                            f"max_gen_toks {max_new} keep their last {room} tokens")
+            ids = ids[-room:]
+        return ids
+
+    def _generation_args(self, gen_kwargs: dict) -> tuple[list[str], int, Sampling]:
         kwargs = dict(gen_kwargs or {})
         until = kwargs.pop("until", None) or []
         until = [until] if isinstance(until, str) else list(until)
         max_new = _positive_int("max_gen_toks", kwargs.pop("max_gen_toks", self.max_gen_toks))
-        do_sample = bool(kwargs.pop("do_sample", False))
-        temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
-        num_beams = int(kwargs.pop("num_beams", 1) or 1)
-        if do_sample or temperature > 0 or num_beams != 1:
-            raise ValueError(f"do_sample={do_sample}, temperature={temperature}, num_beams={num_beams}: the "
-                             "layerdrop model decodes greedily only (do_sample=false, temperature=0, num_beams=1)")
-        unknown = sorted(k for k in kwargs if k not in _GREEDY_NEUTRAL)
-        if unknown:
-            allowed = ", ".join(("until", "max_gen_toks", "do_sample=false", "temperature=0", "num_beams=1")
-                                + _GREEDY_NEUTRAL)
-            raise ValueError(f"generation arguments {unknown} are not supported by the layerdrop model; "
-                             f"allowed: {allowed}")
         if max_new >= self.max_length:
-            raise ValueError(f"max_gen_toks={max_new} leaves no room for a prompt in max_length={self.max_length}")
-        return until, max_new
+            cap = self.max_length // 2
+            self._warn_once(f"max_gen_toks={max_new} does not fit max_length={self.max_length} with a prompt: "
+                            f"generating at most {cap} tokens")
+            max_new = cap
+        num_beams = int(kwargs.pop("num_beams", 1) or 1)
+        if num_beams != 1:
+            raise ValueError(f"num_beams={num_beams} is not supported by the layerdrop model (greedy or sampling)")
+        sampling = self._sampling({k: kwargs.pop(k) for k in _SAMPLING_KEYS if k in kwargs})
+        if kwargs:
+            allowed = ", ".join(("until", "max_gen_toks", "num_beams=1") + _SAMPLING_KEYS)
+            raise ValueError(f"generation arguments {sorted(kwargs)} are not supported by the layerdrop model; "
+                             f"allowed: {allowed}")
+        return until, max_new, sampling
 
-    @torch.no_grad()
+    @staticmethod
+    def _sampling(kwargs: dict) -> Sampling:
+        """Hugging Face's semantics: sampling when do_sample is true (or unset with a
+        temperature > 0); top_k/top_p only filter a sampled distribution."""
+        temperature = float(kwargs.get("temperature") or 0.0)
+        do_sample = kwargs.get("do_sample")
+        if do_sample is None:
+            do_sample = temperature > 0
+        if not do_sample:
+            return Sampling()
+        top_k = kwargs.get("top_k")
+        top_p = kwargs.get("top_p")
+        return Sampling(temperature=temperature or 1.0, top_k=int(top_k) if top_k else None,
+                        top_p=float(top_p) if top_p is not None and float(top_p) != 1.0 else None)
+
     def greedy_tokens(self, prompt: list[int], max_new: int, until: list[str] = ()) -> list[int]:
-        """Greedy continuation of ``prompt`` with the KV cache (prefill, then one token a
-        step); stops after EOS (not returned), once a stop string appears, or at max_new."""
-        prompt = (prompt or [self.prefix_token_id])[-(self.max_length - max_new):]
-        cache = self.decoder.new_cache(1, len(prompt) + max_new)
-        run = dict(exit_layer=self.exit_layer, skip_layers=self.skip_layers, cache=cache)
-        logits = self.decoder(torch.tensor([prompt], device=self._device), **run)
-        generated: list[int] = []
-        while len(generated) < max_new:
-            token = int(logits[0, -1].argmax())
-            if token == self.eot_token_id:
-                break
-            generated.append(token)
-            if until and any(stop in self.tok_decode(generated) for stop in until):
-                break
-            if len(generated) < max_new:
-                logits = self.decoder(torch.tensor([[token]], device=self._device), **run)
-        return generated
-
-    def greedy_text(self, context: str, until: list[str], max_new: int) -> str:
-        text = self.tok_decode(self.greedy_tokens(self.tok_encode(context), max_new, until))
-        for stop in until:
-            if stop:
-                text = text.split(stop, 1)[0]
-        return text
+        """Greedy continuation of one prompt (stops after EOS, not returned, a stop string,
+        or ``max_new`` tokens)."""
+        generator = BatchGenerator(self.decoder, self._route())
+        items, _ = generator.generate([(prompt or [self.prefix_token_id])[-(self.max_length - max_new):]], max_new,
+                                      eos_id=self.eot_token_id, stop=StopStrings(list(until), self.tok_decode))
+        return items[0].tokens
 
 
-__all__ = ["LayerDropLM", "find_tokenizer", "training_data_dir", "eos_id_of"]
+__all__ = ["LayerDropLM", "find_tokenizer", "eos_id_of", "EOS_CANDIDATES"]

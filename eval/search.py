@@ -22,29 +22,28 @@ The objective is cheap, no decoding:
 The draft in decoding reads the full model's K/V for past positions where the teacher-
 forced pass uses its own, so the estimate is an estimate (exact for early-exit drafts,
 whose layers are the full model's): the winners are confirmed by real decoding
-(eval/speculative.py), which reports the measured speedup. The LayerSkip-style
+(eval/speculate.py times it), which gives the measured speedup. The LayerSkip-style
 early-exit draft is estimated the same way at every exit layer.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
-from eval.exits import run_from
-from eval.speculative import SkipDraft, compare, plain_decode
+from eval import options
+from eval.generation import BatchGenerator, left_padded
+from eval.speculate import compare
+from eval.speculative import SkipDraft
 from framework.model import Decoder
 
-METHODS = ("bayesian", "genetic", "hill_climbing", "simulated_annealing")
 COSTS = ("measured", "layers")
 Mask = tuple[bool, ...]  # mask[i] is True when the draft skips layer i
 
@@ -60,10 +59,11 @@ def skip_set(mask: Mask) -> tuple[int, ...]:
 class BudgetedObjective:
     """Counts distinct evaluations, refuses the one past the budget, keeps the history."""
 
-    def __init__(self, fn: Callable[[Mask], float], budget: int, memo: dict | None = None) -> None:
+    def __init__(self, fn: Callable[[Mask], float], budget: int, memo: dict | None = None,
+                 on_step: Callable[[], None] | None = None) -> None:
         if not (isinstance(budget, int) and budget >= 1):
             raise ValueError(f"budget={budget!r} is invalid: must be an integer >= 1")
-        self.fn, self.budget = fn, budget
+        self.fn, self.budget, self.on_step = fn, budget, on_step
         self.memo = {} if memo is None else memo  # may be shared: values, not the count
         self.seen: dict[Mask, float] = {}
         self.best_so_far: list[float] = []
@@ -78,6 +78,8 @@ class BudgetedObjective:
         if mask not in self.memo:
             self.memo[mask] = self.fn(mask)
         value = self.seen[mask] = self.memo[mask]
+        if self.on_step is not None:
+            self.on_step()
         if self.best is None or value > self.best[0]:
             self.best = (value, mask)
         self.best_so_far.append(self.best[0])
@@ -158,23 +160,26 @@ def simulated_annealing(objective: BudgetedObjective, num_layers: int, rng: rand
             current, value = candidate, new
 
 
+# The registry: a method's name -> its implementation, in the order reports list them.
 SEARCHES: dict[str, Callable[[BudgetedObjective, int, random.Random], None]] = {
     "bayesian": bayesian, "genetic": genetic, "hill_climbing": hill_climbing,
     "simulated_annealing": simulated_annealing,
 }
+METHODS = tuple(SEARCHES)
 
 
-def run_search(fn: Callable[[Mask], float], num_layers: int, *, methods: Sequence[str] = METHODS,
-               budget: int = 60, seed: int = 0) -> dict[str, dict]:
+def run_search(fn: Callable[[Mask], float], num_layers: int, *, methods: Sequence[str] | None = None,
+               budget: int = 60, seed: int = 0, on_step: Callable[[], None] | None = None) -> dict[str, dict]:
     """Every method on ``fn`` with ``budget`` evaluations each; values are shared
     between methods (the objective is deterministic), the counts are not."""
+    methods = METHODS if methods is None else methods
     unknown = [m for m in methods if m not in SEARCHES]
     if unknown or not methods:
         raise ValueError(f"methods={list(methods)} is invalid: allowed: {', '.join(METHODS)}")
     memo: dict[Mask, float] = {}
     results = {}
     for name in methods:
-        objective = BudgetedObjective(fn, budget, memo)
+        objective = BudgetedObjective(fn, budget, memo, on_step)
         try:
             SEARCHES[name](objective, num_layers, random.Random(f"{seed}:{name}"))
         except BudgetExhausted:
@@ -242,19 +247,21 @@ def replay_rounds(agree: Sequence[bool], gamma: int) -> list[tuple[int, int]]:
 
 
 class CalibrationObjective:
-    """Estimated speedup of a skip set from teacher-forced passes over calibration text."""
+    """Estimated speedup of a skip set from teacher-forced passes over calibration text.
+    Prompts may differ in length: the sequences are left-padded, so every continuation
+    ends at the right edge."""
 
-    def __init__(self, model: Decoder, prompts: Sequence[torch.Tensor], *, new_tokens: int = 64,
+    def __init__(self, model: Decoder, prompts: Sequence[torch.Tensor | Sequence[int]], *, new_tokens: int = 64,
                  gamma: int = 5, costs: DraftCosts | None = None) -> None:
-        if len({len(p) for p in prompts}) != 1:
-            raise ValueError("calibration prompts must all have the same length")
-        self.model, self.gamma, self.prompt_len = model, gamma, len(prompts[0])
+        rows = [torch.as_tensor(p).view(-1).tolist() for p in prompts]
+        self.model, self.gamma, self.new_tokens = model, gamma, new_tokens
         self.costs = costs or DraftCosts.from_layers(gamma)
         # The trajectory greedy decoding will follow: the full model's own continuation.
-        continuations = [plain_decode(model, p, new_tokens)[0] for p in prompts]
-        self.sequences = torch.stack([torch.cat([p, torch.tensor(c)]) for p, c in zip(prompts, continuations)])
-        self.continuations = torch.tensor(continuations)
+        items, _ = BatchGenerator(model).generate(rows, new_tokens)
+        self.continuations = torch.tensor([item.tokens for item in items])
+        self.sequences, self._padding = left_padded([r + item.tokens for r, item in zip(rows, items)], "cpu")
         self._prefix: list[torch.Tensor] | None = None
+        self._bias: torch.Tensor | None = None
         self._estimates: dict[tuple, dict] = {}
 
     @torch.inference_mode()
@@ -266,15 +273,18 @@ class CalibrationObjective:
         if self._prefix is None:
             # A draft equals the full model up to its first skipped block (or its exit):
             # keep the full model's stream before every block and resume from there.
-            inputs = self.sequences[:, :-1]
-            self._prefix = [self.model.embed(inputs)] + self.model.hidden(inputs, all_layers=True)
+            inputs, padding = self.sequences[:, :-1], self._padding[:, :-1]
+            padding = padding if bool(padding.any()) else None
+            self._bias = self.model.attention_bias(inputs.shape[1], None, padding)
+            self._prefix = [self.model.embed(inputs)] + self.model.hidden(inputs, padding=padding, all_layers=True)
         if exit_layer is not None:
             self.model.active_layers(exit_layer)  # validates 1..L
             h = self._prefix[exit_layer]
         else:
             first = min(skip, default=num_layers)
-            h = run_from(self.model, self._prefix[first], [i for i in range(first, num_layers) if i not in skip])
-        predictions = self.model.logits(h[:, self.prompt_len - 1:]).argmax(-1)
+            h = self.model.run_blocks(self._prefix[first], [i for i in range(first, num_layers) if i not in skip],
+                                      bias=self._bias)
+        predictions = self.model.logits(h[:, -self.new_tokens:]).argmax(-1)
         return predictions == self.continuations
 
     def estimate(self, skip: Sequence[int] = (), exit_layer: int | None = None) -> dict:
@@ -307,24 +317,25 @@ class CalibrationObjective:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from eval.speculative import add_prompt_arguments
-
     p = argparse.ArgumentParser(prog="layerdrop speculate search",
                                 description="Search the skip set of the self-speculative draft (Bayesian "
-                                            "optimisation, genetic, hill climbing, simulated annealing).")
-    p.add_argument("--ckpt", required=True, help="a .ckpt from `layerdrop pretrain` or an exported folder")
+                                            "optimisation, genetic, hill climbing, simulated annealing). "
+                                            f"Layer numbering: {options.LAYERS}.")
+    options.add_checkpoint(p)
     p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated, from {', '.join(METHODS)}")
     p.add_argument("--budget", type=int, default=60, help="objective evaluations per method (default 60)")
     p.add_argument("--gamma", type=int, default=5, help="draft tokens per round (default 5, as Table 4)")
     p.add_argument("--cost", choices=COSTS, default="measured",
                    help="draft/verify cost: measured forward times (default) or layers kept")
-    p.add_argument("--calibration-prompts", type=int, default=8, help="prompts of the objective (default 8)")
+    p.add_argument("--calibration-prompts", type=int, default=8,
+                   help="prompts of the objective (default 8; any lengths)")
     p.add_argument("--confirm-prompts", type=int, default=4, help="prompts of the real decoding (default 4)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per confirm prompt (default 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of every search method")
-    add_prompt_arguments(p, count=None)
-    p.add_argument("--out", required=True, metavar="JSON", help="report path")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing report")
+    options.add_prompt_arguments(p, count=None)
+    options.add_device(p)
+    options.add_threads(p)
+    options.add_output(p)
     return p
 
 
@@ -340,13 +351,13 @@ def calibrate(model: Decoder, prompts: Sequence[torch.Tensor], *, gamma: int = 5
 
 def search(model: Decoder, objective: CalibrationObjective, confirm_prompts: Sequence[torch.Tensor], *,
            methods: Sequence[str] = METHODS, budget: int = 60, max_new_tokens: int = 64, repeats: int = 3,
-           seed: int = 0) -> dict:
+           seed: int = 0, on_step: Callable[[], None] | None = None) -> dict:
     """Every method on ``objective``, then each winner confirmed by decoding
     ``confirm_prompts``; the report's ``best`` is the fastest measured lossless set."""
     if not confirm_prompts:
         raise ValueError("no prompts left to confirm the search with: give at least one")
     started = time.perf_counter()
-    results = run_search(objective, len(model.blocks), methods=methods, budget=budget, seed=seed)
+    results = run_search(objective, len(model.blocks), methods=methods, budget=budget, seed=seed, on_step=on_step)
     search_seconds = time.perf_counter() - started
     confirmed: dict[tuple[int, ...], dict] = {}
     for r in results.values():
@@ -354,6 +365,8 @@ def search(model: Decoder, objective: CalibrationObjective, confirm_prompts: Seq
         if key not in confirmed:
             confirmed[key] = compare(model, SkipDraft(key), confirm_prompts, max_new_tokens=max_new_tokens,
                                      gamma=objective.gamma, repeats=repeats)
+        if on_step is not None:
+            on_step()
         estimate, run = objective.estimate(key), confirmed[key]
         del r["value"]
         r.update(skip_layers=list(key), estimated_speedup=estimate["speedup"],
@@ -372,39 +385,47 @@ def search(model: Decoder, objective: CalibrationObjective, confirm_prompts: Seq
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eval.speculative import check_counts, check_vocabulary, load_prompts
-    from framework.checkpoint import CheckpointError, load_decoder
+    from eval.inputs import ContextLimit, check_vocabulary, load_prompts
+    from eval.tokenizer import CodecLoader
+    from framework.checkpoint import CheckpointError, load_decoder, read_model_config
+    from framework.progress import progress
 
     parser = _parser()
     args = parser.parse_args(argv)
-    check_counts(parser, args, ("budget", "gamma", "calibration_prompts", "confirm_prompts", "repeats",
-                                "prompt_len", "max_new_tokens", "threads"))
+    options.check_positive(parser, args, ("budget", "gamma", "calibration_prompts", "confirm_prompts", "repeats",
+                                          "prompt_len", "max_new_tokens", "threads"))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods or any(m not in METHODS for m in methods):
         parser.error(f"--methods {args.methods!r} is invalid: allowed: {', '.join(METHODS)}")
-    if Path(args.out).exists() and not args.overwrite:
-        parser.error(f"{args.out!r} already exists; pass --overwrite to replace it")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    options.refuse_existing(parser, [args.out], args.overwrite)
+    options.check_checkpoint(parser, args.ckpt)
+    device = options.resolve_device(parser, args.device)
+    options.apply_threads(args.threads)
     count = args.calibration_prompts + args.confirm_prompts
     try:
-        model, cfg = load_decoder(args.ckpt)
-        prompts = load_prompts(data=args.data, prompts_file=args.prompts, count=count, length=args.prompt_len)
+        codec = CodecLoader(args.ckpt, args.tokenizer, args.eot_token)
+        prompts, _ = load_prompts(texts=args.prompt, prompts_file=args.prompts, data=args.data, count=count,
+                                  length=args.prompt_len, codec=codec)
         if len(prompts) < count:
             raise ValueError(f"{len(prompts)} prompts are too few: --calibration-prompts "
                              f"{args.calibration_prompts} + --confirm-prompts {args.confirm_prompts} need {count}")
+        cfg = read_model_config(args.ckpt)
         check_vocabulary(prompts, cfg.vocab_size)
+        args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
+        limit = ContextLimit(cfg.max_seq_len)
+        prompts = [limit.fit(p, reserve=args.max_new_tokens) for p in prompts]
+        model, cfg = load_decoder(args.ckpt, map_location=device)
+    except (CheckpointError, FileNotFoundError, ValueError) as err:
+        parser.error(str(err))
+    limit.report()
+    with progress(len(methods) * args.budget + len(methods), "speculate search: evaluations + confirmations") as bar:
         objective = calibrate(model, prompts[:args.calibration_prompts], gamma=args.gamma, cost=args.cost,
                               max_new_tokens=args.max_new_tokens)
         report = search(model, objective, prompts[args.calibration_prompts:], methods=methods,
                         budget=args.budget, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                        seed=args.seed)
-        report["cost_model"] = args.cost
-    except (CheckpointError, FileNotFoundError, ValueError) as err:
-        parser.error(str(err))
-    report["ckpt"] = str(args.ckpt)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+                        seed=args.seed, on_step=bar.advance)
+    report.update(cost_model=args.cost, ckpt=str(args.ckpt))
+    options.write_json(report, args.out)
     for name, r in report["methods"].items():
         print(f"{name:>20}: skip {r['skip_layers']}  estimated {r['estimated_speedup']:.2f}x  measured "
               f"{r['measured_speedup']:.2f}x  ({r['evaluations']} evaluations)")

@@ -14,48 +14,46 @@ last one (the "pending" token, whose K/V the next forward writes).
   greedy decoding's, token for token.
 - Sampling uses the rejection step of Leviathan et al. (2023): accept a draft token x
   with probability min(1, p(x)/q(x)), else resample from normalize(max(0, p - q));
-  this leaves the full model's distribution p unchanged whatever the draft q is.
+  this leaves the full model's distribution p unchanged whatever the draft q is (p and
+  q are the filtered distributions of eval/sampling.py).
 - γ is fixed, or adaptive: drafting stops once the draft's top probability falls under
   a threshold that moves after every round toward a target acceptance rate.
 
-The LayerSkip-style draft (early exit at layer E, Elhoushi et al., 2024) is the second
-kind: its layers 0..E-1 are the full model's own layers on the same tokens, so their
-K/V is already exact, and verification runs layers 0..E-1 on the last draft token only
-and layers E..L-1 on all of them, starting from the exit states the draft kept.
+Drafts: ``SkipDraft``; ``ExitDraft``, the LayerSkip-style early exit at E (Elhoushi
+et al., 2024) whose layers 0..E-1 are the full model's own on the same tokens, so their
+K/V is already exact: verification runs layers 0..E-1 on the last draft token only
+and layers E..L-1 on all of them, from the exit states the draft kept; and the same
+with a Balcony exit adapter reading the exit state (``ExitDraft(E, adapter)``), whose
+block keeps its own K/V in an extra cache slot.
 
-`layerdrop speculate run` times plain decoding against self-speculative decoding in
-the same process and writes the JSON report (keys fixed in DESIGN.md).
+Batches: the rows of a batch share one cache length, so a round keeps, in every row,
+the shortest accepted prefix m of all rows, plus one token: the verifier's where the
+row's acceptance stopped at m, the row's accepted draft token where it went further.
+Each row's tokens are still the verified ones (greedy output is plain greedy's; a
+sampled row keeps its distribution: m depends on the other rows' independent draws
+and on this row's tokens up to m only). Rows that end (EOS, a stop string) leave the
+batch between rounds.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from eval.generation import (BatchGenerator, Clock, GenerationStats, OnTokens, StaticRoute, StopStrings,
+                             Transcript, Transcripts, check_prompts, left_padded)
+from eval.sampling import Sampling, draw, row_generators, uniforms
 from framework.kv_cache import KVCache
-from framework.model import Decoder
-
-
-def run_blocks(model: Decoder, h: torch.Tensor, layers: Sequence[int], cache: KVCache) -> torch.Tensor:
-    """Run ``layers`` on h, writing K/V at ``cache.length`` (the caller advances it)."""
-    bias = model.attention_bias(h.shape[1], cache)
-    for index in layers:
-        h = model.blocks[index](h, bias, None, cache)
-    return h
+from framework.model import Block, Decoder
 
 
 class SkipDraft:
     """Draft & Verify's draft: the full model with ``skip_layers`` passed through."""
 
     kind = "skip"
+    extra_layers = 0
 
     def __init__(self, skip_layers: Sequence[int]) -> None:
         self.skip_layers = tuple(sorted(set(skip_layers)))
@@ -72,51 +70,80 @@ class SkipDraft:
     def begin_round(self) -> None:
         pass
 
+    def prefill(self, model: Decoder, tokens: torch.Tensor, cache: KVCache, padding: torch.Tensor | None
+                ) -> torch.Tensor:
+        return model(tokens, cache=cache, padding=padding)[:, -1]
+
     def step(self, model: Decoder, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        return model(token, skip_layers=self.skip_layers, cache=cache)[0, -1]
+        return model(token, skip_layers=self.skip_layers, cache=cache)[:, -1]
 
     def verify(self, model: Decoder, inputs: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
         cache.crop(start)
-        return model(inputs, cache=cache)[0]
+        return model(inputs, cache=cache)
 
     def describe(self) -> dict:
         return {"draft": self.kind, "skip_layers": list(self.skip_layers), "exit_layer": None}
 
 
 class ExitDraft:
-    """LayerSkip-style draft: layers 0..E-1, then the final norm and unembedding."""
+    """LayerSkip-style draft: layers 0..E-1, then (``adapter``: a Balcony exit adapter's
+    block, then) the final norm and unembedding."""
 
-    kind = "exit"
-
-    def __init__(self, exit_layer: int) -> None:
-        self.exit_layer = exit_layer
+    def __init__(self, exit_layer: int, adapter: Block | None = None) -> None:
+        self.exit_layer, self.adapter = exit_layer, adapter
+        self.kind = "exit" if adapter is None else "adapter"
         self.states: list[torch.Tensor] = []
 
+    @property
+    def extra_layers(self) -> int:
+        return 0 if self.adapter is None else self.adapter.attn.layer_index + 1 - self._num_layers
+
     def check(self, num_layers: int) -> None:
+        self._num_layers = num_layers
         if not (isinstance(self.exit_layer, int) and 1 <= self.exit_layer <= num_layers - 1):
             raise ValueError(f"exit_layer={self.exit_layer!r} is invalid: the draft's exit must be in "
                              f"1..{num_layers - 1} (the model has {num_layers} layers)")
 
     def layers_run(self, num_layers: int) -> int:
-        return self.exit_layer
+        return self.exit_layer + (self.adapter is not None)
 
     def begin_round(self) -> None:
         self.states = []
 
+    def prefill(self, model: Decoder, tokens: torch.Tensor, cache: KVCache, padding: torch.Tensor | None
+                ) -> torch.Tensor:
+        if self.adapter is None:
+            return model(tokens, cache=cache, padding=padding)[:, -1]
+        if padding is not None:
+            cache.mark_padding(padding)
+        bias = model.attention_bias(tokens.shape[1], cache)
+        states: list[torch.Tensor] = []
+        h = model.run_blocks(model.embed(tokens), range(len(model.blocks)), bias=bias, cache=cache, states=states)
+        self.adapter(states[self.exit_layer - 1], bias, None, cache)  # the adapter's K/V of the prompt
+        cache.advance(tokens.shape[1])
+        return model.logits(h[:, -1])
+
+    def _lower(self, model: Decoder, tokens: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layers 0..E-1 (and the adapter) on ``tokens`` at the cache's length."""
+        bias = model.attention_bias(tokens.shape[1], cache)
+        h = model.run_blocks(model.embed(tokens), range(self.exit_layer), bias=bias, cache=cache)
+        read = h if self.adapter is None else self.adapter(h, bias, None, cache)
+        return h, read
+
     def step(self, model: Decoder, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        h = run_blocks(model, model.embed(token), range(self.exit_layer), cache)
+        h, read = self._lower(model, token, cache)
         cache.advance(1)
         self.states.append(h)
-        return model.logits(h)[0, -1]
+        return model.logits(read[:, -1])
 
     def verify(self, model: Decoder, inputs: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
         # The draft already ran the lower layers on every input but the last one.
-        last = run_blocks(model, model.embed(inputs[:, -1:]), range(self.exit_layer), cache)
+        last, _ = self._lower(model, inputs[:, -1:], cache)
         cache.crop(start)
-        h = run_blocks(model, torch.cat(self.states + [last], dim=1),
-                       range(self.exit_layer, len(model.blocks)), cache)
+        h = model.run_blocks(torch.cat(self.states + [last], dim=1), range(self.exit_layer, len(model.blocks)),
+                             cache=cache)
         cache.advance(h.shape[1])
-        return model.logits(h)[0]
+        return model.logits(h)
 
     def describe(self) -> dict:
         return {"draft": self.kind, "skip_layers": [], "exit_layer": self.exit_layer}
@@ -146,348 +173,191 @@ class AdaptiveThreshold:
         self.threshold = min(1.0, max(0.0, self.threshold + move))
 
 
-@dataclass
-class DecodeStats:
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
-
-    def add(self, other: "DecodeStats") -> None:
-        for name in ("rounds", "drafted", "accepted", "draft_seconds", "verify_seconds"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-
-def _choose(logits: torch.Tensor, temperature: float, generator: torch.Generator | None
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The next token [1, 1], and the distribution it was sampled from (None if greedy)."""
-    if temperature == 0.0:
-        return logits.argmax(-1).view(1, 1), None
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).view(1, 1), probs
-
-
 class SelfSpeculativeDecoder:
-    """Batch-1 self-speculative decoding with one of the drafts above."""
+    """Batched self-speculative decoding with one of the drafts above."""
 
     def __init__(self, model: Decoder, draft: SkipDraft | ExitDraft, *, gamma: int = 5,
                  adaptive: AdaptiveThreshold | None = None, temperature: float = 0.0,
+                 sampling: Sampling | None = None, seed: int = 0,
                  generator: torch.Generator | None = None) -> None:
         draft.check(len(model.blocks))
-        if not (isinstance(gamma, int) and gamma >= 1):
+        if not (isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1):
             raise ValueError(f"gamma={gamma!r} is invalid: the draft length must be an integer >= 1")
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature!r} is invalid: must be >= 0 (0 = greedy)")
-        self.model, self.draft, self.gamma = model, draft, gamma
-        self.adaptive, self.temperature, self.generator = adaptive, temperature, generator
+        self.sampling = sampling or Sampling(temperature=temperature)
+        self.model, self.draft, self.gamma, self.adaptive, self.seed = model, draft, gamma, adaptive, seed
+        self.generator = generator  # batch-1 ``generate`` draws from it when given
+
+    @property
+    def temperature(self) -> float:
+        return self.sampling.temperature
+
+    def generate(self, prompt: torch.Tensor | Sequence[int], max_new_tokens: int) -> tuple[list[int], GenerationStats]:
+        """``max_new_tokens`` tokens after one prompt (no EOS or stop string)."""
+        prompt = torch.as_tensor(prompt).view(-1).tolist()
+        generators = [self.generator] if self.generator is not None else None
+        items, stats = self.generate_batch([prompt], max_new_tokens, generators=generators)
+        return items[0].tokens, stats
 
     @torch.inference_mode()
-    def generate(self, prompt: torch.Tensor, max_new_tokens: int) -> tuple[list[int], DecodeStats]:
-        """``max_new_tokens`` tokens after ``prompt`` [1, P] (or [P])."""
-        prompt = prompt.view(1, -1)
-        cache = self.model.new_cache(1, prompt.shape[1] + max_new_tokens + 1)
-        pending, _ = _choose(self.model(prompt, cache=cache)[0, -1], self.temperature, self.generator)
-        out, stats = [pending], DecodeStats()
-        produced = 1
-        while produced < max_new_tokens:
-            new = self._round(pending, cache, max_new_tokens - produced, stats)
-            out.extend(new)
-            produced += len(new)
-            pending = new[-1]
-        return torch.cat(out, dim=1)[0, :max_new_tokens].tolist(), stats
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, eos_id: int | None = None,
+                       stop: StopStrings | None = None, on_tokens: OnTokens | None = None,
+                       numbers: Sequence[int] | None = None,
+                       generators: list[torch.Generator] | None = None) -> tuple[list[Transcript], GenerationStats]:
+        check_prompts(prompts)
+        model, num_layers = self.model, len(self.model.blocks)
+        clock, stats = Clock(), GenerationStats(sequences=len(prompts))
+        book = Transcripts(len(prompts), max_new_tokens, eos_id=eos_id, stop=stop, on_tokens=on_tokens)
+        tokens, padding = left_padded(prompts, model.embed.weight.device)
+        cache = model.new_cache(len(prompts), tokens.shape[1] + max_new_tokens + 1,
+                                extra_layers=self.draft.extra_layers)
+        generators = generators or row_generators(self.seed, list(numbers or range(len(prompts))))
+        logits = self.draft.prefill(model, tokens, cache, padding if bool(padding.any()) else None)
+        stats.prefill_seconds = time.perf_counter() - clock.wall
+        pending, _ = self.sampling.choose(logits, generators)
+        for row, token in enumerate(pending.tolist()):
+            book.add(row, [token], [num_layers])
+        pending = pending[:, None]
+        while True:
+            keep = book.finished_rows()
+            if book.done:
+                break
+            if keep is not None:
+                cache.select_rows(keep)
+                pending = pending[keep.to(pending.device)]
+                generators = [generators[i] for i in keep.tolist()]
+            produced = len(book.items[book.running[0]].tokens)
+            pending = self._round(pending, cache, max_new_tokens - produced, book, generators, stats)
+        clock.stop(stats)
+        return book.items, book.count(stats)
 
-    def _round(self, pending: torch.Tensor, cache: KVCache, budget: int, stats: DecodeStats) -> list[torch.Tensor]:
+    def _round(self, pending: torch.Tensor, cache: KVCache, budget: int, book: Transcripts,
+               generators: list[torch.Generator], stats: GenerationStats) -> torch.Tensor:
+        """One draft-and-verify round over the batch; the new pending tokens [B, 1]."""
         start, tick = cache.length, time.perf_counter()
-        drafts, draft_probs = self._draft(pending, cache, budget)
+        drafts, draft_probs = self._draft(pending, cache, budget, generators)
         inputs = torch.cat([pending] + drafts, dim=1)
         mid = time.perf_counter()
         target_logits = self.draft.verify(self.model, inputs, cache, start)
-        if self.temperature == 0.0:
-            accepted, nxt = self._accept_greedy(inputs[0, 1:], target_logits)
+        k = len(drafts)
+        if self.sampling.greedy:
+            accepted, nexts = self._accept_greedy(inputs[:, 1:], target_logits)
         else:
-            accepted, nxt = self._accept_sampled(inputs[0, 1:], draft_probs, target_logits)
-        cache.crop(start + 1 + accepted)
+            accepted, nexts = self._accept_sampled(inputs[:, 1:], draft_probs, target_logits, generators)
+        kept = min(accepted)
+        cache.crop(start + 1 + kept)
+        rows = inputs[:, 1:].tolist()
+        new = torch.tensor([row[:kept] + [nxt if count == kept else row[kept]]
+                            for row, count, nxt in zip(rows, accepted, nexts)], device=inputs.device)
+        cost = (k * self.draft.layers_run(len(self.model.blocks)) + (k + 1) * len(self.model.blocks)) / (kept + 1)
+        for row, row_tokens in enumerate(new.tolist()):
+            book.add(row, row_tokens, [cost] * len(row_tokens))
         stats.draft_seconds += mid - tick
         stats.verify_seconds += time.perf_counter() - mid
         stats.rounds += 1
-        stats.drafted += len(drafts)
-        stats.accepted += accepted
+        stats.draft_steps += k
+        stats.drafted += k * len(accepted)
+        stats.accepted += sum(accepted)
         if self.adaptive is not None:
-            self.adaptive.update(accepted, len(drafts))
-        return drafts[:accepted] + [nxt]
+            self.adaptive.update(sum(accepted), k * len(accepted))
+        return new[:, -1:]
 
-    def _draft(self, pending: torch.Tensor, cache: KVCache, budget: int
-               ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Up to γ proposals; the verify pass always adds one token, hence budget - 1."""
+    def _draft(self, pending: torch.Tensor, cache: KVCache, budget: int, generators: list[torch.Generator]
+               ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """Up to γ proposals per row; the verify pass always adds one token, hence budget - 1."""
         self.draft.begin_round()
         drafts, probs, token = [], [], pending
         for _ in range(min(self.gamma, budget - 1)):
             logits = self.draft.step(self.model, token, cache)
-            token, q = _choose(logits, self.temperature, self.generator)
+            chosen, q = self.sampling.choose(logits, generators)
+            token = chosen[:, None]
             drafts.append(token)
             probs.append(q)
             if self.adaptive is not None:
-                top = (q if q is not None else torch.softmax(logits.float(), -1)).max()
-                if self.adaptive.stop(float(top)):
+                top = (q if q is not None else torch.softmax(logits.float(), -1)).max(-1).values
+                if self.adaptive.stop(float(top.min())):  # the batch keeps its least sure row's prefix
                     break
         return drafts, probs
 
     @staticmethod
-    def _accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[int, torch.Tensor]:
-        targets = target_logits.argmax(-1)
-        accepted = int((drafts == targets[:-1]).int().cumprod(0).sum()) if drafts.numel() else 0
-        return accepted, targets[accepted].view(1, 1)
+    def _accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[list[int], list[int]]:
+        """Per row: accepted draft tokens, and the verifier's token after them."""
+        targets = target_logits.argmax(-1)  # [B, k + 1]
+        if drafts.shape[1] == 0:
+            return [0] * targets.shape[0], targets[:, 0].tolist()
+        accepted = (drafts == targets[:, :-1]).int().cumprod(1).sum(1)
+        nexts = targets.gather(1, accepted[:, None])[:, 0]
+        return accepted.tolist(), nexts.tolist()
 
-    def _accept_sampled(self, drafts: torch.Tensor, draft_probs: list[torch.Tensor],
-                        target_logits: torch.Tensor) -> tuple[int, torch.Tensor]:
-        p = torch.softmax(target_logits.float() / self.temperature, dim=-1)
-        uniforms = torch.rand(len(draft_probs), generator=self.generator)
-        for i, (token, q) in enumerate(zip(drafts.tolist(), draft_probs)):
-            if uniforms[i] * q[token] < p[i, token]:  # u < p/q without dividing by q
+    def _accept_sampled(self, drafts: torch.Tensor, draft_probs: list[torch.Tensor], target_logits: torch.Tensor,
+                        generators: list[torch.Generator]) -> tuple[list[int], list[int]]:
+        p = self.sampling.probabilities(target_logits.flatten(0, 1)).view(*target_logits.shape[:2], -1)
+        accepted, nexts = [], []
+        for row, generator in enumerate(generators):
+            count, token = self._accept_row(drafts[row].tolist(), [q[row] for q in draft_probs], p[row], generator)
+            accepted.append(count)
+            nexts.append(token)
+        return accepted, nexts
+
+    @staticmethod
+    def _accept_row(drafts: list[int], qs: list[torch.Tensor], p: torch.Tensor, generator: torch.Generator
+                    ) -> tuple[int, int]:
+        for i, (token, q) in enumerate(zip(drafts, qs)):
+            u = float(uniforms([generator])[0])
+            if u * float(q[token]) < float(p[i, token]):  # u < p/q without dividing by q
                 continue
             residual = (p[i] - q).clamp_min(0.0)
-            total = residual.sum()
-            # total is 0 only when p == q, where a rejection has probability 0.
-            dist = residual / total if total > 0 else p[i]
-            return i, torch.multinomial(dist, 1, generator=self.generator).view(1, 1)
-        k = len(draft_probs)
-        return k, torch.multinomial(p[k], 1, generator=self.generator).view(1, 1)
+            # its sum is 0 only when p == q, where a rejection has probability 0.
+            dist = residual if float(residual.sum()) > 0 else p[i]
+            return i, int(draw(dist[None], uniforms([generator], dist.device))[0])
+        k = len(drafts)
+        return k, int(draw(p[k][None], uniforms([generator], p.device))[0])
 
 
-@dataclass
-class PlainTimes:
-    prefill_seconds: float = 0.0
-    step_seconds: float = 0.0
-    steps: int = 0
+def default_draft_exit(num_layers: int, adapter_exits: Sequence[int] = ()) -> int:
+    """The draft when none is given: an early exit at E = round(L/3) (at least 1) —
+    LayerSkip's kind, whose K/V is the full model's own; with adapters, the adapter
+    exit nearest to L/3."""
+    target = max(1, min(num_layers - 1, round(num_layers / 3)))
+    if adapter_exits:
+        return min(adapter_exits, key=lambda e: (abs(e - target), e))
+    return target
 
 
-@torch.inference_mode()
-def plain_decode(model: Decoder, prompt: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
-                 generator: torch.Generator | None = None) -> tuple[list[int], PlainTimes]:
-    """Ordinary autoregressive decoding with the full model and a KV cache."""
-    prompt = prompt.view(1, -1)
-    cache = model.new_cache(1, prompt.shape[1] + max_new_tokens + 1)
-    times, tick = PlainTimes(), time.perf_counter()
-    token, _ = _choose(model(prompt, cache=cache)[0, -1], temperature, generator)
-    times.prefill_seconds = time.perf_counter() - tick
-    out = [token]
-    tick = time.perf_counter()
-    for _ in range(max_new_tokens - 1):
-        token, _ = _choose(model(token, cache=cache)[0, -1], temperature, generator)
-        out.append(token)
-    times.step_seconds, times.steps = time.perf_counter() - tick, max_new_tokens - 1
-    return torch.cat(out, dim=1)[0].tolist(), times
+def make_draft(spec: str | None, num_layers: int, adapters=None) -> SkipDraft | ExitDraft:
+    """A draft from ``exit:E``, ``skip:SET`` or ``adapter:E`` (None: the default, see
+    ``default_draft_exit``; through an adapter when ``adapters`` are given)."""
+    from eval.skip_sets import parse_skip_set
 
-
-# ------------------------------------------------------------------ measurement
-
-
-def _median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-@dataclass
-class Comparison:
-    """Plain vs self-speculative decoding of the same prompts, timed in one process."""
-
-    plain_seconds: list[float] = field(default_factory=list)
-    spec_seconds: list[float] = field(default_factory=list)
-    plain_step_seconds: float = 0.0
-    plain_steps: int = 0
-    identical: list[bool] = field(default_factory=list)
-    stats: DecodeStats = field(default_factory=DecodeStats)
-    tokens: int = 0
-
-
-def compare(model: Decoder, draft: SkipDraft | ExitDraft, prompts: Sequence[torch.Tensor], *,
-            max_new_tokens: int = 64, gamma: int = 5, adaptive: AdaptiveThreshold | None = None,
-            temperature: float = 0.0, repeats: int = 3, warmup: int = 1, seed: int = 0) -> dict:
-    """Time plain decoding and self-speculative decoding on every prompt (median of
-    ``repeats`` after ``warmup`` untimed runs each) and return the run report."""
-    if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
-        raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: must be an integer >= 1")
-    if not prompts:
-        raise ValueError("no prompts: give at least one")
-    generator = torch.Generator().manual_seed(seed)
-    decoder = SelfSpeculativeDecoder(model, draft, gamma=gamma, adaptive=adaptive, temperature=temperature,
-                                     generator=generator)
-    result = Comparison()
-    for prompt in prompts:
-        for _ in range(warmup):
-            plain_decode(model, prompt, max_new_tokens, temperature=temperature, generator=generator)
-            decoder.generate(prompt, max_new_tokens)
-        plain_runs, spec_runs = [], []
-        for _ in range(repeats):
-            tick = time.perf_counter()
-            reference, times = plain_decode(model, prompt, max_new_tokens, temperature=temperature,
-                                            generator=generator)
-            plain_runs.append(time.perf_counter() - tick)
-            result.plain_step_seconds += times.step_seconds
-            result.plain_steps += times.steps
-            tick = time.perf_counter()
-            output, stats = decoder.generate(prompt, max_new_tokens)
-            spec_runs.append(time.perf_counter() - tick)
-            result.stats.add(stats)
-            result.identical.append(output == reference)
-        result.plain_seconds.append(_median(plain_runs))
-        result.spec_seconds.append(_median(spec_runs))
-        result.tokens += max_new_tokens
-    return _report(model, draft, decoder, result, max_new_tokens=max_new_tokens, repeats=repeats)
-
-
-def _report(model: Decoder, draft: SkipDraft | ExitDraft, decoder: SelfSpeculativeDecoder, result: Comparison,
-            *, max_new_tokens: int, repeats: int) -> dict:
-    stats, greedy = result.stats, decoder.temperature == 0.0
-    draft_forward = stats.draft_seconds / stats.drafted if stats.drafted else float("nan")
-    target_forward = result.plain_step_seconds / result.plain_steps if result.plain_steps else float("nan")
-    plain_total, spec_total = sum(result.plain_seconds), sum(result.spec_seconds)
-    per_prompt = [p / s for p, s in zip(result.plain_seconds, result.spec_seconds)]
-    return {
-        **draft.describe(),
-        "speedup": plain_total / spec_total,
-        "speedup_median_over_prompts": _median(per_prompt),
-        "acceptance_rate": stats.accepted / stats.drafted if stats.drafted else float("nan"),
-        "draft_time_ratio": draft_forward / target_forward,
-        # Sampling draws different tokens than greedy by design: identity does not apply.
-        "identical_to_greedy": all(result.identical) if greedy else None,
-        "mode": "greedy" if greedy else "sample",
-        "temperature": decoder.temperature,
-        "gamma": decoder.gamma,
-        "adaptive": decoder.adaptive is not None,
-        "final_threshold": decoder.adaptive.threshold if decoder.adaptive else None,
-        "tokens_per_round": (stats.accepted + stats.rounds) / stats.rounds if stats.rounds else float("nan"),
-        "tokens_per_s": result.tokens / spec_total,
-        "plain_tokens_per_s": result.tokens / plain_total,
-        "t_draft_ms": 1e3 * draft_forward,
-        "t_target_ms": 1e3 * target_forward,
-        "layers_run_by_draft": draft.layers_run(len(model.blocks)),
-        "num_layers": len(model.blocks),
-        "prompts": len(result.plain_seconds),
-        "max_new_tokens": max_new_tokens,
-        "repeats": repeats,
-        "threads": torch.get_num_threads(),
-    }
-
-
-# -------------------------------------------------------------------------- CLI
-
-
-def load_prompts(*, data: str | None = None, prompts_file: str | None = None, count: int = 8,
-                 length: int = 32) -> list[torch.Tensor]:
-    """Prompts of token ids: the first ``count`` validation sequences of a prepared
-    folder cut to ``length`` tokens, or the lists in a JSON file ([[ids...], ...])."""
-    if prompts_file is not None:
-        rows = json.loads(Path(prompts_file).read_text())
-        if not (isinstance(rows, list) and rows and all(isinstance(r, list) and r and
-                                                        all(isinstance(t, int) for t in r) for r in rows)):
-            raise ValueError(f"--prompts {prompts_file!r} is invalid: expected a JSON list of non-empty "
-                             "lists of token ids")
-        return [torch.tensor(r, dtype=torch.long) for r in rows[:count]]
-    from eval.exits import validation_batches
-
-    out: list[torch.Tensor] = []
-    for inputs, _ in validation_batches(str(data), seq_len=length, batch_size=count, max_batches=1):
-        out.extend(row.clone() for row in inputs)
-        if len(out) >= count:
-            break
-    if not out:
-        raise ValueError(f"--data {data!r} has no validation sequences of {length} tokens")
-    return out[:count]
-
-
-def check_vocabulary(prompts: Sequence[torch.Tensor], vocab_size: int) -> None:
-    top = max(int(p.max()) for p in prompts)
-    if top >= vocab_size or min(int(p.min()) for p in prompts) < 0:
-        raise ValueError(f"prompt token id {top} is invalid for a vocabulary of {vocab_size}")
-
-
-def add_prompt_arguments(parser: argparse.ArgumentParser, *, count: int | None = 8) -> None:
-    """The prompt source; ``count=None`` leaves the number of prompts to the caller."""
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--data", metavar="DIR", help="a folder made by `layerdrop prepare` (validation split)")
-    source.add_argument("--prompts", metavar="JSON", help="a JSON file: a list of prompts, each a list of token ids")
-    if count is not None:
-        parser.add_argument("--num-prompts", type=int, default=count, help=f"prompts to decode (default {count})")
-    parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens, with --data (default 32)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated per prompt (default 64)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerdrop speculate run",
-                                description="Self-speculative decoding (Draft & Verify) timed against plain "
-                                            "decoding in the same process.")
-    p.add_argument("--ckpt", required=True, help="a .ckpt from `layerdrop pretrain` or an exported folder")
-    draft = p.add_mutually_exclusive_group(required=True)
-    draft.add_argument("--skip-layers", metavar="SET",
-                       help="the draft skips these layers: i,j,k, a range a-b, alternate-odd/even, or none")
-    draft.add_argument("--exit-layer", type=int, metavar="E",
-                       help="LayerSkip-style draft: early exit after layer E (1..L-1)")
-    p.add_argument("--gamma", type=int, default=5, help="draft tokens per round (the most, if --adaptive; default 5)")
-    p.add_argument("--adaptive", action="store_true",
-                   help="stop drafting when the draft's top probability < a threshold adapted online")
-    p.add_argument("--target-acceptance", type=float, default=0.8, help="with --adaptive (default 0.8)")
-    p.add_argument("--threshold", type=float, default=0.5, help="initial threshold with --adaptive (default 0.5)")
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="0 = greedy, lossless (default); > 0 samples with the rejection step")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per prompt, median kept (default 3)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    add_prompt_arguments(p)
-    p.add_argument("--out", required=True, metavar="JSON", help="report path")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing report")
-    return p
-
-
-def build_draft(skip_layers: str | None, exit_layer: int | None, num_layers: int) -> SkipDraft | ExitDraft:
-    if exit_layer is not None:
-        draft: SkipDraft | ExitDraft = ExitDraft(exit_layer)
+    if spec is None:
+        exits = list(adapters.exits) if adapters is not None else []
+        exit_layer = default_draft_exit(num_layers, exits)
+        draft: SkipDraft | ExitDraft = ExitDraft(exit_layer, adapters.blocks[str(exit_layer)] if exits else None)
     else:
-        from eval.skip_sets import parse_skip_set
-
-        draft = SkipDraft(parse_skip_set(skip_layers, num_layers))
+        kind, _, value = spec.partition(":")
+        if kind == "skip" and value:
+            draft = SkipDraft(parse_skip_set(value, num_layers))
+        elif kind in ("exit", "adapter") and value.strip().isdigit():
+            exit_layer = int(value)
+            if kind == "adapter":
+                if adapters is None:
+                    raise ValueError(f"draft {spec!r} needs --adapters DIR (trained by `layerdrop adapters fit`)")
+                if exit_layer not in adapters.exits:
+                    raise ValueError(f"draft {spec!r} is invalid: the adapters have exits {adapters.exits}")
+            draft = ExitDraft(exit_layer, adapters.blocks[str(exit_layer)] if kind == "adapter" else None)
+        else:
+            raise ValueError(f"draft {spec!r} is invalid: allowed: exit:E (E in 1..{num_layers - 1}), skip:SET "
+                             f"(block indices in 0..{num_layers - 1}), adapter:E (with --adapters)")
     draft.check(num_layers)
     return draft
 
 
-def check_counts(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str]) -> None:
-    for name in names:
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')}={value} is invalid: must be an integer >= 1")
+def plain_decode(model: Decoder, prompt: torch.Tensor | Sequence[int], max_new_tokens: int, *,
+                 temperature: float = 0.0, seed: int = 0) -> tuple[list[int], GenerationStats]:
+    """Ordinary decoding of one prompt with the full model and a KV cache (no EOS)."""
+    generator = BatchGenerator(model, StaticRoute(model), sampling=Sampling(temperature=temperature), seed=seed)
+    items, stats = generator.generate([torch.as_tensor(prompt).view(-1).tolist()], max_new_tokens)
+    return items[0].tokens, stats
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
-    check_counts(parser, args, ("gamma", "repeats", "num_prompts", "prompt_len", "max_new_tokens", "threads"))
-    if Path(args.out).exists() and not args.overwrite:
-        parser.error(f"{args.out!r} already exists; pass --overwrite to replace it")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from framework.checkpoint import CheckpointError, load_decoder
-
-    try:
-        model, cfg = load_decoder(args.ckpt)
-        draft = build_draft(args.skip_layers, args.exit_layer, cfg.n_layers)
-        adaptive = AdaptiveThreshold(args.target_acceptance, args.threshold) if args.adaptive else None
-        prompts = load_prompts(data=args.data, prompts_file=args.prompts, count=args.num_prompts,
-                               length=args.prompt_len)
-        check_vocabulary(prompts, cfg.vocab_size)
-        if args.temperature < 0:
-            raise ValueError(f"--temperature={args.temperature} is invalid: must be >= 0 (0 = greedy)")
-    except (CheckpointError, FileNotFoundError, ValueError) as err:
-        parser.error(str(err))
-    report = compare(model, draft, prompts, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
-                     adaptive=adaptive, temperature=args.temperature, repeats=args.repeats, seed=args.seed)
-    report["ckpt"] = str(args.ckpt)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"speedup {report['speedup']:.2f}x  acceptance {report['acceptance_rate']:.2%}  "
-          f"T_draft/T_target {report['draft_time_ratio']:.2f}  identical_to_greedy {report['identical_to_greedy']}"
-          f"  ({report['tokens_per_s']:.0f} vs {report['plain_tokens_per_s']:.0f} tokens/s); wrote {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["SkipDraft", "ExitDraft", "AdaptiveThreshold", "SelfSpeculativeDecoder", "default_draft_exit",
+           "make_draft", "plain_decode"]

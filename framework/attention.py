@@ -34,14 +34,24 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 def alibi_causal_bias(slopes: torch.Tensor, q_len: int, k_len: int, *, dtype: torch.dtype,
-                      device: torch.device) -> torch.Tensor:
-    """Additive [1, H, q_len, k_len] mask; queries are the last q_len of k_len positions."""
+                      device: torch.device, key_padding: torch.Tensor | None = None) -> torch.Tensor:
+    """Additive [1, H, q_len, k_len] mask; queries are the last q_len of k_len positions.
+
+    With ``key_padding`` [B, k_len] (True where a row has no token) the mask is
+    [B, H, q_len, k_len] and no query attends to a padding key. Those keys get the
+    most negative finite value rather than -inf: a padding query, whose every key is
+    padding, then averages them (a finite result nobody reads) instead of yielding NaN,
+    while a real query gives them weight exp(min - max) = 0 exactly.
+    """
     q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
     k_pos = torch.arange(k_len, device=device)[None, :]
     distance = (k_pos - q_pos).to(torch.float32)  # ≤ 0 in the causal past
     bias = slopes.to(device=device, dtype=torch.float32)[:, None, None] * distance
-    bias = bias.masked_fill(k_pos > q_pos, float("-inf"))
-    return bias.unsqueeze(0).to(dtype)
+    bias = bias.masked_fill(k_pos > q_pos, float("-inf")).unsqueeze(0).to(dtype)
+    if key_padding is not None:
+        pad = key_padding.to(device)[:, None, None, :] & (k_pos <= q_pos)
+        bias = bias.masked_fill(pad, torch.finfo(dtype).min)
+    return bias
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -22,10 +22,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval skip": ("eval.exits:skip_main", "loss vs parameters kept when skipping layer sets"),
     "eval coord-check": ("eval.coord_check:main", "the paper's coordinate check (Fig. 2)"),
     "eval downstream": ("eval.downstream:main", "downstream benchmarks through lm-eval"),
+    "eval dynamic": ("eval.dynamic_curve:main", "dynamic early exit: agreement and loss vs layers per token"),
     "adapters fit": ("eval.adapters:fit_main", "train exit adapters on a frozen backbone"),
     "adapters eval": ("eval.adapters:eval_main", "per-exit loss with adapters vs plain early exit"),
     "speculate search": ("eval.search:main", "search the draft's skip set for the fastest lossless draft"),
-    "speculate run": ("eval.speculative:main", "self-speculative decoding with a skip-set draft"),
+    "speculate run": ("eval.speculate:main", "self-speculative decoding timed against plain decoding"),
+    "generate": ("eval.generate:main", "text in, text out: full, exit:K, skip:SET, speculative or dynamic depth"),
 }
 
 

@@ -6,6 +6,14 @@ once the forward is done. A layer that the forward skipped keeps stale entries a
 those positions; self-speculative decoding relies on the verify pass, which runs
 every layer from the pre-draft length, to overwrite them, and on ``crop`` to drop
 rejected draft positions.
+
+Batches of prompts of different lengths are left-padded: ``padding`` marks, per row,
+the positions that hold no token, and the attention bias keeps every query away from
+them. ALiBi needs nothing else: its bias depends on the distance between a query and a
+key, which padding on the left does not change.
+
+``extra_layers`` slots after the model's own layers hold the K/V of exit adapters
+(their blocks are numbered ``n_layers + i``).
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ class KVCache:
         shape = (batch_size, n_heads, max_len, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.padding = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
+        self.padded = False  # any padding at all: without it the bias broadcasts over rows
         self.max_len = max_len
         self.batch_size = batch_size
         self.length = 0
@@ -35,6 +45,20 @@ class KVCache:
         self.values[layer][:, :, self.length:end] = v
         return self.keys[layer][:, :, :end], self.values[layer][:, :, :end]
 
+    def mark_padding(self, padding: torch.Tensor) -> None:
+        """Record which of the next T positions are padding (``padding`` [B, T], True = no token)."""
+        if padding.shape[0] != self.batch_size:
+            raise ValueError(f"padding has {padding.shape[0]} rows, the cache holds {self.batch_size}")
+        end = self.length + padding.shape[1]
+        if end > self.max_len:
+            raise ValueError(f"KV cache overflow: length {end} > max_len={self.max_len}")
+        self.padding[:, self.length:end] = padding
+        self.padded = self.padded or bool(padding.any())
+
+    def key_padding(self, end: int) -> torch.Tensor | None:
+        """[B, end] padding of the keys a forward ending at ``end`` attends to, or None."""
+        return self.padding[:, :end] if self.padded else None
+
     def advance(self, num_tokens: int) -> None:
         if not 0 <= self.length + num_tokens <= self.max_len:
             raise ValueError(f"KV cache overflow: length {self.length + num_tokens} > max_len={self.max_len}")
@@ -44,4 +68,13 @@ class KVCache:
         """Forget every position from ``length`` on (rejected draft tokens)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"crop length={length} is invalid: must be in [0, {self.length}]")
+        self.padding[:, length:] = False  # a position written again holds a token unless marked
         self.length = length
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only ``rows`` (indices, in the order given): finished sequences leave the batch."""
+        rows = rows.to(self.padding.device)
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+        self.padding = self.padding.index_select(0, rows)
+        self.batch_size = int(rows.numel())

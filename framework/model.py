@@ -28,16 +28,21 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.attn_dim, cfg.d_model, bias=cfg.bias)
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None, cache: KVCache | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None, cache: KVCache | None,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Every row's K/V goes to the cache; with ``rows`` only those rows' queries run."""
         batch, seq, _ = x.shape
         q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         if cache is not None:
             k, v = cache.update(self.layer_index, k, v)
+        if rows is not None:
+            q, k, v = q[rows], k[rows], v[rows]
+            bias = bias[rows] if bias is not None and bias.shape[0] > 1 else bias
         if bias is None:
             out = flex_attention(q, k, v, self.slopes)
         else:
             out = sdpa_attention(q, k, v, bias)
-        return self.proj(out.transpose(1, 2).reshape(batch, seq, self.n_heads * self.head_dim))
+        return self.proj(out.transpose(1, 2).reshape(q.shape[0], seq, self.n_heads * self.head_dim))
 
 
 class FeedForward(nn.Module):
@@ -63,11 +68,22 @@ class Block(nn.Module):
         self.residual_multiplier = cfg.residual_multiplier
 
     def forward(self, h: torch.Tensor, bias: torch.Tensor | None, drop: LayerDrop | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``drop`` (training) runs each branch on its kept rows; ``rows`` (decoding with
+        per-row early exit) updates only those rows, while every row still writes this
+        layer's K/V from its current state (see ``Decoder.run_blocks``)."""
+        if rows is not None:
+            return self._update_rows(h, bias, cache, rows)
         drop = drop or LayerDrop(None, None, 1.0)
         scale = self.residual_multiplier * drop.scale
         h = residual_update(h, lambda x: self.attn(self.attn_norm(x), bias, cache), drop.attn_rows, scale)
         return residual_update(h, lambda x: self.ffn(self.ffn_norm(x)), drop.ffn_rows, scale)
+
+    def _update_rows(self, h: torch.Tensor, bias: torch.Tensor | None, cache: KVCache | None,
+                     rows: torch.Tensor) -> torch.Tensor:
+        scale = self.residual_multiplier
+        h = h.index_add(0, rows, self.attn(self.attn_norm(h), bias, cache, rows), alpha=scale)
+        return residual_update(h, lambda x: self.ffn(self.ffn_norm(x)), rows, scale)
 
 
 class Decoder(nn.Module):
@@ -96,30 +112,56 @@ class Decoder(nn.Module):
                 module.slopes = alibi_slopes(module.n_heads).to(module.qkv.weight.device)
 
     def forward(self, tokens: torch.Tensor, *, plan: DropPlan | None = None, exit_layer: int | None = None,
-                skip_layers: Iterable[int] = (), cache: KVCache | None = None) -> torch.Tensor:
+                skip_layers: Iterable[int] = (), cache: KVCache | None = None,
+                padding: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, T, V]. ``plan`` only in training; ``exit_layer=k`` runs blocks
-        0..k-1; ``skip_layers`` are passed through by the residual; ``cache`` decodes."""
+        0..k-1; ``skip_layers`` are passed through by the residual; ``cache`` decodes;
+        ``padding`` [B, T] marks positions of left-padded rows that hold no token."""
         return self.logits(self.hidden(tokens, plan=plan, exit_layer=exit_layer,
-                                       skip_layers=skip_layers, cache=cache))
+                                       skip_layers=skip_layers, cache=cache, padding=padding))
 
     def hidden(self, tokens: torch.Tensor, *, plan: DropPlan | None = None, exit_layer: int | None = None,
-               skip_layers: Iterable[int] = (), cache: KVCache | None = None,
+               skip_layers: Iterable[int] = (), cache: KVCache | None = None, padding: torch.Tensor | None = None,
                all_layers: bool = False) -> torch.Tensor | list[torch.Tensor]:
         """Residual stream before the final norm; with ``all_layers`` the stream after
-        every block that ran (the early-exit points), in order."""
+        every block that ran (the early-exit points), in order. ``padding`` [B, T] marks
+        the positions of left-padded rows that hold no token (kept in ``cache``)."""
         active = self.active_layers(exit_layer, skip_layers)
         if plan is not None:
             self.check_plan(plan, tokens.shape[0], cache)
-        h = self.embed(tokens)
-        bias = self.attention_bias(tokens.shape[1], cache)
-        states = []
-        for index in active:
-            drop = plan.layers[index] if plan is not None else None
-            h = self.blocks[index](h, bias, drop, cache)
-            states.append(h)
+        if cache is not None and padding is not None:
+            cache.mark_padding(padding)
+            padding = None
+        states: list[torch.Tensor] | None = [] if all_layers else None
+        h = self.run_blocks(self.embed(tokens), active, cache=cache, plan=plan,
+                            bias=self.attention_bias(tokens.shape[1], cache, padding), states=states)
         if cache is not None:
             cache.advance(tokens.shape[1])
-        return states if all_layers else h
+        return states if states is not None else h
+
+    def run_blocks(self, h: torch.Tensor, layers: Iterable[int], *, bias: torch.Tensor | None = None,
+                   cache: KVCache | None = None, plan: DropPlan | None = None, rows: torch.Tensor | None = None,
+                   states: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Run the blocks ``layers`` once each, in the order given, on the residual stream
+        ``h`` [B, T, d]; the one loop every forward, draft and resumed pass goes through.
+
+        K/V are written to ``cache`` at its current length (the caller advances it).
+        ``bias`` defaults to the causal ALiBi mask of T queries (and the cache's padding).
+        ``rows`` (decoding with per-row early exit): only those rows are updated; the
+        others keep their state and still write every layer's K/V from it, so later
+        tokens attend to the state a row exited with (CALM's state propagation).
+        ``states`` collects the stream after each block.
+        """
+        if bias is None:  # (stays None where FlexAttention computes the mask itself)
+            bias = self.attention_bias(h.shape[1], cache)
+        for index in layers:
+            drop = plan.layers[index] if plan is not None else None
+            block = self.blocks[index]
+            # rows only when given: a compiled block (framework/strategies.py) takes the training arguments
+            h = block(h, bias, drop, cache) if rows is None else block(h, bias, drop, cache, rows)
+            if states is not None:
+                states.append(h)
+        return h
 
     def check_plan(self, plan: DropPlan, batch_size: int, cache: KVCache | None) -> None:
         if len(plan) != len(self.blocks):
@@ -143,14 +185,18 @@ class Decoder(nn.Module):
             raise ValueError(f"skip_layers={sorted(skip, key=str)} is invalid: layers must be in 0..{n - 1}")
         return [i for i in range(exit_layer or n) if i not in skip]
 
-    def attention_bias(self, q_len: int, cache: KVCache | None) -> torch.Tensor | None:
-        """The SDPA mask shared by all blocks, or None when FlexAttention computes it."""
+    def attention_bias(self, q_len: int, cache: KVCache | None = None,
+                       padding: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The SDPA mask shared by all blocks, or None when FlexAttention computes it.
+        Padding keys come from ``cache`` or, without one, from ``padding`` [B, q_len]."""
         device = self.embed.weight.device
-        if self.use_flex(cache):
-            return None
         k_len = q_len + (cache.length if cache is not None else 0)
+        key_padding = cache.key_padding(k_len) if cache is not None else padding
+        if key_padding is None and self.use_flex(cache):
+            return None
         return alibi_causal_bias(self.blocks[0].attn.slopes if len(self.blocks) else alibi_slopes(1),
-                                 q_len, k_len, dtype=self.embed.weight.dtype, device=device)
+                                 q_len, k_len, dtype=self.embed.weight.dtype, device=device,
+                                 key_padding=key_padding)
 
     def use_flex(self, cache: KVCache | None) -> bool:
         backend = self.config.attention
@@ -158,11 +204,12 @@ class Decoder(nn.Module):
             return self.embed.weight.is_cuda and cache is None
         return backend == "flex"
 
-    def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+    def new_cache(self, batch_size: int, max_len: int | None = None, *, extra_layers: int = 0) -> KVCache:
+        """An empty cache; ``extra_layers`` slots after the model's for exit adapters."""
         cfg = self.config
         weight = self.embed.weight
-        return KVCache(cfg.n_layers, batch_size, cfg.n_heads, cfg.head_dim, max_len or cfg.max_seq_len,
-                       dtype=weight.dtype, device=weight.device)
+        return KVCache(cfg.n_layers + extra_layers, batch_size, cfg.n_heads, cfg.head_dim,
+                       max_len or cfg.max_seq_len, dtype=weight.dtype, device=weight.device)
 
     def num_parameters(self, *, non_embedding: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar, RichProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -42,8 +42,9 @@ from framework.checkpointing import PeriodicCheckpoint, refuse_earlier_checkpoin
 from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
 from framework.export import export_callbacks
 from framework.module import LayerDropModule, check_same_model, with_parametrization
-from framework.resume import choose_checkpoint
 from framework.nonfinite import NonFiniteLossError, NonFiniteLossGuard
+from framework.progress_bar import StepProgressBar
+from framework.resume import choose_checkpoint
 
 PROG = "layerdrop pretrain"
 
@@ -84,7 +85,7 @@ class PretrainCLI(LightningCLI):
         config["precision"] = default_precision(config)
         given = list(config.get("callbacks") or []) + list(callbacks)
         if config.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in given):
-            callbacks = [*callbacks, RichProgressBar()]
+            callbacks = [*callbacks, StepProgressBar()]  # steps out of max_steps, not "Epoch 0/-2"
         if config.get("logger") is not False and not any(isinstance(cb, LearningRateMonitor) for cb in given):
             callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]
         callbacks = [*callbacks, *export_callbacks()]  # tokenizer beside the checkpoints; export at the end

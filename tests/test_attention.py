@@ -141,3 +141,20 @@ def test_flex_and_sdpa_decoders_agree():
     tokens = torch.randint(0, 97, (3, 11))
     with torch.no_grad():
         torch.testing.assert_close(flex(tokens), sdpa(tokens), rtol=1e-5, atol=1e-5)
+
+
+def test_key_padding_masks_padded_keys_with_a_finite_value():
+    slopes = alibi_slopes(2)
+    padding = torch.tensor([[True, False, False], [False, False, False]])
+    plain = alibi_causal_bias(slopes, 2, 3, dtype=torch.float64, device=torch.device("cpu"))
+    padded = alibi_causal_bias(slopes, 2, 3, dtype=torch.float64, device=torch.device("cpu"), key_padding=padding)
+    assert padded.shape == (2, 2, 2, 3)
+    torch.testing.assert_close(padded[1], plain[0])  # a row without padding: the plain bias
+    assert (padded[0, :, :, 0] == torch.finfo(torch.float64).min).all()  # no query attends key 0
+    torch.testing.assert_close(padded[0, :, :, 1:], plain[0, :, :, 1:])
+    # A query whose every key is padding stays finite through the softmax.
+    q = torch.randn(1, 2, 1, 4, dtype=torch.float64)
+    k = v = torch.randn(1, 2, 1, 4, dtype=torch.float64)
+    only_pad = alibi_causal_bias(slopes, 1, 1, dtype=torch.float64, device=torch.device("cpu"),
+                                 key_padding=torch.tensor([[True]]))
+    assert torch.isfinite(sdpa_attention(q, k, v, only_pad)).all()

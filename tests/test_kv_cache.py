@@ -111,3 +111,50 @@ def test_new_cache_matches_the_model():
     assert len(cache.keys) == decoder.config.n_layers
     assert cache.keys[0].shape == (3, 3, 24, 16)
     assert cache.keys[0].dtype == decoder.embed.weight.dtype
+
+
+def test_padding_marks_follow_the_cache_through_crop_and_row_selection():
+    cache = KVCache(n_layers=1, batch_size=3, n_heads=1, head_dim=2, max_len=6)
+    assert cache.key_padding(3) is None  # no padding anywhere: the bias broadcasts over rows
+    cache.mark_padding(torch.tensor([[True, False], [False, False], [True, True]]))
+    cache.advance(2)
+    cache.advance(2)  # positions written without marks hold tokens
+    assert cache.key_padding(4).tolist() == [[True, False, False, False], [False] * 4, [True, True, False, False]]
+    for layer_k in cache.keys:
+        layer_k[:, 0, :4, 0] = torch.arange(3.0)[:, None]
+    cache.select_rows(torch.tensor([2, 0]))
+    assert cache.batch_size == 2 and cache.keys[0][:, 0, 0, 0].tolist() == [2.0, 0.0]
+    assert cache.key_padding(2).tolist() == [[True, True], [True, False]]
+    cache.crop(1)
+    cache.mark_padding(torch.tensor([[False], [True]]))
+    assert cache.key_padding(2).tolist() == [[True, False], [True, True]]
+    with pytest.raises(ValueError, match="padding has 3 rows, the cache holds 2"):
+        cache.mark_padding(torch.zeros(3, 1, dtype=torch.bool))
+
+
+def test_a_left_padded_batch_decodes_as_each_row_alone():
+    decoder = make_decoder()
+    rows = [torch.randint(0, 101, (n,)) for n in (3, 7, 1)]
+    width = 7
+    tokens = torch.zeros(3, width, dtype=torch.long)
+    padding = torch.ones(3, width, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        tokens[i, width - len(row):] = row
+        padding[i, width - len(row):] = False
+    nxt = torch.randint(0, 101, (3, 2))
+    with torch.no_grad():
+        cache = decoder.new_cache(3)
+        prefill = decoder(tokens, cache=cache, padding=padding)
+        steps = [decoder(nxt[:, i:i + 1], cache=cache) for i in range(2)]
+        for i, row in enumerate(rows):
+            alone = decoder(torch.cat([row, nxt[i]])[None])
+            torch.testing.assert_close(prefill[i, -1], alone[0, len(row) - 1], rtol=1e-5, atol=1e-5)
+            for j in range(2):
+                torch.testing.assert_close(steps[j][i, 0], alone[0, len(row) + j], rtol=1e-5, atol=1e-5)
+        assert torch.isfinite(prefill).all()  # padding queries see only padding: finite, never NaN
+
+
+def test_extra_layers_hold_adapter_slots():
+    decoder = make_decoder()
+    cache = decoder.new_cache(2, extra_layers=2)
+    assert len(cache.keys) == decoder.config.n_layers + 2

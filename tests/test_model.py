@@ -154,3 +154,33 @@ def test_meta_construction_then_materialise_restores_slopes():
     assert decoder.blocks[1].attn.slopes.tolist() == pytest.approx([2 ** -2, 2 ** -4, 2 ** -6, 2 ** -8, 2 ** -1])
     assert decoder.embed.weight.std().item() == pytest.approx(0.01, rel=0.1)
     assert torch.all(decoder.blocks[0].attn.qkv.bias == 0)
+
+
+def test_run_blocks_is_the_forward_loop():
+    decoder = Decoder(ModelConfig(vocab_size=50, d_model=16, n_layers=4, n_heads=2, max_seq_len=16,
+                                  attention="sdpa")).eval()
+    tokens = torch.randint(0, 50, (2, 6))
+    with torch.no_grad():
+        states = []
+        h = decoder.run_blocks(decoder.embed(tokens), [0, 2, 3], states=states)
+        assert torch.equal(h, decoder.hidden(tokens, skip_layers=[1]))
+        assert len(states) == 3 and torch.equal(states[-1], h)
+
+
+def test_updating_some_rows_keeps_the_others_and_writes_every_rows_k_v():
+    """rows=R: rows in R take the block's update, the others keep their state; the cache
+    gets every row's K/V computed from the state it has (CALM's propagation)."""
+    torch.manual_seed(0)
+    decoder = Decoder(ModelConfig(vocab_size=50, d_model=16, n_layers=2, n_heads=2, max_seq_len=16,
+                                  attention="sdpa")).double().eval()
+    block = decoder.blocks[1]
+    h = torch.randn(3, 1, 16, dtype=torch.float64)
+    rows = torch.tensor([0, 2])
+    with torch.no_grad():
+        cache, reference_cache = decoder.new_cache(3, 4), decoder.new_cache(3, 4)
+        bias = decoder.attention_bias(1, cache)
+        updated = block(h, bias, None, cache, rows)
+        full = block(h, bias, None, reference_cache)
+    torch.testing.assert_close(updated[rows], full[rows], rtol=0, atol=1e-12)
+    assert torch.equal(updated[1], h[1])
+    assert torch.equal(cache.keys[1][:, :, :1], reference_cache.keys[1][:, :, :1])

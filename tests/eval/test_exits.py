@@ -4,10 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eval.exits import (IGNORE_INDEX, capped_batches, default_labels, exit_losses, exits_main, parse_exit_layers,
-                        skip_losses, skip_main)
-from framework.checkpoint import export_decoder
+from eval.exits import default_labels, exit_losses, exits_main, parse_exit_layers, skip_losses, skip_main
+from eval.inputs import ValidationData, capped_batches
+from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
+from framework.loss import IGNORE_INDEX
 from framework.model import Decoder
 
 VOCAB = 300
@@ -104,11 +105,14 @@ def test_caps_limit_tokens_and_batches():
     assert len(list(capped_batches(data))) == 4
 
 
-def test_default_labels_are_short_and_distinct():
+def test_default_labels_are_the_runs_names():
+    assert default_labels(["runs/demo/tiny/checkpoints/last.ckpt"]) == ["tiny"]  # never "last"
     assert default_labels(["runs/dense/checkpoints/last.ckpt", "runs/ild/checkpoints/last.ckpt"]) == \
-        ["dense/last", "ild/last"]
+        ["dense", "ild"]
     assert default_labels(["out/dense", "out/dropout"]) == ["dense", "dropout"]
     assert default_labels(["runs/a/step-1.ckpt", "runs/a/step-2.ckpt"]) == ["step-1", "step-2"]
+    assert default_labels(["runs/x/checkpoints/step-100.ckpt", "runs/x/checkpoints/last.ckpt"]) == \
+        ["x/step-100", "x/last"]  # one run twice: the run and the file
 
 
 # ---------------------------------------------------------------- the commands
@@ -143,6 +147,12 @@ def test_exits_command_writes_the_report_and_plot_for_two_models(prepared, capsy
     assert report["tokens"] == 1984  # 62 whole sequences of 32 tokens
     assert [m["label"] for m in report["models"]] == ["dense", "dropout"]
     assert report["models"][0]["exit_loss"] == report["exit_loss"]
+    data = list(ValidationData(str(prepared / "data"), seq_len=32, batch_size=8, max_tokens=2000, max_batches=None,
+                               model_vocab_size=VOCAB))
+    for model in report["models"]:
+        decoder, _ = load_decoder(prepared / model["label"])
+        for k in ("1", "2", "3"):
+            assert model["exit_loss"][k] == pytest.approx(reference_loss(decoder, data, exit_layer=int(k)), abs=1e-5)
     assert (prepared / "exits.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     code, err = run(exits_main, ["--ckpt", prepared / "dense", "--data", prepared / "data", "--out", out], capsys)
     assert code == 2 and "already exists; pass --overwrite" in err
@@ -162,7 +172,14 @@ def test_skip_command_sweeps_sets_in_parameter_order(prepared, capsys):
     assert sets[0] == [] and sorted(map(tuple, sets)) == sorted([(), (1,), (0, 1), (0, 2)])
     kept = [r["params_kept"] for r in report["results"]]
     assert kept == sorted(kept, reverse=True)
-    assert all({"skip_layers", "loss", "params_kept"} <= set(r) for r in report["results"])
+    decoder, _ = load_decoder(prepared / "dense")
+    data = list(ValidationData(str(prepared / "data"), seq_len=32, batch_size=8, max_tokens=None, max_batches=2,
+                               model_vocab_size=VOCAB))
+    for row in report["results"]:
+        skip = tuple(row["skip_layers"])
+        assert row["loss"] == pytest.approx(reference_loss(decoder, data, skip_layers=skip), abs=1e-5)
+        assert row["params_kept"] == decoder.num_parameters() - sum(
+            p.numel() for i in skip for p in decoder.blocks[i].parameters())
     assert (prepared / "skip.png").exists()
 
 

@@ -16,7 +16,8 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 
 from eval.lm_eval_adapter import LayerDropLM, find_tokenizer  # noqa: E402
 from framework.checkpoint import CheckpointError, load_decoder  # noqa: E402
-from framework.multiple_choice import read_examples, score_examples  # noqa: E402
+from eval.multiple_choice import encode_pair, read_examples, score_examples  # noqa: E402
+from eval.sampling import Sampling  # noqa: E402
 from tiny_lm import FIXTURES, TASKS, export_tiny_model  # noqa: E402
 
 ALL_TASKS = ["ld_tiny_mc", "ld_tiny_loglik", "ld_tiny_rolling", "ld_tiny_gen"]
@@ -47,13 +48,35 @@ def lm(model_dir):
     return LayerDropLM(ckpt=str(model_dir), batch_size=2)
 
 
-def test_all_output_types_run_through_simple_evaluate(harness):
+def test_every_output_type_gives_the_slow_references_values(harness, model_dir):
+    """Each task's metric equals what one plain forward per request gives."""
+    import json
+    import math
+
+    lm = LayerDropLM(ckpt=str(model_dir))
     results = harness["results"]
-    assert set(ALL_TASKS) <= set(results)
-    assert 0.0 <= results["ld_tiny_mc"]["acc,none"] <= 1.0
-    assert results["ld_tiny_loglik"]["perplexity,none"] > 1.0
-    assert results["ld_tiny_rolling"]["bits_per_byte,none"] > 0.0
-    assert results["ld_tiny_gen"]["exact_match,none"] in (0.0, 1 / 3, 2 / 3, 1.0)
+    rows = [json.loads(line) for line in (FIXTURES / "loglik.jsonl").read_text().splitlines()]
+    lls = [reference_logprob(lm.decoder, *encode_pair(lm.tok_encode, r["context"], r["target"], lm.eot_token_id))
+           for r in rows]
+    assert results["ld_tiny_loglik"]["perplexity,none"] == pytest.approx(math.exp(-sum(lls) / len(lls)), rel=1e-4)
+    docs = [json.loads(line)["text"] for line in (FIXTURES / "text.jsonl").read_text().splitlines()]
+    total = sum(reference_logprob(lm.decoder, [lm.eot_token_id], lm.tok_encode(d)) for d in docs)
+    bits = -total / sum(len(d.encode()) for d in docs) / math.log(2)
+    assert results["ld_tiny_rolling"]["bits_per_byte,none"] == pytest.approx(bits, rel=1e-4)
+    examples = read_examples(FIXTURES / "mc.jsonl")
+    native = score_examples(lm.decoder, lm.tok_encode, examples, prefix_token_id=lm.eot_token_id).compute()
+    assert results["ld_tiny_mc"]["acc,none"] == pytest.approx(float(native["acc"]), abs=1e-12)
+    # Generation: each logged answer is the slow greedy continuation cut at the first stop string.
+    samples = sorted(harness["samples"]["ld_tiny_gen"], key=lambda s: s["doc_id"])
+    hits = 0
+    for sample in samples:
+        question, answer = sample["doc"]["question"], sample["doc"]["answer"]
+        text = lm.tok_decode(greedy_reference(lm.decoder, lm.tok_encode(question), 6, eos=lm.eot_token_id))
+        for stop in ("\n", "."):
+            text = text.split(stop, 1)[0]
+        assert sample["resps"][0][0] == text
+        hits += text == answer
+    assert results["ld_tiny_gen"]["exact_match,none"] == hits / len(samples)
     assert harness["config"]["num_layers"] == 3  # get_model_info reached the report
     assert os.environ["HF_DATASETS_OFFLINE"] == "1"
 
@@ -97,7 +120,7 @@ def test_loglikelihood_equals_the_slow_reference(lm):
         else:
             ctx_ids, cont_ids = [lm.eot_token_id], lm.tok_encode(continuation)
         assert value == pytest.approx(reference_logprob(lm.decoder, ctx_ids, cont_ids), abs=1e-4)
-        assert isinstance(is_greedy, bool)
+        assert is_greedy == reference_is_greedy(lm.decoder, ctx_ids, cont_ids)
 
 
 def test_rolling_loglikelihood_counts_every_token_once(model_dir):
@@ -123,11 +146,22 @@ def test_rolling_loglikelihood_counts_every_token_once(model_dir):
     assert windowed != pytest.approx(single, abs=1e-3)  # the window size really changed the context
 
 
-def greedy_reference(decoder, prompt, steps, **forward):
+def reference_is_greedy(decoder, context_ids, continuation_ids):
+    tokens = torch.tensor([context_ids + continuation_ids])
+    with torch.no_grad():
+        picked = decoder(tokens[:, :-1])[0, -len(continuation_ids):].argmax(-1)
+    return picked.tolist() == continuation_ids
+
+
+def greedy_reference(decoder, prompt, steps, eos=None, **forward):
+    """Slow greedy decoding: a whole forward per token, no cache; stops before EOS."""
     tokens = list(prompt)
     with torch.no_grad():
         for _ in range(steps):
-            tokens.append(int(decoder(torch.tensor([tokens]), **forward)[0, -1].argmax()))
+            token = int(decoder(torch.tensor([tokens]), **forward)[0, -1].argmax())
+            if token == eos:
+                break
+            tokens.append(token)
     return tokens[len(prompt):]
 
 
@@ -136,10 +170,7 @@ def test_greedy_decoding_with_the_cache_equals_recomputing(model_dir, model_args
     lm = LayerDropLM(ckpt=str(model_dir), **model_args)
     prompt = lm.tok_encode("Birds fly with their")
     forward = {"exit_layer": lm.exit_layer, "skip_layers": lm.skip_layers}
-    reference = greedy_reference(lm.decoder, prompt, 6, **forward)
-    if lm.eot_token_id in reference:
-        reference = reference[:reference.index(lm.eot_token_id)]
-    assert lm.greedy_tokens(prompt, 6) == reference
+    assert lm.greedy_tokens(prompt, 6) == greedy_reference(lm.decoder, prompt, 6, eos=lm.eot_token_id, **forward)
 
 
 def test_generation_stops_at_the_first_stop_string(lm):
@@ -152,12 +183,38 @@ def test_generation_stops_at_the_first_stop_string(lm):
     assert out == full.split(stop, 1)[0] and stop not in out
 
 
+def test_batched_generate_until_equals_each_request_alone(lm):
+    contexts = ["Snow is usually", "The sun rises in the east and", "Fish", "Birds fly with their wings over"]
+    requests = [Instance("generate_until", {}, (c, {"until": ["\n"], "max_gen_toks": 7}), i)
+                for i, c in enumerate(contexts)]
+    outputs = lm.generate_until(requests, disable_tqdm=True)  # batch_size 2: two padded batches
+    for context, out in zip(contexts, outputs):
+        text = lm.tok_decode(greedy_reference(lm.decoder, lm.tok_encode(context), 7, eos=lm.eot_token_id))
+        assert out == text.split("\n", 1)[0]
+
+
+def test_generation_arguments_follow_hugging_face_semantics(lm):
+    assert lm._generation_args({"until": "x"})[0] == ["x"]
+    assert lm._generation_args({"temperature": 0.0})[2] == Sampling()
+    assert lm._generation_args({"do_sample": False, "temperature": 0.7})[2] == Sampling()
+    assert lm._generation_args({"temperature": 0.7})[2] == Sampling(0.7)
+    assert lm._generation_args({"do_sample": True, "top_k": 5, "top_p": 0.9})[2] == Sampling(1.0, 5, 0.9)
+    sampled = [Instance("generate_until", {}, ("Snow is", {"do_sample": True, "temperature": 1.0}), 0)]
+    first = lm.generate_until(sampled, disable_tqdm=True)
+    assert lm.generate_until(sampled, disable_tqdm=True) == first  # seeded: reproducible
+
+
+def test_a_budget_longer_than_the_context_is_capped(lm, caplog):
+    assert lm.max_gen_toks == 32  # the default: 256, at most half of max_length 64
+    with caplog.at_level("WARNING"):
+        assert lm._generation_args({"max_gen_toks": 64})[1] == 32
+    assert "does not fit max_length=64" in caplog.text
+
+
 @pytest.mark.parametrize("gen_kwargs, message", [
-    ({"do_sample": True}, "decodes greedily only"),
-    ({"temperature": 0.7}, "decodes greedily only"),
-    ({"num_beams": 4}, "decodes greedily only"),
+    ({"num_beams": 4}, "num_beams=4 is not supported"),
     ({"repetition_penalty": 1.2}, "not supported by the layerdrop model"),
-    ({"max_gen_toks": 64}, "leaves no room for a prompt"),
+    ({"do_sample": True, "top_p": 1.5}, "top_p=1.5 is invalid"),
 ])
 def test_unsupported_generation_arguments_are_refused(lm, gen_kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -157,10 +157,30 @@ def test_objective_of_the_full_model_accepts_everything(model, prompts):
     assert objective.estimate((0, 1, 2))["draft_cost"] == pytest.approx(0.25)
 
 
-def test_measured_costs_are_sane(model):
-    costs = DraftCosts.measure(model, context=8, gamma=2, repeats=3)
-    assert 0 < costs.empty < 1.0
-    assert len(costs.verify) == 3 and costs.verify[0] == pytest.approx(1.0, rel=0.5)
+def test_measured_costs_are_the_fastest_runs_relative_to_one_full_step(model, monkeypatch):
+    """A fake clock charges each forward 1 + 0.5 per extra token (times 0.2 with no block
+    run) and slows the first two runs down: the costs must be those charges, relative."""
+    import eval.search as search_module
+
+    clock = {"now": 0.0, "calls": 0}
+
+    def charge(module, args, kwargs):
+        tokens = args[0].shape[1]
+        if tokens > 8:  # the context fill, not a measured forward
+            return
+        clock["calls"] += 1
+        slow = 3.0 if clock["calls"] <= 2 * 4 else 1.0  # the untimed warm-up runs: 4 shapes, 2 runs
+        blocks = 0.2 if len(kwargs.get("skip_layers") or ()) == len(module.blocks) else 1.0
+        clock["now"] += slow * blocks * (1.0 + 0.5 * (tokens - 1))
+
+    handle = model.register_forward_pre_hook(charge, with_kwargs=True)
+    monkeypatch.setattr(search_module.time, "perf_counter", lambda: clock["now"])
+    try:
+        costs = DraftCosts.measure(model, context=8, gamma=2, repeats=3)
+    finally:
+        handle.remove()
+    assert costs.empty == pytest.approx(0.2)
+    assert costs.verify == pytest.approx([1.0, 1.5, 2.0])
 
 
 # ------------------------------------------------------------------------- CLI
@@ -174,7 +194,7 @@ def exported(tmp_path_factory, model, prompts):
     return root
 
 
-def test_cli_search_reports_every_method(exported, capsys):
+def test_cli_search_reports_every_method(exported, model, prompts, capsys):
     out = exported / "search.json"
     code = main(["--ckpt", str(exported / "model"), "--prompts", str(exported / "prompts.json"),
                  "--calibration-prompts", "3", "--confirm-prompts", "2", "--budget", "6",
@@ -182,13 +202,29 @@ def test_cli_search_reports_every_method(exported, capsys):
     assert code == 0
     report = json.loads(out.read_text())
     assert set(report["methods"]) == set(METHODS)
+    reference = CalibrationObjective(model, prompts[:3], new_tokens=12, gamma=5)  # the same objective, anew
     for r in report["methods"].values():
         assert r["evaluations"] <= 6
-        for key in ("skip_layers", "estimated_speedup", "measured_speedup", "acceptance_rate"):
-            assert key in r
-    assert report["best"]["method"] in METHODS and "speedup" in report["best"]
-    assert set(report["exit_draft_estimates"]) == {"1", "2", "3"}
+        estimate = reference.estimate(r["skip_layers"])
+        assert r["estimated_speedup"] == pytest.approx(estimate["speedup"])
+        assert r["estimated_acceptance"] == pytest.approx(estimate["acceptance"])
+        assert r["identical_to_greedy"] is True
+    best = report["best"]
+    assert best["speedup"] == max(r["measured_speedup"] for r in report["methods"].values())
+    assert best["skip_layers"] == report["methods"][best["method"]]["skip_layers"]
+    assert report["exit_draft_estimates"] == {str(e): pytest.approx(reference.estimate(exit_layer=e))
+                                              for e in (1, 2, 3)}
     assert "best:" in capsys.readouterr().out
+
+
+def test_calibration_prompts_may_differ_in_length(model, prompts):
+    """Left-padded calibration gives every prompt the agreement it has alone."""
+    mixed = [prompts[0][:2], prompts[1], prompts[2][:4]]
+    together = CalibrationObjective(model, mixed, new_tokens=10, gamma=3)
+    for skip in [(), (1,), (0, 2)]:
+        rows = together.agreement(skip)
+        for row, prompt in zip(rows, mixed):
+            assert torch.equal(row, CalibrationObjective(model, [prompt], new_tokens=10, gamma=3).agreement(skip)[0])
 
 
 @pytest.mark.parametrize("args,message", [

@@ -14,9 +14,14 @@ import re
 import pytest
 import torch
 
-from eval.speculative import (AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, compare, main,
-                              plain_decode)
-from framework.checkpoint import export_decoder
+from eval.speculate import compare, main
+from eval.adapters import ExitAdapters
+from eval.generation import BatchGenerator, StopStrings
+from eval.speculative import (AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, default_draft_exit,
+                              make_draft, plain_decode)
+from eval.adapters import save_adapters
+from eval.tokenizer import TextCodec
+from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
 from framework.model import Decoder
 
@@ -66,6 +71,52 @@ def test_exit_draft_is_token_identical_to_plain_greedy(model, prompts_and_refere
         out, _ = SelfSpeculativeDecoder(model, ExitDraft(exit_layer), gamma=gamma, adaptive=controller).generate(
             prompt, 20)
         assert out == reference, f"prompt {prompt.tolist()}"
+
+
+@pytest.fixture(scope="module")
+def adapters(model):
+    adapters = ExitAdapters(model.config, [1, 2])
+    adapters.initialise(model, "last")
+    return adapters.double().eval()
+
+
+@pytest.mark.parametrize("draft", ["skip:2", "skip:0,3", "exit:1", "exit:3", "adapter:2", None], ids=str)
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+def test_a_batch_of_prompts_of_different_lengths_is_token_identical_to_plain_greedy(
+        model, prompts_and_references, adapters, draft, adaptive):
+    """One padded batch; rows keep the shortest accepted prefix of the batch each round."""
+    prompts = [p.tolist() for p, _ in prompts_and_references]
+    controller = AdaptiveThreshold(target=0.6, threshold=0.3) if adaptive else None
+    decoder = SelfSpeculativeDecoder(model, make_draft(draft, NUM_LAYERS, adapters), gamma=4, adaptive=controller)
+    items, stats = decoder.generate_batch(prompts, 20)
+    assert [item.tokens for item in items] == [reference for _, reference in prompts_and_references]
+    assert 0 < stats.rounds and stats.accepted <= stats.drafted
+
+
+def test_a_batch_ends_rows_at_eos_and_stop_strings(model, prompts_and_references):
+    prompts = [p.tolist() for p, _ in prompts_and_references]
+    references = [r for _, r in prompts_and_references]
+    eos = references[1][5]
+    decode = lambda ids: "".join(chr(65 + t % 26) for t in ids)  # noqa: E731  a fake detokenizer
+    stop_text = decode(references[4])[7:9]
+    decoder = SelfSpeculativeDecoder(model, SkipDraft((1,)), gamma=3)
+    items, _ = decoder.generate_batch(prompts, 20, eos_id=eos, stop=StopStrings([stop_text], decode))
+    plain, _ = BatchGenerator(model).generate(prompts, 20, eos_id=eos, stop=StopStrings([stop_text], decode))
+    assert [i.tokens for i in items] == [i.tokens for i in plain]
+    assert [i.finish_reason for i in items] == [i.finish_reason for i in plain]
+    assert {"eos", "stop"} <= {i.finish_reason for i in items}
+
+
+def test_the_default_draft_and_draft_specs(adapters):
+    assert default_draft_exit(6) == 2 and default_draft_exit(13) == 4 and default_draft_exit(2) == 1
+    assert default_draft_exit(12, [3, 6, 9]) == 3
+    draft = make_draft(None, NUM_LAYERS, adapters)
+    assert isinstance(draft, ExitDraft) and draft.kind == "adapter" and draft.exit_layer == 1
+    assert make_draft("skip:1-2", NUM_LAYERS).skip_layers == (1, 2)
+    with pytest.raises(ValueError, match="draft 'jump:2' is invalid: allowed: exit:E"):
+        make_draft("jump:2", NUM_LAYERS)
+    with pytest.raises(ValueError, match=r"the adapters have exits \[1, 2\]"):
+        make_draft("adapter:3", NUM_LAYERS, adapters)
 
 
 def test_empty_skip_set_accepts_every_draft_token(model, prompts_and_references):
@@ -154,22 +205,38 @@ def _critical_value(dof: int, z: float = 3.719) -> float:
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
 
 
-def test_sampling_preserves_the_full_models_distribution():
+@pytest.fixture(scope="module")
+def sampling_setup():
     model = tiny_model(vocab=8, layers=2, d=16, std=0.6, seed=3)
-    skip = (1,)
-    prompt = torch.tensor([1, 5, 2])
-    exact = _joint_second_third(model, prompt, None)
-    drafty = _joint_second_third(model, prompt, skip)
+    skip, prompt = (1,), torch.tensor([1, 5, 2])
+    exact, drafty = _joint_second_third(model, prompt, None), _joint_second_third(model, prompt, skip)
     assert 0.5 * float((exact - drafty).abs().sum()) > 0.15  # the draft really is a different model
+    return model, skip, prompt, exact, drafty
 
-    gen = torch.Generator().manual_seed(0)
-    decoder = SelfSpeculativeDecoder(model, SkipDraft(skip), gamma=2, temperature=1.0, generator=gen)
+
+@pytest.mark.parametrize("batched", [False, True], ids=["one_by_one", "one_batch"])
+def test_sampling_preserves_the_full_models_distribution(sampling_setup, batched):
+    """Samples of (t2, t3): one sequence at a time (round 1 drafts t2, t3: a rejection at
+    either, or a bonus token), or all in one batch (which keeps the rows' shortest
+    accepted prefix: resampled or accepted-draft tokens, never a bonus). The draft's own
+    distribution is ~100 times the critical value away at 800 samples."""
+    model, skip, prompt, exact, drafty = sampling_setup
+    runs = 3000 if batched else 800
+    if batched:
+        decoder = SelfSpeculativeDecoder(model, SkipDraft(skip), gamma=2, temperature=1.0, seed=0)
+        items, stats = decoder.generate_batch([prompt.tolist()] * runs, 4)
+        outputs, rejected = [item.tokens for item in items], stats.drafted - stats.accepted
+    else:
+        gen = torch.Generator().manual_seed(0)
+        decoder = SelfSpeculativeDecoder(model, SkipDraft(skip), gamma=2, temperature=1.0, generator=gen)
+        outputs, rejected = [], 0
+        for _ in range(runs):
+            out, stats = decoder.generate(prompt, 4)
+            outputs.append(out)
+            rejected += stats.drafted - stats.accepted
     counts = torch.zeros(8, 8)
-    runs, rejected = 1500, 0
-    for _ in range(runs):
-        out, stats = decoder.generate(prompt, 4)  # round 1 drafts t2, t3: rejection at either, or a bonus
+    for out in outputs:
         counts[out[1], out[2]] += 1
-        rejected += stats.drafted - stats.accepted
     assert rejected > runs // 10  # the rejection-and-resample branch ran many times
     stat, dof = _chi_square(counts, exact)
     assert stat < _critical_value(dof), f"χ²={stat:.1f} on {dof} dof against the full model"
@@ -222,8 +289,42 @@ def test_cli_writes_the_report(exported, capsys):
                  str(exported / "prompts.json"), "--max-new-tokens", "10", "--repeats", "1", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["skip_layers"] == [1, 2] and report["draft"] == "skip"
-    assert isinstance(report["identical_to_greedy"], bool)
+    assert report["identical_to_greedy"] is True
+    model, _ = load_decoder(exported / "model")
+    for prompt, row in zip(json.loads((exported / "prompts.json").read_text()), report["outputs"]):
+        assert row["prompt"] == prompt and row["tokens"] == plain_decode(model, prompt, 10)[0]
     assert "speedup" in capsys.readouterr().out
+
+
+def test_cli_takes_text_prompts_and_adapters(tmp_path, capsys):
+    from tiny_lm import export_tiny_model
+
+    folder = export_tiny_model(tmp_path / "model", seed=1)
+    backbone, _ = load_decoder(folder)
+    adapters = ExitAdapters(backbone.config, [1])
+    adapters.initialise(backbone, "last")
+    save_adapters(adapters, tmp_path / "adapters", {"model": backbone.config.to_dict()})
+    out = tmp_path / "run.json"
+    assert main(["--ckpt", str(folder), "--prompt", "Snow is", "--prompt", "The sun rises in the",
+                 "--adapters", str(tmp_path / "adapters"), "--max-new-tokens", "8", "--repeats", "1",
+                 "--batch-size", "2", "--device", "cpu", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["draft"] == "adapter" and report["exit_layer"] == 1 and report["identical_to_greedy"] is True
+    codec = TextCodec.for_checkpoint(folder)
+    for text, row in zip(["Snow is", "The sun rises in the"], report["outputs"]):
+        items, _ = BatchGenerator(backbone).generate([codec.encode_prompt(text)], 8, eos_id=codec.eos_id)
+        assert row["prompt"] == text and row["tokens"] == items[0].tokens and row["text"] == codec.decode(row["tokens"])
+
+
+def test_cli_names_an_empty_prompts_file_before_loading_the_model(exported, tmp_path, capsys, monkeypatch):
+    import framework.checkpoint
+
+    monkeypatch.setattr(framework.checkpoint, "load_decoder", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "empty.json").write_text("")
+    with pytest.raises(SystemExit):
+        main(["--ckpt", str(exported / "model"), "--prompts", str(tmp_path / "empty.json"), "--out",
+              str(tmp_path / "r.json")])
+    assert f"--prompts '{tmp_path / 'empty.json'}' is empty" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args,message", [

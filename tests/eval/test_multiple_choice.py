@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from framework.config import ModelConfig
 from framework.model import Decoder
-from framework.multiple_choice import (Example, MultipleChoiceAccuracy, MultipleChoiceEval, choice_predictions,
+from eval.multiple_choice import (Example, MultipleChoiceAccuracy, MultipleChoiceEval, choice_predictions,
                                        encode_pair, read_examples, score_continuations, score_examples)
 
 EXAMPLES = [
@@ -198,3 +198,16 @@ def test_callback_rejects_bad_settings(task_file):
         MultipleChoiceEval(str(task_file), every_n_validations=0)
     with pytest.raises(ValueError, match="does not exist"):
         MultipleChoiceEval(str(task_file) + ".missing")
+
+
+def test_pretraining_names_the_callback_by_class_path(task_file, capsys):
+    """framework/ never imports eval/: a recipe reaches the callback by its class path."""
+    from pathlib import Path
+
+    from framework.pretrain import main as pretrain
+
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
+    assert pretrain(["--config", str(recipe), "--trainer.callbacks+=eval.multiple_choice.MultipleChoiceEval",
+                     f"--trainer.callbacks.path={task_file}", "--print_config"]) == 0
+    printed = capsys.readouterr().out
+    assert "class_path: eval.multiple_choice.MultipleChoiceEval" in printed and str(task_file) in printed

@@ -18,7 +18,9 @@ Metrics (torchmetrics, summed over ranks before they are read):
     acc_bytes  the same after dividing by the choice's length in UTF-8 BYTES
 
 ``MultipleChoiceEval`` is the Lightning callback that runs a task every N validation
-runs during pretraining and logs ``val/mc/<name>/{acc,acc_norm,acc_bytes}``.
+runs during pretraining and logs ``val/mc/<name>/{acc,acc_norm,acc_bytes}``; a recipe
+names it by class path (``--trainer.callbacks+=eval.multiple_choice.MultipleChoiceEval``),
+so framework/ never imports eval/.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def encode_pair(encode: Callable[[str], list[int]], context: str, continuation: 
 # ----------------------------------------------------------------- scoring
 def score_continuations(decoder: torch.nn.Module, pairs: Sequence[TokenPair], *, batch_size: int,
                         max_length: int, exit_layer: int | None = None, skip_layers: Iterable[int] = (),
-                        min_batches: int = 0, full_logits: bool = False) -> list[tuple[float, bool]]:
+                        min_batches: int = 0, full_logits: bool = False,
+                        adapter: torch.nn.Module | None = None) -> list[tuple[float, bool]]:
     """(Σ log p(continuation | context), continuation is the greedy one) per pair.
 
     Inputs longer than ``max_length`` keep their last tokens (the continuation must
@@ -103,7 +106,8 @@ def score_continuations(decoder: torch.nn.Module, pairs: Sequence[TokenPair], *,
     padding out of every scored position. Only the continuation positions go through
     the final norm and head, unless ``full_logits`` (the module's ``forward``, which
     sharded wrappers such as FSDP2 hook). ``min_batches`` pads with dummy forwards so
-    that every rank runs the same number of them.
+    that every rank runs the same number of them. ``adapter``: the exit adapter at
+    ``exit_layer`` reads the exit state before the final norm + head.
     """
     skip_layers = tuple(skip_layers)
     device = next(decoder.parameters()).device
@@ -122,13 +126,13 @@ def score_continuations(decoder: torch.nn.Module, pairs: Sequence[TokenPair], *,
     batches += [[(None, [0], 1, [0])]] * max(0, min_batches - len(batches))
     with torch.no_grad():
         for batch in batches:
-            for index, value in _score_batch(decoder, batch, device, exit_layer, skip_layers, full_logits):
+            for index, value in _score_batch(decoder, batch, device, exit_layer, skip_layers, full_logits, adapter):
                 if index is not None:
                     results[index] = value
     return results  # type: ignore[return-value]
 
 
-def _score_batch(decoder, batch, device, exit_layer, skip_layers, full_logits):
+def _score_batch(decoder, batch, device, exit_layer, skip_layers, full_logits, adapter=None):
     """One right-padded forward; the continuation positions of every row go through the
     head together."""
     width = max(len(r[1]) for r in batch)
@@ -145,6 +149,8 @@ def _score_batch(decoder, batch, device, exit_layer, skip_layers, full_logits):
         logits = decoder(tokens, exit_layer=exit_layer, skip_layers=skip_layers)[rows, positions]
     else:
         hidden = decoder.hidden(tokens, exit_layer=exit_layer, skip_layers=skip_layers)
+        if adapter is not None:
+            hidden = adapter(hidden, decoder.attention_bias(width, None))
         logits = decoder.logits(hidden[rows, positions])
     logprobs = F.log_softmax(logits.float(), dim=-1)
     targets = torch.tensor(targets, device=device)

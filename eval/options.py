@@ -1,0 +1,154 @@
+"""The flags every eval-type command shares, spelled, defaulted and checked one way.
+
+Layer numbering, the one convention of every command (and of the paper): the L blocks
+are numbered 0..L-1, and an early exit is named by how many blocks run before it, so
+exit K runs blocks 0..K-1 (K in 1..L; exit L is the full model). Skip sets name blocks
+(0..L-1); exits, adapter exits and draft exits name counts (1..L).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+LAYERS = "blocks are numbered 0..L-1; exit K runs blocks 0..K-1 (K in 1..L)"
+EXIT_HELP = f"early exit K: run blocks 0..K-1 then the final norm + head ({LAYERS})"
+SKIP_HELP = (f"skip set: block indices i,j,k, a range a-b, alternate-odd, alternate-even or none "
+             f"({LAYERS})")
+DEVICE_HELP = "auto (default: cuda if available, else cpu), cpu, cuda, cuda:N"
+
+
+def add_checkpoint(parser: argparse.ArgumentParser, *, several: bool = False) -> None:
+    if several:
+        parser.add_argument("--ckpt", nargs="+", action="extend", required=True, metavar="PATH",
+                            help="checkpoint(s): a .ckpt from `layerdrop pretrain` or an exported folder; "
+                                 "several land on one plot (--ckpt A B or --ckpt A --ckpt B)")
+    else:
+        parser.add_argument("--ckpt", required=True, metavar="PATH",
+                            help="a .ckpt from `layerdrop pretrain` or an exported folder")
+
+
+def check_checkpoint(parser: argparse.ArgumentParser, path: str) -> None:
+    """The cheap check first: a missing checkpoint is named before anything else is read."""
+    if not Path(path).exists():
+        parser.error(f"checkpoint {path!r} does not exist")
+
+
+def add_device(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+def add_threads(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def add_tokenizer(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tokenizer", default=None, metavar="JSON",
+                        help="tokenizer.json (default: beside the checkpoint, or in the data folder it trained on)")
+    parser.add_argument("--eot-token", default=None, metavar="TOKEN",
+                        help="the end-of-text token (default: the data manifest's EOS, else the usual names)")
+
+
+def add_adapters(parser: argparse.ArgumentParser, use: str) -> None:
+    parser.add_argument("--adapters", default=None, metavar="DIR",
+                        help=f"exit adapters written by `layerdrop adapters fit`: {use}")
+
+
+def add_prompt_arguments(parser: argparse.ArgumentParser, *, count: int | None = 8) -> None:
+    """Where prompts come from (one of them); ``count=None`` leaves the number to the caller."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", action="append", default=None, metavar="TEXT",
+                        help="a text prompt (repeatable); it starts a new document (EOS first)")
+    source.add_argument("--prompts", metavar="FILE",
+                        help="prompts: one a line, a .jsonl file with a \"text\" field, or a .json list of "
+                             "strings or of token-id lists")
+    source.add_argument("--data", metavar="DIR", help="a folder made by `layerdrop prepare`: the first "
+                                                       "validation sequences, --prompt-len tokens each")
+    if count is not None:
+        parser.add_argument("--num-prompts", type=int, default=count,
+                            help=f"at most this many prompts (default {count})")
+    parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens, with --data (default 32)")
+    add_max_new_tokens(parser)
+    add_tokenizer(parser)
+
+
+def add_max_new_tokens(parser: argparse.ArgumentParser, default: int = 64) -> None:
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"tokens generated per prompt (default {default}, at most half the model's context)")
+    parser.set_defaults(max_new_tokens_default=default)
+
+
+def max_new_tokens(args: argparse.Namespace, max_seq_len: int) -> int:
+    """--max-new-tokens, or its default capped at half the context; a value that leaves
+    the prompt no room is a ValueError."""
+    if args.max_new_tokens is None:
+        return max(1, min(args.max_new_tokens_default, max_seq_len // 2))
+    if args.max_new_tokens >= max_seq_len:
+        raise ValueError(f"--max-new-tokens={args.max_new_tokens} is invalid: must be below the model's context "
+                         f"(max_seq_len {max_seq_len}), which also holds the prompt")
+    return args.max_new_tokens
+
+
+def add_output(parser: argparse.ArgumentParser, *, plot: bool = False, required: bool = True,
+               what: str = "report path (JSON)") -> None:
+    parser.add_argument("--out", required=required, default=None, metavar="PATH", help=what)
+    if plot:
+        parser.add_argument("--plot", default=None, metavar="PNG", help="plot path (default: --out with .png)")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
+
+
+def exists_message(path: str | Path) -> str:
+    """The one wording of 'this output is already there' (commands and library alike)."""
+    return f"{str(path)!r} already exists; pass --overwrite to replace it"
+
+
+def refuse_existing(parser: argparse.ArgumentParser, paths: Sequence[str | Path | None], overwrite: bool) -> None:
+    for path in paths:
+        if path is not None and Path(path).exists() and not overwrite:
+            parser.error(exists_message(path))
+
+
+def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str], *,
+                   zero_ok: Sequence[str] = ()) -> None:
+    """``--name`` must be >= 1 (>= 0 for ``zero_ok``) where given."""
+    for name in names:
+        value = getattr(args, name)
+        low = 0 if name in zero_ok else 1
+        if value is not None and value < low:
+            kind = "a non-negative" if low == 0 else "a positive"
+            parser.error(f"--{name.replace('_', '-')}={value} is invalid: must be {kind} integer")
+
+
+def resolve_device(parser: argparse.ArgumentParser, name: str | None) -> torch.device:
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        parser.error(f"--device {name!r} is invalid: allowed: auto, cpu, cuda, cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {name!r} is invalid: no CUDA device is available")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device {name!r} is invalid: allowed: auto, cpu, cuda, cuda:N")
+    return device
+
+
+def apply_threads(threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def write_json(report: dict, path: str | Path) -> None:
+    import json
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
+__all__ = ["LAYERS", "EXIT_HELP", "SKIP_HELP", "add_prompt_arguments", "add_max_new_tokens", "max_new_tokens",
+           "add_checkpoint", "check_checkpoint", "add_device", "add_threads", "add_tokenizer", "add_adapters",
+           "add_output", "exists_message", "refuse_existing", "check_positive", "resolve_device", "apply_threads",
+           "write_json"]
