@@ -17,6 +17,8 @@ then the root = embedding + final norm + head, the root kept gathered after forw
     all-reduce      HSDP only: each group's gradient shard (buffer / shard size) across
                     the replicas, in reduce_dtype
     DDP             one all-reduce of every gradient (float32), in ~25 MB buckets
+    every step      the non-finite guard's all-gather of 2 float32 flags per rank
+                    (``optimizer_step_collectives``; not in the per-micro-batch table)
 
 Per-GPU traffic is what a ring (NCCL's algorithm for these sizes) sends and receives
 per GPU: (n-1)/n of the buffer for an all-gather or reduce-scatter over n ranks,
@@ -131,6 +133,14 @@ def micro_batch_collectives(cfg: ModelConfig, strategy: str, *, nodes: int, gpus
             rows.append(Collective("all_reduce", unit, count, replicas, reduce_dtype,
                                    numel // shard * DTYPE_BYTES[reduce_dtype], True))
     return rows
+
+
+def optimizer_step_collectives(*, nodes: int, gpus_per_node: int) -> list[Collective]:
+    """Every collective of one optimizer step outside forward + backward, per rank: the
+    non-finite guard's all-gather of two float32 flags per rank (framework/nonfinite.py),
+    whatever the strategy."""
+    world = nodes * gpus_per_node
+    return [Collective("all_gather", "guard", 1, world, "float32", world * 2 * 4, nodes > 1)]
 
 
 def summary(rows: list[Collective]) -> dict[str, float]:

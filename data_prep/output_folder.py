@@ -4,11 +4,15 @@ Everything is written into a hidden staging sibling (``.NAME.staging-PID``); onl
 run that finished moves it into place. A failed or interrupted run removes its own
 staging folder and leaves whatever was at ``--out`` untouched. With ``--overwrite``
 the old folder is moved aside first and deleted only after the new one is in place.
+A killed run cannot clean up: the next run for the same ``--out`` removes the staging
+folders of runs that are no longer alive, and puts back a folder moved aside whose
+replacement never arrived.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 from data_prep.errors import PrepareError
@@ -23,6 +27,39 @@ def check_output_folder(path: str, overwrite: bool) -> None:
     if os.path.isdir(path) and os.listdir(path) and not overwrite:
         raise PrepareError(f"--out {path!r} already holds data ({len(os.listdir(path))} entries); "
                            "pass --overwrite to replace it")
+
+
+def clean_leftovers(path: str) -> list[str]:
+    """Remove what killed runs for ``path`` left beside it; returns the names removed.
+    Called before ``check_output_folder``: a folder put back is data to protect."""
+    parent, name = os.path.split(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        return []
+    leftover = re.compile(rf"^\.{re.escape(name)}\.(staging|replaced)-(\d+)$")
+    removed = []
+    for entry in sorted(os.listdir(parent)):
+        match = leftover.match(entry)
+        if match is None or _alive(int(match[2])):
+            continue
+        full = os.path.join(parent, entry)
+        if match[1] == "replaced" and not os.path.exists(path):
+            os.rename(full, path)  # killed between moving the old data aside and moving the new in
+            continue
+        shutil.rmtree(full, ignore_errors=True)
+        removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # our own: a leftover of an earlier run that had our pid
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class StagingFolder:

@@ -1,7 +1,8 @@
 """`layerdrop prepare`: corpus -> tokenizer -> litdata token chunks (+ manifest.json).
 
 Read top to bottom: parse and check every argument, resolve every source and the
-tokenizer file (all cheap, so bad input fails in a second with one line), then in a
+tokenizer file (all cheap, so bad input fails in a second with one line), read every
+JSONL record once (a bad one fails before the tokenizer is trained), then in a
 staging folder beside ``--out``: train the tokenizer (or copy the given one), encode
 the corpus once into a flat token file, cut it into train/val by document hash,
 write each split as ``TokensLoader`` chunks with litdata's ``optimize`` and write the
@@ -23,7 +24,8 @@ import numpy as np
 
 from data_prep.errors import PrepareError
 from data_prep.manifest import FORMAT, sha256_of_file, write_manifest
-from data_prep.sources import Document, FileSource, JsonlSource, ParquetSource, Source, SourceStats
+from data_prep.sources import (Document, FileSource, JsonlSource, ParquetSource, Source, SourceStats,
+                               check_every_record)
 
 # Bytes of text per token assumed when a --max-tokens cap decides how much text the
 # tokenizer trains on (byte-level BPE with an 8k-32k vocabulary: ~3.5-4.5 on code and
@@ -227,9 +229,11 @@ def _check_inputs(args: argparse.Namespace) -> tuple[list[Source], tuple | None]
 
     Returns the resolved sources and, for a tokenizer file, (tokenizer, EOS token, EOS id).
     """
-    from data_prep.output_folder import check_output_folder
+    from data_prep.output_folder import check_output_folder, clean_leftovers
 
     _check_tokenizer_args(args)
+    if "://" not in args.out and (removed := clean_leftovers(args.out)):
+        _say(f"removed {len(removed)} staging folder(s) of killed runs: {', '.join(removed)}")
     check_output_folder(args.out, args.overwrite)
     loaded = None
     if args.tokenizer != "train":
@@ -259,6 +263,8 @@ def main(argv: list[str]) -> int:
         sources, loaded = _check_inputs(args)
         # The Rust tokenizer sizes its thread pool once, from this variable.
         os.environ.setdefault("RAYON_NUM_THREADS", str(args.workers))
+        if (records := check_every_record(sources)):
+            _say(f"checked all {records:,} JSONL records")
         folder = StagingFolder(args.out)
         with folder as staging:
             manifest = run(args, argv, sources, loaded, staging)

@@ -47,7 +47,7 @@ from eval.generation import BatchGenerator, StaticRoute, StopStrings
 from eval.multiple_choice import score_continuations
 from eval.sampling import Sampling
 from eval.skip_sets import parse_skip_set
-from eval.tokenizer import EOS_CANDIDATES, TextCodec, eos_id_of, find_tokenizer, training_data_dir
+from eval.tokenizer import EOS_CANDIDATES, TextCodec, eos_id_of, find_tokenizer
 from framework.checkpoint import load_decoder
 
 log = logging.getLogger(__name__)
@@ -265,4 +265,4 @@ class LayerDropLM(TemplateLM):
         return items[0].tokens
 
 
-__all__ = ["LayerDropLM", "find_tokenizer", "training_data_dir", "eos_id_of", "EOS_CANDIDATES"]
+__all__ = ["LayerDropLM", "find_tokenizer", "eos_id_of", "EOS_CANDIDATES"]

@@ -1,8 +1,8 @@
 """The tokenizer of a checkpoint: where it is found, its EOS, text <-> token ids.
 
-``find_tokenizer`` is the one place eval code looks for a checkpoint's tokenizer
-(``framework.checkpoint.find_tokenizer`` replaces its body once checkpoints carry
-their tokenizer). It is light on purpose: `layerdrop generate` must not import lm-eval.
+``find_tokenizer`` is the one place eval code looks for a checkpoint's tokenizer; it
+asks ``framework.checkpoint.find_tokenizer``, which knows every checkpoint form. It is
+light on purpose: `layerdrop generate` must not import lm-eval.
 """
 
 from __future__ import annotations
@@ -11,50 +11,26 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from tokenizers import Tokenizer
 
 TOKENIZER_FILE = "tokenizer.json"
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<|im_end|>", "<|eot_id|>")
 
 
-def training_data_dir(ckpt: Path) -> Path | None:
-    """The data folder a Lightning checkpoint's run trained on (its datamodule's
-    hyperparameters), read without materialising the weights."""
-    if ckpt.is_dir() or not ckpt.is_file():
-        return None
-    try:
-        saved = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # not a readable checkpoint: load_decoder reports why
-        return None
-    data_dir = (saved.get("datamodule_hyper_parameters") or {}).get("data_dir") if isinstance(saved, dict) else None
-    return Path(data_dir) if isinstance(data_dir, str) else None
-
-
 def find_tokenizer(ckpt: str | Path) -> tuple[Path, int | None]:
-    """(tokenizer.json, EOS id from the data manifest or None) for a checkpoint.
+    """(tokenizer.json, the EOS id recorded with it, or None) for a checkpoint of any
+    form, from any working directory. Where to look is ``framework.checkpoint``'s
+    business; the EOS id comes from the checkpoint's tokenizer record, else from the
+    manifest of the prepared data folder the tokenizer was found in."""
+    from framework.checkpoint import find_tokenizer as find
+    from framework.checkpoint_tokenizer import tokenizer_record
 
-    Looked for, in order: inside an exported folder; beside the .ckpt and one and two
-    folders up (runs/x/checkpoints/last.ckpt -> runs/x); the data folder of the run
-    (its manifest names the tokenizer file and the EOS id).
-    """
-    ckpt = Path(ckpt)
-    folder = ckpt if ckpt.is_dir() else ckpt.parent
-    candidates = [folder / TOKENIZER_FILE, folder.parent / TOKENIZER_FILE, folder.parent.parent / TOKENIZER_FILE]
-    for path in candidates:
-        if path.is_file():
-            return path, None
-    data_dir = training_data_dir(ckpt)
-    if data_dir is not None and (data_dir / "manifest.json").is_file():
-        tokenizer = json.loads((data_dir / "manifest.json").read_text()).get("tokenizer", {})
-        path = data_dir / tokenizer.get("file", TOKENIZER_FILE)
-        if path.is_file():
-            return path, tokenizer.get("eos_id")
-        candidates.append(path)
-    elif data_dir is not None:
-        candidates.append(data_dir / TOKENIZER_FILE)
-    tried = ", ".join(str(p) for p in candidates)
-    raise ValueError(f"no tokenizer found for checkpoint {str(ckpt)!r} (tried {tried}); pass its tokenizer.json")
+    path = find(ckpt)
+    eos_id = tokenizer_record(ckpt).get("eos_id")
+    manifest = path.parent / "manifest.json"
+    if eos_id is None and manifest.is_file():
+        eos_id = json.loads(manifest.read_text()).get("tokenizer", {}).get("eos_id")
+    return path, eos_id
 
 
 def eos_id_of(tokenizer: Tokenizer, requested: str | None) -> int:
@@ -128,5 +104,5 @@ class CodecLoader:
             return None
 
 
-__all__ = ["TOKENIZER_FILE", "EOS_CANDIDATES", "training_data_dir", "find_tokenizer", "eos_id_of", "TextCodec",
+__all__ = ["TOKENIZER_FILE", "EOS_CANDIDATES", "find_tokenizer", "eos_id_of", "TextCodec",
            "CodecLoader"]

@@ -1,5 +1,6 @@
 """Callbacks of a pretraining run: the layer-dropout schedule and its FLOP accounting,
-throughput/MFU, the non-finite-loss guard, checkpoints, and the end-of-run summary.
+throughput/MFU, and the end-of-run summary (checkpoints: framework/checkpointing.py;
+the non-finite guard: framework/nonfinite.py).
 
 Metrics they log (TensorBoard by default; `layer_dropout/*` and `flops/*` once per
 optimizer step, `throughput/*` every ``trainer.log_every_n_steps`` steps):
@@ -21,14 +22,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -36,10 +35,6 @@ from framework.schedules import effective_depth_of, mean_dropout
 
 if TYPE_CHECKING:
     from framework.module import MicroBatchStats
-
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or Inf; the run stopped before saving that state."""
 
 
 def log_step_metrics(trainer: pl.Trainer, metrics: dict[str, float], every: int | None = None) -> None:
@@ -258,122 +253,6 @@ class Throughput(pl.Callback):
         return time.perf_counter()
 
 
-# ---------------------------------------------------------------------------- guard
-
-
-class NonFiniteLossGuard(pl.Callback):
-    """Stops the run at the first NaN/Inf training loss on any device, before a
-    checkpoint of that state can be written (ModelCheckpoint always runs last)."""
-
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
-                           batch: Any, batch_idx: int) -> None:
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        bad = loss is not None and not bool(torch.isfinite(loss.detach()).all())
-        if not trainer.strategy.reduce_boolean_decision(bad, all=False):
-            return
-        last = trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else ""
-        where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
-        value = loss.item() if bad else "finite here, non-finite on another device"
-        stats = micro_batch_stats(outputs)  # the step this loss belongs to
-        step = stats.step if stats is not None else trainer.global_step
-        raise NonFiniteLossError(f"training loss is {value} at step {step} "
-                                 f"(micro-batch {batch_idx}); the run stopped and {where}. "
-                                 "Lower the learning rate or check the data, then resume.")
-
-
-# ---------------------------------------------------------------------- checkpoints
-
-
-class PeriodicCheckpoint(pl.callbacks.ModelCheckpoint):
-    """``step-XXXXXXXX.ckpt`` every ``every_n_steps`` optimizer steps (the newest
-    ``keep_last`` kept) and ``last.ckpt``, in ``<default_root_dir>/checkpoints`` unless
-    ``dirpath`` says otherwise. The final step is always saved.
-
-    A new run refuses a folder that already holds checkpoints (resume it instead, or
-    pick another folder): nothing on disk is overwritten unasked.
-    """
-
-    def __init__(self, every_n_steps: int = 1000, keep_last: int = 3, dirpath: str | None = None) -> None:
-        for name, value in (("every_n_steps", every_n_steps), ("keep_last", keep_last)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"checkpoint.{name}={value!r} is invalid: must be a positive integer")
-        # Keep-last-k is top-k on the step counter, the newest being the "best".
-        super().__init__(dirpath=dirpath, filename="step-{step:08d}", monitor="step", mode="max",
-                         save_top_k=keep_last, every_n_train_steps=every_n_steps, save_last=True,
-                         auto_insert_metric_name=False, enable_version_counter=False)
-
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self.dirpath is None:
-            self.dirpath = os.path.realpath(os.path.join(trainer.default_root_dir, "checkpoints"))
-        super().setup(trainer, pl_module, stage)
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # The first hook where every strategy has resolved trainer.ckpt_path, and still
-        # before anything is written.
-        if trainer.ckpt_path is None:
-            refuse_earlier_checkpoints(self.dirpath)
-
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._last_global_step_saved != trainer.global_step and not self._should_skip_saving_checkpoint(trainer):
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes a local checkpoint to a temporary file beside it, fsyncs, then renames it
-    over the target, so a crash mid-save leaves the previous file whole.
-
-    Lightning's own save goes through an fsspec transaction whose temporary file lives
-    in the system temp folder: when that is another filesystem the final move is a
-    copy into the target, and a crash during it truncates the previous checkpoint.
-    Remote paths (s3://, gs://, ...) keep Lightning's behaviour.
-    """
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        if storage_options is not None or "://" in str(path):
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
-        try:
-            with open(partial, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
-        _fsync_dir(target.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename itself durable (POSIX; a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def use_atomic_checkpoint_io(trainer: pl.Trainer) -> None:
-    """Swap the strategy's plain TorchCheckpointIO for the atomic one (strategies with
-    their own format, e.g. DeepSpeed or sharded FSDP checkpoints, are left alone)."""
-    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
-        trainer.strategy.checkpoint_io = AtomicCheckpointIO()
-
-
-def refuse_earlier_checkpoints(dirpath: str | os.PathLike) -> None:
-    """A fresh run must not write over the checkpoints of an earlier one."""
-    existing = sorted(Path(dirpath).glob("*.ckpt")) if os.path.isdir(dirpath) else []
-    if existing:
-        raise ValueError(f"checkpoint folder {str(dirpath)!r} already holds {existing[0].name} from an earlier "
-                         "run: resume it (--resume auto) or choose another --trainer.default_root_dir")
-
-
 # -------------------------------------------------------------------------- summary
 
 
@@ -447,12 +326,6 @@ __all__ = [
     "optimizer_step_finished",
     "LayerDropoutSchedule",
     "Throughput",
-    "NonFiniteLossGuard",
-    "NonFiniteLossError",
-    "PeriodicCheckpoint",
-    "refuse_earlier_checkpoints",
-    "AtomicCheckpointIO",
-    "use_atomic_checkpoint_io",
     "RunSummary",
     "format_summary",
 ]

@@ -1,23 +1,36 @@
-"""The on-disk forms of a trained decoder, and the one loader every eval command uses.
+"""The on-disk forms of a trained decoder, and the one loader every command uses.
 
-Two forms:
-- a Lightning ``.ckpt`` written by ``layerdrop pretrain``: the module's weights under
-  ``state_dict`` with the prefix ``model.``, and the ModelConfig as a plain dict under
-  ``checkpoint["layerdrop"]["model_config"]``;
-- an exported folder: ``model.safetensors`` + ``config.json`` (``{"model": {...}}``),
-  written by ``layerdrop export``.
+Four forms, each loadable in one process (CPU or GPU, no process group):
 
-Loading reads tensors and plain containers only (``weights_only=True`` / safetensors):
-a checkpoint handed over by someone else must never be able to run code.
+- ``lightning``: a single-file ``.ckpt`` (single device, DDP): the module's weights
+  under ``state_dict`` with the prefix ``model.``, the ModelConfig as a plain dict
+  under ``checkpoint["layerdrop"]["model_config"]``;
+- ``dcp``: an FSDP2 folder written by Lightning's ModelParallelStrategy through
+  torch.distributed.checkpoint (``.metadata``, ``__R_0.distcp`` shards, ``meta.pt``
+  holding the non-tensor entries); see framework/distributed_checkpoint.py;
+- ``deepspeed``: a ZeRO-2/ZeRO-3 folder written by Lightning's DeepSpeedStrategy
+  (``latest``, ``<tag>/*_model_states.pt``, ``<tag>/*_optim_states.pt``); the fp32
+  weights are consolidated from the optimizer files' flat partitions; see
+  framework/zero_checkpoint.py;
+- ``exported``: ``model.safetensors`` + ``config.json`` (+ ``tokenizer.json``), written
+  by ``layerdrop export`` and at the end of every pretraining run (framework/export.py).
+
+Loading never materialises optimizer state (files are memory-mapped and only model
+tensors are read) and reads every pickled file by weights-only rules
+(framework/safe_unpickle.py): a checkpoint handed over by someone else cannot run
+code. A checkpoint with non-finite weights is refused.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from framework.config import ModelConfig
 from framework.model import Decoder
@@ -26,85 +39,211 @@ CKPT_KEY = "layerdrop"
 MODEL_PREFIX = "model."
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+TOKENIZER_FILE = "tokenizer.json"
+FORMS = ("lightning", "exported", "dcp", "deepspeed")
+_NON_TENSOR_EXCLUDED = ("state_dict", "optimizer_states", "module", "optimizer")
 
 
 class CheckpointError(ValueError):
     """A checkpoint path or content that cannot be loaded; the message says why."""
 
 
-def load_decoder(path: str | Path, *, map_location: str | torch.device = "cpu") -> tuple[Decoder, ModelConfig]:
-    """Load a Decoder (eval mode) and its config from a ``.ckpt`` or an exported folder."""
+def checkpoint_form(path: str | os.PathLike) -> str:
+    """Which of FORMS the file or folder at ``path`` is (a clear error otherwise)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
-    if path.is_dir():
-        model_cfg, state = _read_exported(path)
-    else:
-        model_cfg, state = _read_lightning(path)
+    if path.is_file():
+        return "lightning"
+    if (path / WEIGHTS_FILE).is_file() or (path / CONFIG_FILE).is_file():
+        return "exported"
+    if (path / ".metadata").is_file():
+        return "dcp"
+    if (path / "latest").is_file() or any(path.glob("*/*model_states.pt")):
+        return "deepspeed"
+    raise CheckpointError(f"{str(path)!r} is not a checkpoint: expected a .ckpt file, an exported folder "
+                          f"({WEIGHTS_FILE} + {CONFIG_FILE}), an FSDP2 folder (.metadata + meta.pt) or a "
+                          "DeepSpeed folder (latest + <tag>/*_states.pt)")
+
+
+def load_decoder(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> tuple[Decoder, ModelConfig]:
+    """A Decoder (eval mode) and its config from a checkpoint of any form.
+
+    Memory: the decoder itself plus one tensor at a time (the files are mapped, not
+    read whole). Raises CheckpointError (one line) for a checkpoint that could run
+    code, does not match its config, or holds NaN/Inf weights.
+    """
+    path = Path(path)
+    model_cfg = read_model_config(path)  # also proves every pickled file harmless
     with torch.device("meta"):
         decoder = Decoder(model_cfg)
     decoder = decoder.to_empty(device=map_location)
     decoder.init_weights()  # restores non-persistent buffers (ALiBi slopes)
-    try:
-        missing, unexpected = decoder.load_state_dict(state, strict=False)
-    except RuntimeError as err:  # shapes that disagree with the config
-        raise CheckpointError(f"checkpoint {str(path)!r} does not match its config: "
-                              f"{str(err).splitlines()[-1].strip()}") from None
-    if missing or unexpected:
-        raise CheckpointError(f"checkpoint {str(path)!r} does not match its config: "
-                              f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    form = checkpoint_form(path)
+    if form == "dcp":
+        from framework.distributed_checkpoint import load_into
+
+        load_into(decoder, path)
+    else:
+        copy_into(decoder, _tensors(form, path), path)
+    refuse_non_finite(decoder, path)
     return decoder.eval(), model_cfg
 
 
-def read_model_config(path: str | Path) -> ModelConfig:
-    """Only the config of a checkpoint (no weights materialised for exported folders)."""
+def read_model_config(path: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a checkpoint of any form, without materialising weights;
+    like load_decoder it refuses a checkpoint that could run code."""
+    from framework.safe_unpickle import prove_checkpoint_harmless
+
     path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
-    if path.is_dir():
-        return _config_from(_read_json(path / CONFIG_FILE), path)
-    return _read_lightning(path)[0]
-
-
-def _read_lightning(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # an unpickling refusal or a corrupt file
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"checkpoint {str(path)!r} cannot be loaded safely: {reason}") from None
-    if not isinstance(ckpt, dict) or CKPT_KEY not in ckpt or "state_dict" not in ckpt:
+    form = checkpoint_form(path)
+    prove_checkpoint_harmless(path)
+    if form == "exported":
+        return _config_from(read_json(path / CONFIG_FILE), path)
+    meta = read_metadata(path).get(CKPT_KEY)
+    if not isinstance(meta, dict) or not isinstance(meta.get("model_config"), dict):
         raise CheckpointError(f"checkpoint {str(path)!r} is not a layerdrop checkpoint "
-                              f"(no {CKPT_KEY!r} / 'state_dict' entries)")
-    meta = ckpt[CKPT_KEY]
-    if not isinstance(meta, dict) or "model_config" not in meta:
-        raise CheckpointError(f"checkpoint {str(path)!r} has no {CKPT_KEY}.model_config entry")
-    model_cfg = _config_from({"model": meta["model_config"]}, path)
-    state = {k[len(MODEL_PREFIX):]: v for k, v in ckpt["state_dict"].items() if k.startswith(MODEL_PREFIX)}
-    return model_cfg, state
+                              f"(no {CKPT_KEY}.model_config entry)")
+    return _config_from({"model": meta["model_config"]}, path)
 
 
-def _read_exported(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    for name in (WEIGHTS_FILE, CONFIG_FILE):
-        if not (path / name).is_file():
-            raise CheckpointError(f"exported model folder {str(path)!r} has no {name}")
-    model_cfg = _config_from(_read_json(path / CONFIG_FILE), path)
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint's non-tensor entries: Lightning's checkpoint dict without the
+    weights and optimizer state (``global_step``, ``layerdrop``, ``hyper_parameters``,
+    ``datamodule_hyper_parameters``, ...); for an exported folder, its config.json."""
+    from framework.safe_unpickle import load_torch_file
+
+    path = Path(path)
+    form = checkpoint_form(path)
+    if form == "exported":
+        return read_json(path / CONFIG_FILE)
+    if form == "lightning":
+        entries = load_torch_file(path)
+    elif form == "dcp":
+        entries = load_torch_file(path / "meta.pt") if (path / "meta.pt").is_file() else None
+    else:
+        from framework.zero_checkpoint import model_states_file
+
+        entries = load_torch_file(model_states_file(path), deepspeed=True)
+    if not isinstance(entries, dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} is not a layerdrop checkpoint (no metadata dict)")
+    return {k: v for k, v in entries.items() if k not in _NON_TENSOR_EXCLUDED}
+
+
+def find_tokenizer(ckpt_path: str | os.PathLike) -> Path:
+    """The tokenizer.json of a checkpoint of any form, from any working directory
+    (see framework/checkpoint_tokenizer.py for where it looks)."""
+    from framework.checkpoint_tokenizer import find_tokenizer as find
+
+    return find(ckpt_path)
+
+
+def export_decoder(decoder: Decoder, out_dir: str | os.PathLike, *, extra: dict | None = None,
+                   overwrite: bool = False, tokenizer: str | os.PathLike | None = None) -> Path:
+    """Write ``model.safetensors`` + ``config.json`` (+ tokenizer.json): see framework/export.py."""
+    from framework.export import export_decoder as export
+
+    return export(decoder, out_dir, extra=extra, overwrite=overwrite, tokenizer=tokenizer)
+
+
+# ------------------------------------------------------------------ tensors per form
+
+
+def _tensors(form: str, path: Path) -> Iterator[tuple[str, Any]]:
+    if form == "lightning":
+        from framework.safe_unpickle import load_torch_file
+
+        state = load_torch_file(path).get("state_dict") or {}
+        return ((k[len(MODEL_PREFIX):], v) for k, v in state.items() if k.startswith(MODEL_PREFIX))
+    if form == "exported":
+        return _exported_tensors(path / WEIGHTS_FILE)
+    from framework.zero_checkpoint import read_zero_tensors
+
+    return read_zero_tensors(path)
+
+
+def _exported_tensors(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    if not file.is_file():
+        raise CheckpointError(f"exported model folder {str(file.parent)!r} has no {WEIGHTS_FILE}")
     try:
-        return model_cfg, load_file(str(path / WEIGHTS_FILE))
-    except Exception as err:  # safetensors raises its own error type on a corrupt file
-        raise CheckpointError(f"{str(path / WEIGHTS_FILE)!r} cannot be read: {err}") from None
+        with safe_open(str(file), framework="pt") as handle:  # memory-mapped
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+    except CheckpointError:
+        raise
+    except Exception as err:  # safetensors raises its own error types on a corrupt file
+        raise CheckpointError(f"{str(file)!r} cannot be read: {str(err).strip().splitlines()[0]}") from None
 
 
-def _read_json(path: Path) -> dict:
+@dataclass
+class Pieces:
+    """A tensor of ``shape`` stored as 1-D pieces that follow each other (a ZeRO
+    partition per rank): copied into place piece by piece, never assembled first."""
+
+    shape: tuple[int, ...]
+    parts: list[torch.Tensor]
+
+
+def copy_into(decoder: Decoder, tensors: Iterable[tuple[str, torch.Tensor | Pieces]], path: Path) -> None:
+    """Copy (name, tensor or Pieces) pairs into the decoder's own tensors, one at a
+    time, and refuse a checkpoint whose names or shapes differ from its config."""
+    targets = decoder.state_dict()
+    found, unexpected = set(), []
+    with torch.no_grad():
+        for name, value in tensors:
+            target = targets.get(name)
+            if target is None:
+                unexpected.append(name)
+                continue
+            shape = value.shape if isinstance(value, Pieces) else tuple(value.shape)
+            if tuple(shape) != tuple(target.shape):
+                raise CheckpointError(f"checkpoint {str(path)!r} does not match its config: {name} has shape "
+                                      f"{list(shape)} in the checkpoint, {list(target.shape)} in the model")
+            if isinstance(value, Pieces):
+                flat, offset = target.view(-1), 0
+                for part in value.parts:
+                    flat[offset:offset + part.numel()].copy_(part)
+                    offset += part.numel()
+            else:
+                target.copy_(value)
+            found.add(name)
+    check_names(path, [n for n in targets if n not in found], unexpected)
+
+
+def check_names(path: Path, missing: list[str], unexpected: list[str]) -> None:
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {str(path)!r} does not match its config: "
+                              f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+
+
+def refuse_non_finite(decoder: Decoder, path: Path) -> None:
+    """Eval on NaN/Inf weights prints NaN for every metric and exits 0: refuse instead."""
+    bad = [name for name, tensor in decoder.state_dict().items()
+           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        raise CheckpointError(f"checkpoint {str(path)!r} holds non-finite weights ({len(bad)} tensors, the first "
+                              f"{bad[0]}): the run diverged before it was saved; use an earlier checkpoint")
+
+
+# ------------------------------------------------------------------ config helpers
+
+
+def read_json(path: Path) -> dict:
     if not path.is_file():
         raise CheckpointError(f"{str(path)!r} does not exist")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{str(path)!r} is not valid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{str(path)!r} is not a JSON object")
+    return data
 
 
 def _config_from(data: dict, path: Path) -> ModelConfig:
-    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+    if not isinstance(data.get("model"), dict):
         raise CheckpointError(f"{str(path)!r}: config has no 'model' section")
     try:
         return ModelConfig.from_dict(data["model"])
@@ -112,71 +251,5 @@ def _config_from(data: dict, path: Path) -> ModelConfig:
         raise CheckpointError(f"{str(path)!r}: {err}") from None
 
 
-def export_decoder(decoder: Decoder, out_dir: str | Path, *, extra: dict | None = None,
-                   overwrite: bool = False) -> Path:
-    """Write ``model.safetensors`` + ``config.json``; refuses to replace an export."""
-    out_dir = Path(out_dir)
-    if (out_dir / WEIGHTS_FILE).exists() and not overwrite:
-        raise CheckpointError(f"{str(out_dir)!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().contiguous().cpu() for k, v in decoder.state_dict().items()}
-    save_file(state, str(out_dir / WEIGHTS_FILE))
-    config = {"model": decoder.config.to_dict(), **(extra or {})}
-    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    return out_dir
-
-
-# ------------------------------------------------------------------ layerdrop export
-
-TOKENIZER_FILE = "tokenizer.json"
-
-
-def export_main(argv: list[str]) -> int:
-    """`layerdrop export --ckpt X --out DIR [--overwrite]`: a training checkpoint (or an
-    export) -> model.safetensors + config.json, with the data's tokenizer beside them."""
-    import argparse
-    import shutil
-
-    parser = argparse.ArgumentParser(
-        prog="layerdrop export",
-        description="Write a checkpoint's decoder as model.safetensors + config.json (+ tokenizer.json).",
-        epilog="Example: layerdrop export --ckpt runs/tiny/checkpoints/last.ckpt --out exports/tiny")
-    parser.add_argument("--ckpt", required=True, help="a .ckpt written by layerdrop pretrain, or an exported folder")
-    parser.add_argument("--out", required=True, help="the folder to write")
-    parser.add_argument("--overwrite", action="store_true", help="replace an export already in --out")
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    try:
-        if (out / WEIGHTS_FILE).exists() and not args.overwrite:  # before loading anything
-            raise CheckpointError(f"{str(out)!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
-        decoder, _ = load_decoder(args.ckpt)
-        extra = _training_record(Path(args.ckpt))
-        tokenizer = extra.pop("_tokenizer_path", None)
-        export_decoder(decoder, out, extra=extra, overwrite=args.overwrite)
-        if tokenizer is not None:
-            shutil.copyfile(tokenizer, out / TOKENIZER_FILE)
-    except CheckpointError as err:
-        parser.error(str(err))  # "error: ..." on stderr, exit status 2
-    print(f"exported {args.ckpt} -> {out}/{WEIGHTS_FILE} + {CONFIG_FILE}"
-          + (f" + {TOKENIZER_FILE}" if tokenizer is not None else ""))
-    return 0
-
-
-def _training_record(path: Path) -> dict:
-    """What config.json keeps of the training run: the step, the layer-dropout and
-    parametrization settings, the tokenizer (copied when the prepared data is at hand)."""
-    if path.is_dir():
-        data = _read_json(path / CONFIG_FILE)
-        record = {k: v for k, v in data.items() if k != "model"}
-        if (path / TOKENIZER_FILE).is_file():
-            record["_tokenizer_path"] = path / TOKENIZER_FILE
-        return record
-    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    entry = ckpt.get(CKPT_KEY, {})
-    record = {"training": {"global_step": ckpt.get("global_step"),
-                           **{k: entry[k] for k in ("layer_dropout", "parametrization") if k in entry}}}
-    data_dir = (ckpt.get("datamodule_hyper_parameters") or {}).get("data_dir")
-    if isinstance(data_dir, str) and (Path(data_dir) / TOKENIZER_FILE).is_file():
-        record["tokenizer"] = TOKENIZER_FILE
-        record["_tokenizer_path"] = Path(data_dir) / TOKENIZER_FILE
-    return record
+__all__ = ["CheckpointError", "checkpoint_form", "load_decoder", "read_model_config", "read_metadata",
+           "find_tokenizer", "export_decoder", "CKPT_KEY", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_FILE"]

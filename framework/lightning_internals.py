@@ -25,12 +25,6 @@ if TYPE_CHECKING:
 # "module:Class.name" -> the parameter names of the method, or None for an instance
 # attribute that the class sets in its own code.
 PRIVATE_API: dict[str, tuple[str, ...] | None] = {
-    # PeriodicCheckpoint saves the final step (framework/callbacks.py).
-    "lightning.pytorch.callbacks:ModelCheckpoint._save_topk_checkpoint": ("self", "trainer", "monitor_candidates"),
-    "lightning.pytorch.callbacks:ModelCheckpoint._save_last_checkpoint": ("self", "trainer", "monitor_candidates"),
-    "lightning.pytorch.callbacks:ModelCheckpoint._should_skip_saving_checkpoint": ("self", "trainer"),
-    "lightning.pytorch.callbacks:ModelCheckpoint._monitor_candidates": ("self", "trainer"),
-    "lightning.pytorch.callbacks:ModelCheckpoint._last_global_step_saved": None,
     # PretrainCLI builds the Trainer with the recipe's named strategy (framework/pretrain.py).
     "lightning.pytorch.cli:LightningCLI._instantiate_trainer": ("self", "config", "callbacks"),
     # Our own device meshes (HSDP) on Lightning's ModelParallelStrategy (issue #12).

@@ -157,9 +157,9 @@ class LayerDropModule(pl.LightningModule):
             self._init_after_materialize = False
 
     def configure_callbacks(self) -> list[pl.Callback]:
-        from framework.callbacks import LayerDropoutSchedule, NonFiniteLossGuard
+        from framework.callbacks import LayerDropoutSchedule
 
-        return [LayerDropoutSchedule(), NonFiniteLossGuard()]
+        return [LayerDropoutSchedule()]
 
     # --------------------------------------------------------------- training
 
@@ -213,6 +213,17 @@ class LayerDropModule(pl.LightningModule):
 
     # -------------------------------------------------------------- optimizer
 
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """The update, unless the loss or the gradient norm is non-finite on any rank:
+        then no rank updates (framework/nonfinite.py)."""
+        from framework.nonfinite import guard_of
+
+        loss = optimizer_closure()  # forward + backward of the step's last micro-batch
+        if guard_of(self.trainer).skip_step(self.trainer, loss, optimizer, batch_idx):
+            optimizer.zero_grad(set_to_none=True)
+            return
+        optimizer.step(closure=lambda: loss)  # the precision plugin's hooks and clipping still run
+
     def configure_optimizers(self) -> dict[str, Any]:
         total = self.trainer.max_steps
         if total is None or total < 1:
@@ -228,7 +239,7 @@ class LayerDropModule(pl.LightningModule):
     # ------------------------------------------------------------ checkpoints
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[CKPT_KEY] = {
+        checkpoint[CKPT_KEY] = {**checkpoint.get(CKPT_KEY, {}),  # callbacks' entries (the tokenizer) first
             "format": CHECKPOINT_FORMAT,
             "model_config": self.model_cfg.to_dict(),
             "layer_dropout": asdict(self.dropout_cfg),
@@ -240,6 +251,11 @@ class LayerDropModule(pl.LightningModule):
         if not isinstance(saved, dict):
             raise ValueError(f"checkpoint has no {CKPT_KEY!r} model config: it was not written by layerdrop pretrain")
         check_same_model(saved, self.model_cfg.to_dict())
+        from framework.resume import apply_recipe_optimizer_settings
+
+        # The recipe's LR, schedule and weight decay win over the saved ones (else a lower
+        # LR after a divergence would be silently ignored); said in one line.
+        apply_recipe_optimizer_settings(self, checkpoint)
 
 
 def with_parametrization(decoder: ModelConfig, pcfg: ParametrizationConfig) -> ModelConfig:

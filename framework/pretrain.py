@@ -7,42 +7,44 @@
 Sections of a recipe: ``trainer`` (Lightning's Trainer), ``model`` (LayerDropModule:
 decoder, layer_dropout, parametrization, lr_schedule), ``data`` (TokenDataModule),
 ``checkpoint`` (PeriodicCheckpoint), ``throughput`` (Throughput: peak FLOPs for MFU),
-``summary`` (RunSummary) and ``resume``. A run lives in ``trainer.default_root_dir``:
+``summary`` (RunSummary), ``guard`` (NonFiniteLossGuard) and ``resume``. A run lives in
+``trainer.default_root_dir``:
 
-    <root>/checkpoints/step-XXXXXXXX.ckpt, last.ckpt
+    <root>/checkpoints/step-XXXXXXXX.ckpt, last.ckpt -> the newest (framework/checkpointing.py)
     <root>/lightning_logs/version_N/      TensorBoard events + config.yaml (resolved config)
     <root>/summary.json                   what the run did (also printed at the end)
 
 Everything that can be checked before the first step is checked first, with a one-line
-error: the resume target, the checkpoint's model shape against the config, the data's
-vocabulary against the model (the DataModule's setup), a non-constant dropout schedule
-or LR decay without ``max_steps``.
+error: a bad flag, recipe key or value, the Trainer settings Lightning would trip over
+later, the resume target (framework/resume.py: complete, harmless), the checkpoint's
+model shape against the config, the data's vocabulary against the model (the
+DataModule's setup), a non-constant dropout schedule without ``max_steps``.
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
+from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
 
-import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-from framework.callbacks import (
-    NonFiniteLossError,
-    PeriodicCheckpoint,
-    RunSummary,
-    Throughput,
-    refuse_earlier_checkpoints,
-    use_atomic_checkpoint_io,
-)
-from framework.checkpoint import CKPT_KEY, CheckpointError
+from framework.callbacks import RunSummary, Throughput
+from framework.checkpointing import PeriodicCheckpoint, refuse_earlier_checkpoints, use_atomic_checkpoint_io
+from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
+from framework.export import export_callbacks
 from framework.module import LayerDropModule, check_same_model, with_parametrization
+from framework.nonfinite import NonFiniteLossError, NonFiniteLossGuard
 from framework.progress_bar import StepProgressBar
+from framework.resume import choose_checkpoint
 
 PROG = "layerdrop pretrain"
 
@@ -53,22 +55,29 @@ class PretrainCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_argument("--resume", type=str | None, default=None,
-                            help="'auto': continue from <checkpoint dir>/last.ckpt when it exists "
-                                 "(else start fresh); or the path of a .ckpt to continue from")
+                            help="'auto': continue from the newest complete checkpoint in the checkpoint "
+                                 "folder (else start fresh); or the path of a checkpoint to continue from")
         # The DataModule checks the prepared vocabulary against the embedding at setup.
         parser.link_arguments("model.decoder.vocab_size", "data.model_vocab_size")
         parser.add_lightning_class_args(PeriodicCheckpoint, "checkpoint")
         parser.add_lightning_class_args(Throughput, "throughput")
         parser.add_lightning_class_args(RunSummary, "summary")
+        parser.add_lightning_class_args(NonFiniteLossGuard, "guard")
 
     def before_instantiate_classes(self) -> None:
         config = self.config
-        self.ckpt_path = resolve_resume(config.resume, checkpoint_dir(config))
+        check_trainer(config.trainer)
         check_seq_len(config)
+        folder = checkpoint_dir(config)
+        choice = choose_checkpoint(config.resume, folder, clean=rank_zero_only.rank == 0)
+        self.ckpt_path = choice.path if choice is not None else None
+        self.resumed_step = choice.step if choice is not None and choice.step is not None else 0
         if self.ckpt_path is None:
-            refuse_earlier_checkpoints(checkpoint_dir(config))
+            refuse_earlier_checkpoints(folder)
         else:
             check_resume_shape(self.ckpt_path, config)
+        if choice is not None and rank_zero_only.rank == 0:
+            print(choice.message(folder), flush=True)
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Trainer:
         config = dict(config)
@@ -79,6 +88,7 @@ class PretrainCLI(LightningCLI):
             callbacks = [*callbacks, StepProgressBar()]  # steps out of max_steps, not "Epoch 0/-2"
         if config.get("logger") is not False and not any(isinstance(cb, LearningRateMonitor) for cb in given):
             callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]
+        callbacks = [*callbacks, *export_callbacks()]  # tokenizer beside the checkpoints; export at the end
         trainer = super()._instantiate_trainer(config, callbacks)
         use_atomic_checkpoint_io(trainer)
         return trainer
@@ -92,7 +102,10 @@ def build_cli(argv: list[str]) -> PretrainCLI:
         seed_everything_default=1234,
         trainer_defaults={"log_every_n_steps": 10, "num_sanity_val_steps": 0},
         save_config_kwargs={"overwrite": True},  # a resumed run logs into a new version folder
-        parser_kwargs={"prog": PROG, "description": "Pretrain a decoder with layer dropout (LightningCLI fit)."},
+        # exit_on_error=False: a bad flag or recipe key raises, and main() says so in one
+        # line instead of the ~100 lines of usage jsonargparse prints first.
+        parser_kwargs={"prog": PROG, "description": "Pretrain a decoder with layer dropout (LightningCLI fit).",
+                       "exit_on_error": False},
         auto_configure_optimizers=False,
     )
 
@@ -101,20 +114,41 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cli = build_cli(argv)
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.ckpt_path)
+        fit(cli)
     except SIGTERMException:
         print("error: stopped by SIGTERM; the last periodic checkpoint is intact: continue with --resume auto",
               file=sys.stderr)
         return 128 + signal.SIGTERM
-    except SystemExit as exit_:  # argparse errors, --help, --print_config
+    except SystemExit as exit_:  # --help, --print_config
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+    except ArgumentError as err:  # a bad flag, recipe key or value
+        print(f"error: {' '.join(str(err).split())}; see {PROG} --help", file=sys.stderr)
+        return 2
     except NonFiniteLossError as err:
-        print(f"error: {err}", file=sys.stderr)
+        if rank_zero_only.rank == 0:
+            print(f"error: {err}", file=sys.stderr)
         return 1
-    except (ValueError, CheckpointError, FileNotFoundError) as err:
+    except (ValueError, CheckpointError, FileNotFoundError, MisconfigurationException) as err:
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     return 0
+
+
+def fit(cli: PretrainCLI) -> None:
+    """``trainer.fit``; a run that fails before its first step leaves no log folder behind
+    (a version_N holding only the config would pass for a run)."""
+    trainer = cli.trainer
+    log_dir = Path(trainer.log_dir) if trainer.loggers and trainer.is_global_zero and trainer.log_dir else None
+    fresh = log_dir is not None and not log_dir.exists()
+    parent_fresh = log_dir is not None and not log_dir.parent.exists()
+    try:
+        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.ckpt_path)
+    except BaseException:
+        if fresh and trainer.global_step <= cli.resumed_step:
+            shutil.rmtree(log_dir, ignore_errors=True)
+            if parent_fresh and log_dir.parent.is_dir() and not any(log_dir.parent.iterdir()):
+                log_dir.parent.rmdir()
+        raise
 
 
 # ------------------------------------------------------------------ before the run
@@ -128,16 +162,25 @@ def checkpoint_dir(config: Any) -> Path:
     return Path(config.trainer.default_root_dir or ".") / "checkpoints"
 
 
-def resolve_resume(resume: str | None, ckpt_dir: Path) -> str | None:
-    """The checkpoint to continue from: None (fresh run), last.ckpt for 'auto', or a path."""
-    if resume is None or resume == "":
-        return None
-    if resume == "auto":
-        last = ckpt_dir / "last.ckpt"
-        return str(last) if last.exists() else None
-    if not Path(resume).exists():
-        raise ValueError(f"--resume {resume!r} is invalid: no such checkpoint (use 'auto' or an existing .ckpt)")
-    return resume
+def check_trainer(trainer: Any) -> None:
+    """The Trainer settings Lightning would reject with a traceback, or not at all
+    (accumulate_grad_batches=0 divides by zero at the first step)."""
+    max_steps = trainer.max_steps
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"trainer.max_steps={max_steps!r} is invalid: pretraining needs the run length (the LR "
+                         "decay, the weight-decay timescale and the layer-dropout schedule depend on it); "
+                         "set a positive --trainer.max_steps")
+    for key in ("accumulate_grad_batches", "num_nodes"):
+        value = getattr(trainer, key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"trainer.{key}={value!r} is invalid: must be a positive integer")
+    devices = trainer.devices
+    count = int(devices) if isinstance(devices, int) or (isinstance(devices, str) and devices.lstrip("-").isdigit()) \
+        else None
+    if isinstance(devices, bool) or (count is not None and count < 1 and count != -1) or \
+            (isinstance(devices, (list, tuple)) and not devices):
+        raise ValueError(f"trainer.devices={devices if count is None else count!r} is invalid: a positive number of "
+                         "devices, -1 (all of them), a list of device indices or 'auto'")
 
 
 def check_seq_len(config: Any) -> None:
@@ -150,12 +193,7 @@ def check_seq_len(config: Any) -> None:
 def check_resume_shape(ckpt_path: str, config: Any) -> None:
     """Compare the checkpoint's model with the configured one before anything is built
     (memory-mapped: only the small config entry is read)."""
-    try:
-        ckpt = torch.load(checkpoint_metadata_file(ckpt_path), map_location="cpu", weights_only=True, mmap=True)
-    except Exception as err:
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"checkpoint {ckpt_path!r} cannot be loaded safely: {reason}") from None
-    saved = ckpt.get(CKPT_KEY, {}).get("model_config") if isinstance(ckpt, dict) else None
+    saved = read_metadata(ckpt_path).get(CKPT_KEY, {}).get("model_config")
     if not isinstance(saved, dict):
         raise CheckpointError(f"checkpoint {ckpt_path!r} was not written by layerdrop pretrain "
                               f"(no {CKPT_KEY!r} entry)")
@@ -164,19 +202,6 @@ def check_resume_shape(ckpt_path: str, config: Any) -> None:
     decoder = ModelConfig(**_as_dict(config.model.decoder))
     pcfg = ParametrizationConfig(**_as_dict(config.model.parametrization))
     check_same_model(saved, with_parametrization(decoder, pcfg).to_dict())
-
-
-def checkpoint_metadata_file(ckpt_path: str) -> Path:
-    """The file holding a checkpoint's non-tensor entries. Sharded strategies save folders:
-    FSDP2 (ModelParallelStrategy) keeps them in ``meta.pt``, DeepSpeed in its rank-0
-    model-states file."""
-    path = Path(ckpt_path)
-    if path.is_dir():
-        for candidate in (path / "meta.pt", path / "checkpoint" / "mp_rank_00_model_states.pt",
-                          path / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt"):
-            if candidate.is_file():
-                return candidate
-    return path
 
 
 def default_precision(config: dict[str, Any]) -> Any:

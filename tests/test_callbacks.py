@@ -1,22 +1,16 @@
-"""Callbacks: schedule logging and FLOP account, throughput/MFU, the NaN guard,
-periodic checkpoints (keep-last-k, never over an earlier run), atomic saves, summary."""
+"""Callbacks: schedule logging and FLOP account, throughput/MFU, summary."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 
 import lightning.pytorch as pl
 import pytest
 import torch
 
-import framework.callbacks as callbacks_module
 from framework.callbacks import (
-    AtomicCheckpointIO,
     LayerDropoutSchedule,
-    NonFiniteLossError,
-    PeriodicCheckpoint,
     RunSummary,
     Throughput,
     format_summary,
@@ -129,88 +123,6 @@ def test_peak_flops_must_be_positive():
         Throughput(peak_flops_per_device=0)
 
 
-class PoisonedModule(type(tiny_module())):
-    """Returns a NaN loss from optimizer step ``bad_step`` on."""
-
-    bad_step = 3
-
-    def training_step(self, batch, batch_idx):
-        outputs = super().training_step(batch, batch_idx)
-        if self.trainer.global_step >= self.bad_step:
-            outputs["loss"] = outputs["loss"] * float("nan")
-        return outputs
-
-
-def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path):
-    torch.manual_seed(0)
-    module = tiny_module()
-    module.__class__ = PoisonedModule
-    checkpoint = PeriodicCheckpoint(every_n_steps=1, keep_last=2, dirpath=str(tmp_path))
-    trainer = quiet_trainer(max_steps=6, callbacks=[checkpoint], enable_checkpointing=True)
-    with pytest.raises(NonFiniteLossError, match=r"training loss is nan at step 3 .*last.ckpt"):
-        trainer.fit(module, RandomTokens())
-    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)
-    assert saved["global_step"] == 3
-    assert all(torch.isfinite(t).all() for t in saved["state_dict"].values())
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step-00000002.ckpt", "step-00000003.ckpt"]
-
-
-def test_periodic_checkpoints_keep_the_newest_and_the_final_step(tmp_path):
-    torch.manual_seed(0)
-    checkpoint = PeriodicCheckpoint(every_n_steps=3, keep_last=2)
-    trainer = quiet_trainer(max_steps=10, callbacks=[checkpoint], enable_checkpointing=True,
-                            default_root_dir=str(tmp_path))
-    trainer.fit(tiny_module(), RandomTokens())
-    folder = tmp_path / "checkpoints"
-    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step-00000009.ckpt", "step-00000010.ckpt"]
-    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 10
-
-
-def test_a_new_run_refuses_a_folder_with_checkpoints(tmp_path):
-    (tmp_path / "checkpoints").mkdir()
-    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"earlier run")
-    trainer = quiet_trainer(max_steps=2, callbacks=[PeriodicCheckpoint()], enable_checkpointing=True,
-                            default_root_dir=str(tmp_path))
-    with pytest.raises(ValueError, match="already holds last.ckpt from an earlier run: resume it"):
-        trainer.fit(tiny_module(), RandomTokens())
-    assert (tmp_path / "checkpoints" / "last.ckpt").read_bytes() == b"earlier run"
-
-
-@pytest.mark.parametrize("name,value", [("every_n_steps", 0), ("keep_last", -1)])
-def test_periodic_checkpoint_arguments_are_checked(name, value):
-    with pytest.raises(ValueError, match=f"checkpoint.{name}={value} is invalid"):
-        PeriodicCheckpoint(**{name: value})
-
-
-def test_a_crash_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
-    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
-    io.save_checkpoint({"step": 1, "w": torch.ones(1000)}, path)
-    real_save = torch.save
-
-    def crash_half_way(obj, handle, *args, **kwargs):
-        real_save(obj, handle, *args, **kwargs)
-        handle.seek(handle.tell() // 2)
-        handle.truncate()
-        raise OSError("disk full")
-
-    monkeypatch.setattr(callbacks_module.torch, "save", crash_half_way)
-    with pytest.raises(OSError, match="disk full"):
-        io.save_checkpoint({"step": 2, "w": torch.zeros(1000)}, path)
-    monkeypatch.undo()
-    assert torch.load(path, weights_only=True)["step"] == 1
-    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no partial file left behind
-    io.save_checkpoint({"step": 3}, path)
-    assert torch.load(path, weights_only=True) == {"step": 3}
-
-
-def test_the_trainer_saves_through_the_atomic_io(tmp_path):
-    from framework.callbacks import use_atomic_checkpoint_io
-
-    trainer = quiet_trainer(max_steps=1, default_root_dir=str(tmp_path))
-    use_atomic_checkpoint_io(trainer)
-    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
-
-
 def test_summary_reports_the_run_and_writes_it(tmp_path, capsys):
     torch.manual_seed(0)
     twin = tmp_path / "dense.json"
@@ -238,14 +150,6 @@ def test_summary_text_without_validation():
     text = format_summary({"steps": 1, "tokens": 2, "val_loss": None, "ln_vocab": 1.0, "flops_saved_pct": 0.0,
                            "mean_dropout_predicted": 0.0, "tensorboard": None, "checkpoint": None})
     assert "(no validation ran)" in text
-
-
-def test_checkpoint_folder_is_made_absolute(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    trainer = quiet_trainer(max_steps=2, callbacks=[PeriodicCheckpoint()], enable_checkpointing=True,
-                            default_root_dir="run")
-    trainer.fit(tiny_module(), RandomTokens())
-    assert trainer.checkpoint_callback.dirpath == os.path.realpath(tmp_path / "run" / "checkpoints")
 
 
 def test_step_metrics_follow_the_trainer_log_cadence_and_step_numbers():

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
 
 from framework.checkpoint import load_decoder
+from framework.module import LayerDropModule
 from framework.pretrain import main
 from tiny_training import tiny_cli_args
 
@@ -48,8 +51,9 @@ def test_a_run_leaves_config_logs_checkpoints_and_summary(finished_run, capsys):
             "flops/executed_step", "flops/dense_step", "flops/saved_pct", "throughput/tokens_per_sec",
             "lr-AdamW/hidden"} <= set(scalars.Tags()["scalars"])
 
-    assert sorted(p.name for p in (finished_run / "checkpoints").iterdir()) == \
+    assert sorted(p.name for p in (finished_run / "checkpoints").iterdir() if p.suffix == ".ckpt") == \
         ["last.ckpt", "step-00000003.ckpt", "step-00000006.ckpt"]
+    assert os.readlink(finished_run / "checkpoints" / "last.ckpt") == "step-00000006.ckpt"  # a link, not a copy
     ckpt = torch.load(finished_run / "checkpoints" / "last.ckpt", weights_only=True)  # tensors and plain data only
     assert ckpt["global_step"] == 6 and ckpt["layerdrop"]["model_config"]["d_model"] == 32
     assert "TokenDataModule" in ckpt  # the loader position
@@ -99,6 +103,44 @@ def test_a_fresh_run_does_not_overwrite_an_earlier_one(finished_run, data_dir, c
 def test_decreasing_schedule_without_max_steps_is_refused(data_dir, tmp_path, capsys):
     argv = tiny_cli_args(data_dir, tmp_path) + ["--trainer.max_steps", "-1", "--trainer.max_epochs", "1"]
     assert "needs the run length" in error_of(capsys, argv)
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--trainer.max_steps", "-5", "trainer.max_steps=-5 is invalid: pretraining needs the run length"),
+    ("--trainer.devices", "0", "trainer.devices=0 is invalid: a positive number of devices, -1"),
+    ("--trainer.accumulate_grad_batches", "0", "trainer.accumulate_grad_batches=0 is invalid: must be a positive"),
+    ("--guard.max_consecutive_nonfinite", "0", "guard.max_consecutive_nonfinite=0 is invalid"),
+    ("--model.no_such_key", "3", "unrecognized arguments: --model.no_such_key 3; see layerdrop pretrain --help"),
+    ("--trainer.max_steps", "many", 'Parser key "trainer.max_steps": Expected a <class \'int\'>. Got value: many; '
+                                    "see layerdrop pretrain --help"),
+])
+def test_bad_settings_are_one_line_before_the_model_is_built(data_dir, tmp_path, capsys, monkeypatch, flag, value,
+                                                             expected):
+    monkeypatch.setattr(LayerDropModule, "configure_model", lambda self: pytest.fail("the model was built"))
+    assert main(tiny_cli_args(data_dir, tmp_path / "run") + [flag, value]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+    assert not (tmp_path / "run" / "lightning_logs").exists()
+
+
+def test_an_unknown_key_in_a_recipe_is_one_line(data_dir, tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"model": {"decoder": {"d_model": 32}, "dropout_everything": True}}))
+    assert main(tiny_cli_args(data_dir, tmp_path / "run") + ["--config", str(recipe)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == ["error: Group 'model' does not accept option 'dropout_everything'; see layerdrop pretrain --help"]
+
+
+class FailBeforeTheFirstStep(pl.Callback):
+    def on_train_start(self, trainer, pl_module):
+        raise ValueError("the run failed before its first step")
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_log_folder(data_dir, tmp_path, capsys):
+    callbacks = json.dumps([{"class_path": "test_pretrain.FailBeforeTheFirstStep"}])
+    argv = tiny_cli_args(data_dir, tmp_path / "run") + ["--trainer.callbacks", callbacks]
+    assert error_of(capsys, argv) == "error: the run failed before its first step"
+    assert not (tmp_path / "run" / "lightning_logs").exists()
 
 
 def test_sequences_longer_than_the_model_allows_are_refused(data_dir, tmp_path, capsys):

@@ -4,7 +4,7 @@ set to a second value, changes something the run would do, or is refused.
 "Something the run would do" is observed, never read back from where the value was
 stored: the model's parameters and forward, the drop plans, the optimizer's groups and
 LR factors (model.*); the batches and loaders (data.*); what the callbacks do
-(checkpoint.*, throughput.*, summary.*); the checkpoint a run resumes (resume); and,
+(checkpoint.*, throughput.*, summary.*, guard.*); the checkpoint a run resumes (resume); and,
 for trainer.*, the arguments Lightning's Trainer receives (Lightning's own tests cover
 what it does with them; ours cover the ones the framework transforms).
 """
@@ -20,7 +20,9 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from framework.callbacks import PeriodicCheckpoint, RunSummary, Throughput
+from framework.callbacks import RunSummary, Throughput
+from framework.checkpointing import PeriodicCheckpoint
+from framework.nonfinite import NonFiniteLossGuard
 from framework.pretrain import PretrainCLI, build_cli
 from framework.schedules import dropout_rates
 from tiny_training import tiny_cli_args
@@ -166,7 +168,9 @@ def callback_behaviour(callbacks: list) -> list:
     out = []
     for cb in callbacks:
         if isinstance(cb, PeriodicCheckpoint):
-            out.append((cb.state_key, cb.save_top_k, cb.dirpath))
+            out.append(("checkpoint", cb.every_n_steps, cb.keep_last, cb.dirpath))
+        elif isinstance(cb, NonFiniteLossGuard):
+            out.append(("guard", cb.max_consecutive))
         elif isinstance(cb, Throughput):
             out.append(("throughput", cb.peak))
         elif isinstance(cb, RunSummary):
@@ -193,7 +197,7 @@ def behaviour(cli, section: str) -> Any:
         return data_behaviour(cli.datamodule)
     if section == "resume":
         return cli.ckpt_path
-    return trainer_arguments(cli.trainer_kwargs)  # trainer.*, checkpoint.*, throughput.*, summary.*
+    return trainer_arguments(cli.trainer_kwargs)  # trainer.*, checkpoint.*, throughput.*, summary.*, guard.*
 
 
 REAL_TRAINER_INIT = pl.Trainer.__init__

@@ -1,9 +1,11 @@
 import os
+import subprocess
+import sys
 
 import pytest
 
 from data_prep.errors import PrepareError
-from data_prep.output_folder import StagingFolder, check_output_folder
+from data_prep.output_folder import StagingFolder, check_output_folder, clean_leftovers
 
 
 def test_refuses_data_a_file_or_a_url(tmp_path):
@@ -43,3 +45,22 @@ def test_a_failed_run_leaves_the_old_folder_untouched(tmp_path):
             raise RuntimeError("crash mid-run")
     assert os.listdir(out) == ["old.txt"] and (out / "old.txt").read_text() == "old"
     assert os.listdir(tmp_path) == ["out"]
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_leftovers_of_killed_runs_are_cleaned_and_live_ones_kept(tmp_path):
+    dead, alive = _dead_pid(), os.getppid()
+    for name in (f".out.staging-{dead}", f".out.staging-{alive}", f".other.staging-{dead}"):
+        (tmp_path / name).mkdir()
+    (tmp_path / f".out.replaced-{dead}").mkdir()
+    (tmp_path / f".out.replaced-{dead}" / "old.txt").write_text("old")  # killed between the two renames
+    assert clean_leftovers(str(tmp_path / "out")) == [f".out.staging-{dead}"]
+    assert sorted(os.listdir(tmp_path)) == [f".other.staging-{dead}", f".out.staging-{alive}", "out"]
+    assert (tmp_path / "out" / "old.txt").read_text() == "old"  # put back, not lost
+    (tmp_path / f".out.replaced-{dead}").mkdir()  # beside data that is in place: just a leftover
+    assert clean_leftovers(str(tmp_path / "out")) == [f".out.replaced-{dead}"]

@@ -224,6 +224,44 @@ def test_failed_overwrite_keeps_the_old_data(tmp_path, code_corpus, prepare):
     assert sorted(os.listdir(tmp_path)) == ["out", "rows.jsonl"]
 
 
+def test_a_bad_record_deep_in_a_big_jsonl_fails_before_the_tokenizer_is_trained(tmp_path, prepare, monkeypatch):
+    import data_prep.tokenizer
+
+    def never(*args, **kwargs):
+        raise AssertionError("the tokenizer was trained before every record was checked")
+
+    monkeypatch.setattr(data_prep.tokenizer, "train_tokenizer", never)
+    rows = tmp_path / "big.jsonl"
+    rows.write_text((json.dumps({"text": "def f(x):\n    return x * 2\n" * 20}) + "\n") * 20_000 +
+                    json.dumps({"body": "no text field here"}) + "\n")
+    code, stderr = prepare("--jsonl", str(rows), "--max-tokens", "10k", "--out", str(tmp_path / "out"))
+    assert code == 2 and f"{rows} line 20001 has no field 'text' (it has: body)" in error_line(stderr)
+    assert "training" not in stderr
+    assert sorted(os.listdir(tmp_path)) == ["big.jsonl"]
+
+
+def test_a_killed_run_leaves_nothing_the_next_run_does_not_clean(tmp_path, code_corpus):
+    """kill -9 while the staging folder is being written, then run again."""
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "framework.cli", "prepare", "--files", code_corpus, "--out", str(out),
+               "--vocab-size", "300", "--workers", "1", "--no-progress"]
+    killed = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not any(p.startswith(".out.staging-") for p in os.listdir(tmp_path)) and killed.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert [p for p in os.listdir(tmp_path) if p.startswith(".out.staging-")]  # what a kill leaves
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "removed 1 staging folder(s) of killed runs" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
 def test_overwrite_replaces_old_data(tmp_path, code_corpus, prepare):
     out = tmp_path / "out"
     out.mkdir()

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.comm_volume import expected_calls, micro_batch_collectives, recorded_calls
+from benchmarks.comm_volume import (expected_calls, micro_batch_collectives, optimizer_step_collectives,
+                                     recorded_calls)
 from pretrain_launch import (LAYERS, MICRO_BATCH, NODES_STEPS, SEQ_LEN, VOCAB, launch_nodes, nodes_recipe, read_ranks,
                              shared_once)
 
@@ -73,18 +74,18 @@ def test_hsdp_moves_the_collectives_comm_volume_computes(hsdp_run):
     model = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=LAYERS, n_heads=4, max_seq_len=SEQ_LEN)
     expected = expected_calls(micro_batch_collectives(model, "hsdp", nodes=2, gpus_per_node=2))
     assert {op for op, *_ in expected} == {"all_gather", "reduce_scatter", "all_reduce"}
+    guard = expected_calls(optimizer_step_collectives(nodes=2, gpus_per_node=2))  # the non-finite flags
     for rank in read_ranks(hsdp_run / "probe", 4):
         for step in rank["steps"]:
-            assert recorded_calls(step["collectives"]) == expected, (rank["rank"], step["step"])
+            assert recorded_calls(step["collectives"]) == expected + guard, (rank["rank"], step["step"])
         assert rank["parameter_dtypes"] == rank["optimizer_state_dtypes"] == ["float32"]
 
 
 @pytest.mark.slow
 def test_hsdp_resumes_exactly_from_its_sharded_checkpoint_and_eval_commands_load_it(hsdp_run, tiny_data, tmp_path):
     """Resume step 10's sharded folder (every rank reads its shards back) with the strategy
-    now saving one gathered file; steps 11..20 repeat exactly and that file loads in
-    the eval commands (framework.checkpoint.load_decoder; the sharded folders themselves
-    load there once the checkpoint issue's loader lands)."""
+    now saving one gathered file; steps 11..20 repeat exactly, and that file and the
+    first run's sharded folder load in the eval commands (framework.checkpoint.load_decoder)."""
     halfway = tmp_path / "run" / "checkpoints" / f"step-{HALF:08d}.ckpt"
     shutil.copytree(hsdp_run / "run" / "checkpoints" / halfway.name, halfway)
     assert halfway.is_dir() and (halfway / "meta.pt").is_file()  # FSDP2's folder of shards
@@ -100,11 +101,14 @@ def test_hsdp_resumes_exactly_from_its_sharded_checkpoint_and_eval_commands_load
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     assert last.is_file()
     _eval_commands_load(last, reference, tiny_data, tmp_path)
+    (tmp_path / "sharded").mkdir()
+    _eval_commands_load(hsdp_run / "run" / "checkpoints" / "last.ckpt", reference, tiny_data, tmp_path / "sharded")
 
 
 def _eval_commands_load(ckpt: Path, reference: dict[str, torch.Tensor], data: Path, tmp_path: Path) -> None:
     from eval.exits import exits_main
-    from framework.checkpoint import export_main, load_decoder
+    from framework.checkpoint import load_decoder
+    from framework.export import main as export_main
 
     decoder, config = load_decoder(ckpt)
     assert (config.d_model, config.n_layers, config.vocab_size) == (32, LAYERS, VOCAB)

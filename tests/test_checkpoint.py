@@ -1,4 +1,6 @@
-"""load_decoder / export_decoder: round trips, clear refusals, and no code execution."""
+"""framework.checkpoint on single-file checkpoints and exports: round trips, clear
+refusals (foreign files, mismatched weights, NaN weights), and no code execution.
+The sharded forms of real multi-rank runs: tests/distributed/test_checkpoint_forms.py."""
 
 from __future__ import annotations
 
@@ -7,7 +9,8 @@ import json
 import pytest
 import torch
 
-from framework.checkpoint import CheckpointError, export_decoder, load_decoder, read_model_config
+from framework.checkpoint import (CheckpointError, checkpoint_form, export_decoder, load_decoder, read_metadata,
+                                  read_model_config)
 from framework.config import ModelConfig
 from framework.model import Decoder
 
@@ -33,9 +36,10 @@ def assert_same_function(a: Decoder, b: Decoder) -> None:
 
 def test_export_then_load_round_trip(tmp_path):
     decoder = make_decoder()
-    out = export_decoder(decoder, tmp_path / "export", extra={"tokenizer": "tok.json"})
+    out = export_decoder(decoder, tmp_path / "export", extra={"training": {"global_step": 3}})
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
-    assert json.loads((out / "config.json").read_text())["tokenizer"] == "tok.json"
+    assert json.loads((out / "config.json").read_text())["training"] == {"global_step": 3}
+    assert checkpoint_form(out) == "exported"
     loaded, cfg = load_decoder(out)
     assert cfg == decoder.config and not loaded.training
     assert_same_function(loaded, decoder.eval())
@@ -57,9 +61,11 @@ def test_lightning_checkpoint_round_trip(tmp_path):
     path = tmp_path / "last.ckpt"
     torch.save(lightning_checkpoint(decoder, optimizer_states=[{"step": torch.tensor(3)}]), path)
     loaded, cfg = load_decoder(path)
-    assert cfg == decoder.config
+    assert cfg == decoder.config and checkpoint_form(path) == "lightning"
     assert_same_function(loaded, decoder.eval())
     assert read_model_config(path) == decoder.config
+    metadata = read_metadata(path)
+    assert metadata["global_step"] == 3 and "state_dict" not in metadata and "optimizer_states" not in metadata
 
 
 class WritesMarker:
@@ -77,12 +83,10 @@ def test_malicious_pickle_is_refused_and_runs_no_code(tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "evil.ckpt"
     torch.save(lightning_checkpoint(decoder, callbacks=WritesMarker(marker)), path)
-    with pytest.raises(CheckpointError, match="cannot be loaded safely"):
-        load_decoder(path)
-    assert not marker.exists()
-    with pytest.raises(CheckpointError, match="cannot be loaded safely"):
-        read_model_config(path)
-    assert not marker.exists()
+    for read in (load_decoder, read_model_config, read_metadata):
+        with pytest.raises(CheckpointError, match="evil.ckpt' is refused: unpickling it could run code") as err:
+            read(path)
+        assert "\n" not in str(err.value) and not marker.exists()
     # The payload is real: an unsafe load of a twin file does run it.
     control_marker = tmp_path / "control"
     control = tmp_path / "control.ckpt"
@@ -94,13 +98,16 @@ def test_malicious_pickle_is_refused_and_runs_no_code(tmp_path):
 def test_missing_and_foreign_paths_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         load_decoder(tmp_path / "nope.ckpt")
+    with pytest.raises(CheckpointError, match="is not a checkpoint: expected a .ckpt file, an exported folder"):
+        load_decoder(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model": make_decoder().config.to_dict()}))
     with pytest.raises(CheckpointError, match="has no model.safetensors"):
         load_decoder(tmp_path)
     torch.save({"state_dict": {}}, tmp_path / "plain.ckpt")
     with pytest.raises(CheckpointError, match="is not a layerdrop checkpoint"):
         load_decoder(tmp_path / "plain.ckpt")
     (tmp_path / "garbage.ckpt").write_bytes(b"not a checkpoint at all")
-    with pytest.raises(CheckpointError, match="cannot be loaded safely"):
+    with pytest.raises(CheckpointError, match="garbage.ckpt' is refused: it is not a pickle torch.save writes"):
         load_decoder(tmp_path / "garbage.ckpt")
 
 
@@ -119,3 +126,40 @@ def test_invalid_config_or_mismatched_weights_are_refused(tmp_path):
     (out / "config.json").write_text(json.dumps({"weights": {}}))
     with pytest.raises(CheckpointError, match="config has no 'model' section"):
         load_decoder(out)
+
+
+def test_weights_of_another_shape_are_refused_by_name(tmp_path):
+    decoder = make_decoder()
+    state = lightning_checkpoint(decoder)
+    state["state_dict"]["model.head.weight"] = torch.zeros(5, 30)
+    torch.save(state, tmp_path / "bad.ckpt")
+    with pytest.raises(CheckpointError, match=r"head.weight has shape \[5, 30\] in the checkpoint, \[71, 30\]"):
+        load_decoder(tmp_path / "bad.ckpt")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_in_one_line(tmp_path, value):
+    """A diverged run's checkpoint would print NaN for every metric and exit 0."""
+    decoder = make_decoder()
+    with torch.no_grad():
+        decoder.blocks[1].ffn.up.weight[0, 0] = value
+    path = tmp_path / "diverged.ckpt"
+    torch.save(lightning_checkpoint(decoder), path)
+    with pytest.raises(CheckpointError, match="holds non-finite weights \\(1 tensors, the first "
+                                              "blocks.1.ffn.up.weight\\)") as err:
+        load_decoder(path)
+    assert "\n" not in str(err.value)
+    export = export_decoder(decoder, tmp_path / "export")
+    with pytest.raises(CheckpointError, match="non-finite"):
+        load_decoder(export)
+
+
+def test_loading_copies_into_the_decoder_one_tensor_at_a_time(tmp_path):
+    """No second full copy of the weights: the file is memory-mapped and each tensor is
+    copied into the decoder's own storage (the loaded tensors are not the file's)."""
+    decoder = make_decoder()
+    path = tmp_path / "last.ckpt"
+    torch.save(lightning_checkpoint(decoder), path)
+    loaded, _ = load_decoder(path)
+    pointers = {t.untyped_storage().data_ptr() for t in loaded.state_dict().values()}
+    assert len(pointers) == len(loaded.state_dict())

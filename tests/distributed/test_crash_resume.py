@@ -1,0 +1,156 @@
+"""kill -9 before, during and after checkpoint saves; `--resume auto` must continue from
+the newest complete checkpoint every time, and the losses of every step must be
+bit-for-bit those of a run that was never interrupted.
+
+One chain per strategy: a run is killed at one point, resumed with `--resume auto`,
+killed again at the next point, and so on until it finishes (a single process, then
+both ranks of a 2-rank FSDP2 run over gloo). The kills come from test-only callbacks
+given through the recipe (crash_points.py), SIGKILL to the whole process group.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from crash_points import read_losses, read_records
+from pretrain_launch import LAUNCH_TIMEOUT_S, _kill_group_leftovers, pretrain_command, start, tail, tiny_recipe
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
+
+KILLED = -9  # the launcher process died of SIGKILL
+
+
+def recipe_with(out: Path, name: str, base: dict, losses: Path, kill: tuple[int, str] | None) -> Path:
+    recipe = json.loads(json.dumps(base))
+    callbacks = recipe["trainer"].get("callbacks", []) + [
+        {"class_path": "crash_points.RecordLosses", "init_args": {"out_dir": str(losses)}}]
+    if kill is not None:
+        callbacks.append({"class_path": "crash_points.KillAt", "init_args": {"step": kill[0], "point": kill[1]}})
+    recipe["trainer"]["callbacks"] = callbacks
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(recipe))
+    return path
+
+
+def launch(recipe: Path, log: Path, *extra: str) -> tuple[int, str]:
+    process = start(pretrain_command(recipe, *extra), log)
+    try:
+        code = process.wait(timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"timed out (a hang?): {tail(log)}") from None
+    finally:
+        _kill_group_leftovers(process.pid)
+    return code, log.read_text(errors="replace")
+
+
+def run_here(recipe: Path) -> tuple[int, str]:
+    """``layerdrop pretrain`` in this process (no start-up cost), on one thread like the
+    launched runs (their OMP_NUM_THREADS=1), so its losses are comparable bit for bit."""
+    import torch
+
+    from framework.pretrain import main
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return main(["--config", str(recipe)]), ""
+    finally:
+        torch.set_num_threads(threads)
+
+
+def resumed_from(log: str) -> str | None:
+    """The checkpoint named by the run's one resume line (None: started from step 0)."""
+    lines = [line for line in log.splitlines() if line.startswith("resume: ")]
+    assert len(lines) >= 1, log[-3000:]
+    match = re.match(r"resume: continuing from (\S+) \(step \d+\)", lines[0])
+    if match is None:
+        assert lines[0].startswith("resume: no complete checkpoint"), lines[0]
+        return None
+    return Path(match[1]).name
+
+
+def run_chain(tmp_path: Path, base: dict, kills: list[tuple[tuple[int, str], str | None, list[str]]],
+              ranks: int) -> str:
+    """Run the uninterrupted reference, then the chain: for each (kill, expected resume
+    point, leftovers expected after the kill) one killed launch; then a final one.
+    Returns the reference's log (none when it ran in this process: one rank)."""
+    reference = tmp_path / "reference-losses"
+    recipe = recipe_with(tmp_path, "reference", {**base, "trainer": {
+        **base["trainer"], "default_root_dir": str(tmp_path / "reference")}}, reference, None)
+    code, reference_log = run_here(recipe) if ranks == 1 else launch(recipe, tmp_path / "ref.log")
+    assert code == 0, reference_log[-3000:]
+
+    losses = tmp_path / "chain-losses"
+    folder = Path(base["trainer"]["default_root_dir"]) / "checkpoints"
+    expected_start: str | None = None
+    for index, (kill, next_start, leftovers) in enumerate(kills + [(None, None, [])]):
+        recipe = recipe_with(tmp_path, f"run{index}", base, losses, kill)
+        extra = ("--resume", "auto") if index else ()
+        code, log = launch(recipe, tmp_path / f"run{index}.log", *extra)
+        if index:
+            assert resumed_from(log) == expected_start, f"run {index}: {log[-3000:]}"
+        if kill is None:
+            assert code == 0, log[-3000:]
+            break
+        assert code == KILLED, f"run {index} was not killed at {kill}: {log[-3000:]}"
+        hidden = sorted(p.name for p in folder.iterdir() if p.name.startswith(".")) if folder.exists() else []
+        for pattern in leftovers:
+            assert any(re.fullmatch(pattern, name) for name in hidden), (kill, hidden)
+        expected_start = next_start
+
+    left = sorted(p.name for p in folder.iterdir() if p.name.startswith("."))
+    assert left == [], f"staging leftovers were not cleaned: {left}"
+    for rank in range(ranks):
+        want = dict(read_losses(reference, rank))
+        got = read_losses(losses, rank)
+        assert sorted({step for step, _ in got}) == sorted(want), rank
+        # Every step, whichever launch ran it (killed ones included), had the
+        # uninterrupted run's loss exactly.
+        assert [(step, loss) for step, loss in got if loss != want[step]] == [], f"rank {rank}"
+    assert read_losses(losses, 0)[-1][0] == max(dict(read_losses(reference, 0)))
+    return reference_log
+
+
+def base_recipe(tmp_path: Path, tiny_data: Path, *, strategy: str, devices: int, steps: int, every: int) -> dict:
+    path = tiny_recipe(tmp_path / "base.json", data_dir=tiny_data, root=tmp_path / "run", strategy=strategy,
+                       steps=steps, devices=devices, p_max=0.6, distribution="increasing", schedule="decreasing",
+                       every_n_steps=every, val_check_interval=steps)
+    recipe = json.loads(path.read_text())
+    recipe["checkpoint"]["keep_last"] = 2
+    recipe["trainer"]["logger"] = False
+    return recipe
+
+
+def test_single_process_survives_kills_at_every_point_of_a_save(tmp_path, tiny_data):
+    base = base_recipe(tmp_path, tiny_data, strategy="single", devices=1, steps=12, every=3)
+    run_chain(tmp_path, base, [
+        # The first save, cut short mid-file: nothing complete, so from step 0.
+        ((3, "during_save"), None, [r"\.\.step-0+3\.ckpt\.staging\.partial-\d+"]),
+        # Written whole but not yet renamed: it does not count.
+        ((6, "before_publish"), "step-00000003.ckpt", [r"\.step-0+6\.ckpt\.staging"]),
+        # Step 9 in place, step 3 half deleted (keep_last 2), last.ckpt still on step 6.
+        ((9, "during_retire"), "step-00000009.ckpt", [r"\.step-0+3\.ckpt\.deleting"]),
+        # Between saves: the end of the run, before its final save.
+        ((12, "before_save"), "step-00000009.ckpt", []),
+    ], ranks=1)
+
+
+def test_both_fsdp_ranks_survive_kills_before_during_and_after_a_save(tmp_path, tiny_data):
+    """Also: an infinite gradient on rank 1 alone at step 2 is skipped by both ranks
+    (FSDP2 gradients are DTensor shards), in the reference and in the chain alike."""
+    base = base_recipe(tmp_path, tiny_data, strategy="fsdp", devices=2, steps=8, every=2)
+    base["trainer"]["callbacks"] = [{"class_path": "crash_points.PoisonGradient", "init_args": {"step": 2, "rank": 1}}]
+    reference_log = run_chain(tmp_path, base, [
+        ((3, "before_save"), "step-00000002.ckpt", []),
+        ((4, "during_save"), "step-00000002.ckpt", [r"\.step-0+4\.ckpt\.staging"]),  # rank 0 mid-shard
+        ((6, "before_link"), "step-00000006.ckpt", []),
+    ], ranks=2)
+    assert "step 2 (batch 2): non-finite gradient norm on rank 1; skipped" in reference_log
+    for rank in range(2):
+        weights = {r["step"]: r["weights"] for r in read_records(tmp_path / "reference-losses", rank)}
+        assert weights[2] == weights[1] and weights[1] != weights[0] and weights[3] != weights[2]
