@@ -110,7 +110,9 @@ class PeriodicCheckpoint(Checkpoint):
         trainer.strategy.barrier("PeriodicCheckpoint.staging")
         self.saved = [(s, p) for s, p in self.saved if p != path] + [(step, path)]  # saved with the state
         self.last_model_path = os.path.join(self.dirpath, LAST)
-        trainer.save_checkpoint(staging)  # returns after a barrier: every rank has written its part
+        # Returns after a barrier: every rank has written its part. weights_only=False said
+        # explicitly: unset, Lightning logs a line at every save.
+        trainer.save_checkpoint(staging, weights_only=False)
         if trainer.is_global_zero:
             publish(staging, path)
             point_last(path, self.last_model_path)

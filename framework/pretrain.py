@@ -26,6 +26,7 @@ from __future__ import annotations
 import shutil
 import signal
 import sys
+import warnings
 from argparse import ArgumentError
 from pathlib import Path
 from typing import Any
@@ -97,17 +98,21 @@ class PretrainCLI(LightningCLI):
 def build_cli(argv: list[str]) -> PretrainCLI:
     from framework.data import TokenDataModule
 
-    return PretrainCLI(
-        LayerDropModule, TokenDataModule, args=argv, run=False,
-        seed_everything_default=1234,
-        trainer_defaults={"log_every_n_steps": 10, "num_sanity_val_steps": 0},
-        save_config_kwargs={"overwrite": True},  # a resumed run logs into a new version folder
-        # exit_on_error=False: a bad flag or recipe key raises, and main() says so in one
-        # line instead of the ~100 lines of usage jsonargparse prints first.
-        parser_kwargs={"prog": PROG, "description": "Pretrain a decoder with layer dropout (LightningCLI fit).",
-                       "exit_on_error": False},
-        auto_configure_optimizers=False,
-    )
+    with warnings.catch_warnings():
+        # `layerdrop pretrain` passes its own argv on purpose (sys.argv holds "pretrain" too);
+        # Lightning warns about that on every run.
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+        return PretrainCLI(
+            LayerDropModule, TokenDataModule, args=argv, run=False,
+            seed_everything_default=1234,
+            trainer_defaults={"log_every_n_steps": 10, "num_sanity_val_steps": 0},
+            save_config_kwargs={"overwrite": True},  # a resumed run logs into a new version folder
+            # exit_on_error=False: a bad flag or recipe key raises, and main() says so in one
+            # line instead of the ~100 lines of usage jsonargparse prints first.
+            parser_kwargs={"prog": PROG, "description": "Pretrain a decoder with layer dropout (LightningCLI fit).",
+                           "exit_on_error": False},
+            auto_configure_optimizers=False,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
