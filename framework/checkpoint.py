@@ -78,7 +78,7 @@ def load_decoder(path: str | os.PathLike, *, map_location: str | torch.device = 
     with torch.device("meta"):
         decoder = Decoder(model_cfg)
     decoder = decoder.to_empty(device=map_location)
-    decoder.init_weights()  # restores non-persistent buffers (ALiBi slopes)
+    decoder.reset_buffers()  # every weight is then read from the checkpoint (names checked)
     form = checkpoint_form(path)
     if form == "dcp":
         from framework.distributed_checkpoint import load_into

@@ -108,7 +108,13 @@ class Decoder(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
-            if isinstance(module, Attention):  # buffers are not parameters: meta -> real
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """Recompute the non-persistent buffers (ALiBi slopes): a decoder built on the
+        meta device and moved with ``to_empty`` has none, and checkpoints do not hold them."""
+        for module in self.modules():
+            if isinstance(module, Attention):
                 module.slopes = alibi_slopes(module.n_heads).to(module.qkv.weight.device)
 
     def forward(self, tokens: torch.Tensor, *, plan: DropPlan | None = None, exit_layer: int | None = None,
