@@ -42,6 +42,8 @@ import torch
 from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 from torch.utils.data import DataLoader, Dataset
 
+from framework.config import NonNegativeInt, PositiveInt, check
+
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "layerdrop-tokens/1"
 
@@ -102,11 +104,6 @@ class FixedBlocks(Dataset):
         return self.dataset[self.indices[int(index)]]
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name}={value!r} is invalid: must be a positive integer")
-
-
 class TokenDataModule(L.LightningDataModule):
     """Streams a `layerdrop prepare` folder as (inputs, targets) batches; resumes exactly.
 
@@ -128,11 +125,10 @@ class TokenDataModule(L.LightningDataModule):
                  model_vocab_size: int | None = None, storage_options: dict | None = None) -> None:
         super().__init__()
         for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("val_batches", val_batches)):
-            _positive_int(name, value)
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers={num_workers!r} is invalid: must be an integer >= 0")
+            check(name, value, PositiveInt)
+        check("num_workers", num_workers, NonNegativeInt)
         if model_vocab_size is not None:
-            _positive_int("model_vocab_size", model_vocab_size)
+            check("model_vocab_size", model_vocab_size, PositiveInt)
         self.save_hyperparameters(ignore=["storage_options"])  # may hold credentials: never in a checkpoint
         self.data_dir = data_dir.rstrip("/")
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
