@@ -14,6 +14,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
+from framework.config import PositiveInt, check
 from framework.checkpoint_folder import (LAST, clean_leftovers, fsync_dir, point_last, publish, remove_path, retire,
                                          staging_path, step_checkpoints)
 from framework.nonfinite import guard_of, refuse_nonfinite_state
@@ -43,8 +44,7 @@ class PeriodicCheckpoint(Checkpoint):
 
     def __init__(self, every_n_steps: int = 1000, keep_last: int = 3, dirpath: str | None = None) -> None:
         for name, value in (("every_n_steps", every_n_steps), ("keep_last", keep_last)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"checkpoint.{name}={value!r} is invalid: must be a positive integer")
+            check(f"checkpoint.{name}", value, PositiveInt)
         self.every_n_steps, self.keep_last, self.dirpath = every_n_steps, keep_last, dirpath
         self.saved: list[tuple[int, str]] = []  # this lineage's checkpoints on disk, oldest first
         # (step, path) of the checkpoints this run wrote or resumed from, each checked

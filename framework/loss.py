@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from framework.config import PositiveInt, check
+
 IGNORE_INDEX = -100
 # Rows of logits per chunk for inference. On a GPU, big chunks keep the matmuls
 # efficient: 2^26 float32 logits (256 MB), 523 tokens at the Llama-3 vocabulary. On a
@@ -35,8 +37,7 @@ def chunked_sum(fn: Callable[..., torch.Tensor], *tensors: torch.Tensor, chunk_t
                 recompute: bool = False) -> torch.Tensor:
     """Σ over chunks of ``fn(*chunk)``, each chunk the same ``chunk_tokens`` rows of every
     tensor (all [N, ...] with the same N); ``recompute`` checkpoints each chunk."""
-    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, int) or chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens={chunk_tokens!r} is invalid: must be a positive integer")
+    check("chunk_tokens", chunk_tokens, PositiveInt)
     rows = tensors[0].shape[0]
     if rows <= chunk_tokens:
         return fn(*tensors)

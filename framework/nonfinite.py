@@ -27,6 +27,8 @@ from typing import Any, Iterator
 import lightning.pytorch as pl
 import torch
 
+from framework.config import PositiveInt, check
+
 DEFAULT_MAX_CONSECUTIVE = 5
 
 
@@ -45,10 +47,8 @@ class NonFiniteLossGuard(pl.Callback):
     """
 
     def __init__(self, max_consecutive_nonfinite: int = DEFAULT_MAX_CONSECUTIVE) -> None:
-        value = max_consecutive_nonfinite
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"guard.max_consecutive_nonfinite={value!r} is invalid: must be a positive integer")
-        self.max_consecutive = value
+        check("guard.max_consecutive_nonfinite", max_consecutive_nonfinite, PositiveInt)
+        self.max_consecutive = max_consecutive_nonfinite
         self.skipped_total = 0  # over the whole run, resumes included
         self.in_a_row = 0
         self.streak_start: int | None = None

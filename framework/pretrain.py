@@ -38,6 +38,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from framework.config import PositiveInt, check
 from framework.callbacks import RunSummary, Throughput
 from framework.checkpointing import PeriodicCheckpoint, refuse_earlier_checkpoints, use_atomic_checkpoint_io
 from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
@@ -176,9 +177,7 @@ def check_trainer(trainer: Any) -> None:
                          "decay, the weight-decay timescale and the layer-dropout schedule depend on it); "
                          "set a positive --trainer.max_steps")
     for key in ("accumulate_grad_batches", "num_nodes"):
-        value = getattr(trainer, key, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"trainer.{key}={value!r} is invalid: must be a positive integer")
+        check(f"trainer.{key}", getattr(trainer, key, 1), PositiveInt)
     devices = trainer.devices
     count = int(devices) if isinstance(devices, int) or (isinstance(devices, str) and devices.lstrip("-").isdigit()) \
         else None

@@ -42,6 +42,8 @@ import torch.nn as nn
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from framework.config import PositiveInt, check
+
 if TYPE_CHECKING:
     import lightning.pytorch as pl
     from lightning.pytorch.plugins.precision import Precision
@@ -427,8 +429,7 @@ def precision_for(accelerator: str) -> str:
 
 def resolve_layout(accelerator: str, devices: Any = 1, num_nodes: int = 1) -> Layout:
     accelerator = resolve_accelerator(accelerator)
-    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 1:
-        raise ValueError(f"num_nodes={num_nodes!r} is invalid: must be an integer >= 1")
+    check("num_nodes", num_nodes, PositiveInt)
     return Layout(accelerator, _device_count(accelerator, devices), num_nodes)
 
 

@@ -108,7 +108,7 @@ def test_decreasing_schedule_without_max_steps_is_refused(data_dir, tmp_path, ca
 @pytest.mark.parametrize("flag,value,expected", [
     ("--trainer.max_steps", "-5", "trainer.max_steps=-5 is invalid: pretraining needs the run length"),
     ("--trainer.devices", "0", "trainer.devices=0 is invalid: a positive number of devices, -1"),
-    ("--trainer.accumulate_grad_batches", "0", "trainer.accumulate_grad_batches=0 is invalid: must be a positive"),
+    ("--trainer.accumulate_grad_batches", "0", "trainer.accumulate_grad_batches=0 is invalid: must be > 0"),
     ("--guard.max_consecutive_nonfinite", "0", "guard.max_consecutive_nonfinite=0 is invalid"),
     ("--model.no_such_key", "3", "unrecognized arguments: --model.no_such_key 3; see layerdrop pretrain --help"),
     ("--trainer.max_steps", "many", 'Parser key "trainer.max_steps": Expected a <class \'int\'>. Got value: many; '
