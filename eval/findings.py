@@ -4,7 +4,8 @@ Configurations are matched by what they are (their layer-dropout settings and PÌ
 by run names, so any sweep that contains the right pairs gets a verdict:
 
 - **reproduced**: every comparison the claim makes goes the paper's way by more than
-  2 standard errors (report_tables: seed noise and evaluation noise combined);
+  2 standard errors (report_tables: seed noise and evaluation noise combined; without a
+  seed-noise estimate a comparison is undecided);
 - **not reproduced**: at least one goes the other way by more than 2 standard errors;
 - **within noise**: otherwise (no comparison is decided against the paper, not all for it);
 - **not tested**: the sweep holds no configurations the claim can be checked on.

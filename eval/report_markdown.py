@@ -67,7 +67,8 @@ def _how_it_was_run(report: dict) -> list[str]:
 def _findings(report: dict) -> list[str]:
     lines = ["## The paper's findings at this scale", "",
              "Verdicts (report_tables.py, findings.py): a difference counts when it exceeds 2 standard errors "
-             "of seed noise and evaluation noise combined; **reproduced**: every comparison goes the paper's way; "
+             "of seed noise and evaluation noise combined, and is left undecided (\"no noise estimate\") until some "
+             "configuration has run with two seeds or more; **reproduced**: every comparison goes the paper's way; "
              "**not reproduced**: one goes the other way; **within noise**: neither.", ""]
     rows = []
     for f in report["findings"]:

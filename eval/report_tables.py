@@ -116,13 +116,17 @@ class Comparison:
 
 def compare(a_values: Sequence[float], b_values: Sequence[float], sigma_seed: float | None,
             eval_se: float | None, a: str = "a", b: str = "b") -> Comparison:
-    """Is a lower than b (better), higher (worse), or within the noise?"""
+    """Is a lower than b (better), higher (worse), or within the noise? Undecided ("no
+    noise estimate") without a seed-noise estimate: two runs evaluated on the same tokens
+    have a small paired evaluation error, but runs of one configuration with other seeds
+    differ by far more, so the evaluation error alone would decide differences that a
+    second seed could reverse."""
     mean_a, mean_b = statistics.fmean(a_values), statistics.fmean(b_values)
     diff = mean_a - mean_b
     seed_se = None if sigma_seed is None else sigma_seed * math.sqrt(1 / len(a_values) + 1 / len(b_values))
     parts = [x for x in (seed_se, eval_se) if x is not None]
     se = math.sqrt(math.fsum(x * x for x in parts)) if parts else None
-    if se is None:
+    if se is None or seed_se is None:
         verdict = "no noise estimate"
     elif diff < -Z * se:
         verdict = "better"

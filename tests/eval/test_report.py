@@ -109,6 +109,8 @@ def test_statistics_and_verdicts_by_hand():
     assert c.se == pytest.approx(math.sqrt(0.1 ** 2 + 0.05 ** 2)) and c.verdict == "better"
     assert compare([3.05], [3.0, 3.1], 0.1, None).verdict == "within noise"
     assert compare([3.5], [3.0], 0.1, None).verdict == "worse"
+    # one seed each: a paired evaluation error alone (0.003) decides nothing
+    assert compare([4.81], [4.71], None, 0.003).verdict == "no noise estimate"
     make = lambda v: Comparison("a", "b", 0, 0, 1, 1, None, v)  # noqa: E731
     assert verdict([make("better"), make("better")]) == "reproduced"
     assert verdict([make("better"), make("within noise")]) == "within noise"
