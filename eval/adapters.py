@@ -405,7 +405,7 @@ def eval_parser() -> argparse.ArgumentParser:
 
 def eval_main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, ValidationData
-    from framework.progress import progress
+    from framework.progress import Advancing, progress
 
     parser = eval_parser()
     args = parser.parse_args(argv)
@@ -430,25 +430,13 @@ def eval_main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     with progress(2 * len(data), "adapters eval: batches") as bar:
         report = {"adapters": str(args.adapters), "backbone": str(args.ckpt or meta["backbone"]),
-                  **evaluate(backbone, adapters, _advancing(data, bar)), "plot": args.plot}
+                  **evaluate(backbone, adapters, Advancing(data, bar)), "plot": args.plot}
     options.write_json(report, args.out)
     _plot(report, args.plot)
     for e in report["exits"]:
         print(f"exit {e}: plain {report['plain_loss'][str(e)]:.4f}  adapter {report['adapter_loss'][str(e)]:.4f}")
     print(f"full model: {report['final_loss']:.4f}; wrote {args.out} and {args.plot}")
     return 0
-
-
-class _advancing:
-    """Batches that advance a progress display as they are read (iterable many times)."""
-
-    def __init__(self, batches: Iterable, bar) -> None:
-        self.batches, self.bar = batches, bar
-
-    def __iter__(self):
-        for batch in self.batches:
-            yield batch
-            self.bar.advance()
 
 
 def _plot(report: dict, path: str) -> None:

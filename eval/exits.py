@@ -33,7 +33,7 @@ from eval.inputs import Batch, ContextLimit, ValidationData
 from framework.checkpoint import CheckpointError, load_decoder, read_model_config
 from framework.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
 from framework.model import Decoder
-from framework.progress import progress
+from framework.progress import Advancing, progress
 
 # `eval skip` without --sets/--sweep: the full model, the paper's "skip alternate layers"
 # (the odd ones, which ALD trains to be skippable) and the middle-out loss-vs-memory curve.
@@ -198,15 +198,9 @@ def _evaluate_each(args: argparse.Namespace, data: ValidationData, evaluate, wha
     with progress(len(data) * len(args.ckpt), f"{what}: batches") as bar:
         for path, label in zip(args.ckpt, args.labels):
             decoder, _ = load_decoder(path, map_location=args.device)
-            reports.append({"label": label, "ckpt": str(path), **evaluate(decoder, _advancing(data, bar))})
+            reports.append({"label": label, "ckpt": str(path), **evaluate(decoder, Advancing(data, bar))})
             del decoder
     return reports
-
-
-def _advancing(batches: Iterable[Batch], bar) -> Iterable[Batch]:
-    for batch in batches:
-        yield batch
-        bar.advance()
 
 
 def parse_exit_layers(spec: str, num_layers: int) -> list[int]:

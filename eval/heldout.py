@@ -22,7 +22,6 @@ Report (the exits keys of DESIGN.md, plus the slices):
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -31,8 +30,11 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from eval.exits import Batch, ValidationData, exit_losses
+from eval.options import (add_checkpoint, add_output, add_threads, apply_threads, check_positive, refuse_existing,
+                          write_json)
 from framework.checkpoint import CheckpointError, load_decoder, read_model_config
 from framework.model import Decoder
+from framework.progress import Advancing, progress
 
 
 def grouped(batches: Sequence[Batch] | Iterable[Batch], per_group: int) -> Iterator[list[Batch]]:
@@ -102,8 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="layerdrop eval heldout",
         description="Validation loss at every exit on many held-out tokens (default: the whole val split), "
                     "with its sampling noise from consecutive slices of the split.")
-    parser.add_argument("--ckpt", required=True, metavar="PATH",
-                        help="a .ckpt from `layerdrop pretrain` or an exported folder")
+    add_checkpoint(parser)
     parser.add_argument("--data", required=True, metavar="DIR",
                         help="a folder made by `layerdrop prepare`; its validation split is used")
     parser.add_argument("--seq-len", type=int, default=None,
@@ -113,31 +114,25 @@ def _parser() -> argparse.ArgumentParser:
                         help="at most this many target tokens, spread over the split (default: all of it)")
     parser.add_argument("--groups", type=int, default=64,
                         help="consecutive slices of the data for the standard error (default 64)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--out", required=True, metavar="JSON", help="report path")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing report")
+    add_threads(parser)
+    add_output(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    for name in ("seq_len", "batch_size", "max_tokens", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')}={value} is invalid: must be a positive integer")
+    check_positive(parser, args, ("seq_len", "batch_size", "max_tokens", "threads"))
     if args.groups < 2:
         parser.error(f"--groups={args.groups} is invalid: the standard error needs at least 2 slices")
-    if Path(args.out).exists() and not args.overwrite:
-        parser.error(f"{args.out!r} already exists; pass --overwrite to replace it")
+    refuse_existing(parser, [args.out], args.overwrite)
     if "://" not in args.data and not Path(args.data).is_dir():
         parser.error(f"--data {args.data!r} is not a folder: expected one made by `layerdrop prepare`")
     try:
         config = read_model_config(args.ckpt)
     except (CheckpointError, FileNotFoundError) as err:
         parser.error(str(err))
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args.threads)
     seq_len = args.seq_len or config.max_seq_len
     try:
         data = ValidationData(args.data, seq_len=seq_len, batch_size=args.batch_size, max_tokens=args.max_tokens,
@@ -145,10 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         parser.error(f"--data {args.data!r}: {err}")
     decoder, _ = load_decoder(args.ckpt)
-    report = heldout_losses(decoder, data, groups=args.groups, batches_total=len(data.loader))
+    with progress(len(data), "eval heldout: batches") as bar:
+        report = heldout_losses(decoder, Advancing(data, bar), groups=args.groups, batches_total=len(data.loader))
     report.update(ckpt=str(args.ckpt), data_dir=str(args.data), seq_len=seq_len, batch_size=args.batch_size)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    write_json(report, args.out)
     final = str(report["num_layers"])
     print(f"held-out loss {report['loss']:.4f} ± {report['standard_error'][final]:.4f} (standard error, "
           f"{len(report['groups']['tokens'])} slices) on {report['tokens']:,} tokens; wrote {args.out}")

@@ -46,6 +46,7 @@ from typing import Any
 
 import yaml
 
+from eval.options import check_positive
 from eval.sweep_spec import (EvalSpec, Run, Sweep, SweepError, format_flops, get_dotted, load_sweep, predict,
                              run_recipe)
 
@@ -416,10 +417,7 @@ def select(runs: list[Run], patterns: list[str] | None) -> list[Run]:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    for name in ("jobs", "threads_per_job", "slurm_nodes", "slurm_gpus_per_node"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name.replace('_', '-')}={value} is invalid: must be a positive integer")
+    check_positive(parser, args, ("jobs", "threads_per_job", "slurm_nodes", "slurm_gpus_per_node"))
     try:
         sweep = load_sweep(args.sweep, data_dir=args.data)
         runs = select(sweep.runs, args.only)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Iterable, Iterator
 
 
 
@@ -84,4 +84,16 @@ class _Silent:
         pass
 
 
-__all__ = ["progress"]
+
+class Advancing:
+    """``items`` advancing a progress display by one as each is read (iterable many times)."""
+
+    def __init__(self, items: Iterable, bar) -> None:
+        self.items, self.bar = items, bar
+
+    def __iter__(self) -> Iterator:
+        for item in self.items:
+            yield item
+            self.bar.advance()
+
+__all__ = ["Advancing", "progress"]
