@@ -35,11 +35,12 @@ from framework.checkpoint import CKPT_KEY
 from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig, PositiveInt, check
 from framework.flops import Flops, dense_step_flops, executed_step_flops
 from framework.layer_dropout import DropPlan, StepKey, plan
-from framework.loss import chunked_cross_entropy
+from framework.loss import LogitWatch, chunked_cross_entropy
 from framework.lr_schedule import LRScheduleConfig, schedule_for
 from framework.model import Decoder
 from framework.parametrization import init_decoder_, model_multipliers, param_groups
 from framework.schedules import dropout_rates
+from framework.training_health import is_health_step
 
 # ModelConfig fields that may differ between a checkpoint and the run resuming it:
 # kernel choice and context limit change no weight and no function of the weights.
@@ -66,6 +67,7 @@ class MicroBatchStats:
     plan: DropPlan | None  # None: nothing dropped, every block on every row
     executed: Flops
     dense: Flops
+    max_logit: torch.Tensor | None = None  # on the steps training health logs at (a device scalar)
 
     @property
     def tokens(self) -> int:
@@ -158,8 +160,9 @@ class LayerDropModule(pl.LightningModule):
 
     def configure_callbacks(self) -> list[pl.Callback]:
         from framework.callbacks import LayerDropoutSchedule
+        from framework.training_health import TrainingHealth
 
-        return [LayerDropoutSchedule()]
+        return [LayerDropoutSchedule(), TrainingHealth()]
 
     # --------------------------------------------------------------- training
 
@@ -169,9 +172,13 @@ class LayerDropModule(pl.LightningModule):
         rates = dropout_rates(self.dropout_cfg, self.model_cfg.n_layers, step, total)
         micro_batch = batch_idx % self.trainer.accumulate_grad_batches
         drop = self.drop_plan(rates, inputs.shape[0], step, micro_batch)
-        loss = self.loss(inputs, targets, drop)
+        watch = LogitWatch(self.model.logits) if is_health_step(self.trainer, step) else None
+        loss = self.loss(inputs, targets, drop, logits_fn=watch)
         self.log("train/loss", loss, prog_bar=True, on_step=True, on_epoch=False)
-        return {"loss": loss, "stats": self._stats(inputs, step, total, micro_batch, rates, drop)}
+        stats = self._stats(inputs, step, total, micro_batch, rates, drop)
+        if watch is not None:
+            stats = dataclasses.replace(stats, max_logit=watch.max)
+        return {"loss": loss, "stats": stats}
 
     def schedule_position(self) -> tuple[int, int]:
         """(t, T): the optimizer step this micro-batch belongs to, and the run's length.
@@ -185,9 +192,11 @@ class LayerDropModule(pl.LightningModule):
         key = StepKey(self.dropout_cfg.seed, self.global_rank, step, micro_batch)
         return plan(self.dropout_cfg, rates, batch_size, key)
 
-    def loss(self, inputs: torch.Tensor, targets: torch.Tensor, drop: DropPlan | None = None) -> torch.Tensor:
+    def loss(self, inputs: torch.Tensor, targets: torch.Tensor, drop: DropPlan | None = None,
+             logits_fn: Any = None) -> torch.Tensor:
         hidden = self.model.hidden(inputs, plan=drop)
-        return chunked_cross_entropy(hidden, targets, self.model.logits, chunk_tokens=self.loss_chunk_tokens)
+        return chunked_cross_entropy(hidden, targets, logits_fn or self.model.logits,
+                                     chunk_tokens=self.loss_chunk_tokens)
 
     def _stats(self, inputs: torch.Tensor, step: int, total: int, micro_batch: int, rates: list[float],
                drop: DropPlan | None) -> MicroBatchStats:
