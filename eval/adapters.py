@@ -33,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from framework.atomic_write import write_json
 from eval import options
 from framework.checkpoint import CheckpointError, load_decoder
 from framework.config import ModelConfig
@@ -431,7 +432,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     with progress(2 * len(data), "adapters eval: batches") as bar:
         report = {"adapters": str(args.adapters), "backbone": str(args.ckpt or meta["backbone"]),
                   **evaluate(backbone, adapters, Advancing(data, bar)), "plot": args.plot}
-    options.write_json(report, args.out)
+    write_json(args.out, report)
     _plot(report, args.plot)
     for e in report["exits"]:
         print(f"exit {e}: plain {report['plain_loss'][str(e)]:.4f}  adapter {report['adapter_loss'][str(e)]:.4f}")
