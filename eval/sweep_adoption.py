@@ -17,13 +17,13 @@ names the run; it is never silently taken (or silently re-run over).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import yaml
 
 from eval.sweep_results import SMALL_FILES
 from eval.sweep_spec import Run, Sweep, SweepError, run_recipe, set_dotted
+from framework.atomic_write import copy_file, write_json, write_text
 
 MACHINE_PATHS = ("trainer.default_root_dir", "data.data_dir")
 
@@ -68,13 +68,13 @@ def adopt(sweep: Sweep, root: Path, run: Run, source: Path) -> None:
     (target / "evals").mkdir(parents=True, exist_ok=True)
     for name in SMALL_FILES:
         if (origin / name).is_file():
-            shutil.copyfile(origin / name, target / name)
+            copy_file(origin / name, target / name)
     for report in sorted((origin / "evals").glob("*.json")):
-        shutil.copyfile(report, target / "evals" / report.name)
-    (target / "recipe.yaml").write_text(yaml.safe_dump(run_recipe(sweep, run, target.resolve()), sort_keys=False))
+        copy_file(report, target / "evals" / report.name)
+    write_text(target / "recipe.yaml", yaml.safe_dump(run_recipe(sweep, run, target.resolve()), sort_keys=False))
     status = json.loads((origin / "status.json").read_text()) if (origin / "status.json").is_file() else {}
     status.update(state="done", adopted_from=str(source))
-    (target / "status.json").write_text(json.dumps(status, indent=2) + "\n")
+    write_json(target / "status.json", status)
 
 
 def adopt_finished(sweep: Sweep, root: Path, runs: list[Run], sources: list[Path]) -> list[str]:

@@ -51,11 +51,11 @@ from typing import Any
 import yaml
 
 from eval.options import check_positive
-from eval.sweep import (RunFolder, Runner, add_run_options, prepare_data, record_invocation, report_adopted,
-                        run_all, write_atomic, write_json)
+from eval.sweep import RunFolder, Runner, add_run_options, prepare_data, record_invocation, report_adopted, run_all
 from eval.sweep_adoption import adopt_finished
-from eval.sweep_spec import (Sweep, SweepError, config_name, predict, read_spec, run_recipe,
-                             set_dotted, short_keys, sweep_of)
+from eval.sweep_spec import (Sweep, SweepError, config_name, predict, read_spec, run_recipe, set_dotted, short_keys,
+                             sweep_of)
+from framework.atomic_write import write_json, write_text
 
 PROG = "layerdrop tune"
 TUNE_KEYS = ("metric", "search", "start", "confirm")
@@ -329,7 +329,7 @@ def write_outputs(tuner: Tuner, stages: list[Stage], command: str) -> Path | Non
     header.append("chosen: " + ", ".join(f"{k} = {v}" for k, v in result["chosen"].items()))
     path = tuner.root / "tuned.yaml"
     sweep = tuner.sweep([result["chosen"]], tuner.tune.seeds)
-    write_atomic(path, tuned_recipe(sweep, result["chosen"], header,
+    write_text(path, tuned_recipe(sweep, result["chosen"], header,
                                     str((tuner.spec.get("data") or {}).get("dir") or sweep.data_dir)))
     return path
 
@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
             print_stages(tune, tuner.stages())
             return 0
         root.mkdir(parents=True, exist_ok=True)
-        write_atomic(root / "tune.yaml", text)
+        write_text(root / "tune.yaml", text)
         runner = Runner(first, root, threads=args.threads_per_job)
         sources = [Path(d) for d in args.done_from]
         prepare_data(first, runner)
