@@ -40,6 +40,7 @@ from framework.flops import Flops, dense_step_flops, executed_step_flops
 from framework.layer_dropout import DropPlan, StepKey, plan
 from framework.loss import LogitWatch, chunked_cross_entropy, exit_cross_entropies
 from framework.lr_schedule import LRScheduleConfig, schedule_for
+from framework.families import build_decoder
 from framework.model import Decoder
 from framework.parametrization import init_decoder_, model_multipliers, param_groups
 from framework.schedules import dropout_rates
@@ -143,7 +144,7 @@ class LayerDropModule(pl.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:  # Lightning calls this once per fit/validate
             return
-        self.model = Decoder(self.model_cfg)
+        self.model = build_decoder(self.model_cfg)
         if self.model.embed.weight.is_meta:
             # The sharding strategy materialises the weights after this hook with the
             # modules' own reset_parameters(); Table A.2's init comes in on_fit_start.
@@ -324,6 +325,10 @@ def with_parametrization(decoder: ModelConfig, pcfg: ParametrizationConfig) -> M
 
 def check_same_model(saved: dict[str, Any], configured: dict[str, Any]) -> None:
     """Refuse to resume weights into a model of another shape or function."""
+    try:  # a checkpoint written before a field existed holds its default
+        saved = ModelConfig.from_dict(saved).to_dict()
+    except (TypeError, ValueError):
+        pass
     keys = sorted((set(saved) | set(configured)) - set(RUNTIME_FIELDS))
     different = [f"{k}: checkpoint {saved.get(k)!r}, config {configured.get(k)!r}"
                  for k in keys if saved.get(k) != configured.get(k)]
