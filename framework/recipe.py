@@ -66,7 +66,9 @@ from typing import Any
 
 import yaml
 
-from framework.config import PAPER_SIZES, LayerDropoutConfig, ModelConfig, ParametrizationConfig
+from framework.config import PAPER_SIZES, EarlyExitLossConfig, LayerDropoutConfig, ModelConfig, ParametrizationConfig
+from framework.early_exit_loss import check_exits, mean_exit_heads
+from framework.flops import expected_training_flops_per_token
 from framework.parametrization import (
     EMBEDDING,
     HIDDEN,
@@ -261,6 +263,16 @@ class Recipe:
     header: list[str]
 
 
+def early_exit_config(section: dict[str, Any], num_layers: int) -> EarlyExitLossConfig:
+    """The base recipe's early-exit loss, checked against the new depth."""
+    try:
+        cfg = EarlyExitLossConfig(**section)
+        check_exits(cfg, num_layers)
+    except (TypeError, ValueError) as err:
+        raise RecipeError(f"the base recipe's model.early_exit_loss is invalid here: {err}") from None
+    return cfg
+
+
 def derive(args: argparse.Namespace) -> Recipe:
     base = read_base(args.base)
     model, origin = model_config(args, base.model)
@@ -289,6 +301,10 @@ def derive(args: argparse.Namespace) -> Recipe:
     m_d, m_l = width_depth_multipliers(pcfg, model.d_model, model.n_layers)
     hyper = optimizer_hyperparameters(pcfg, model, total_tokens=float(steps), batch_tokens=1.0)
     p_bar = mean_dropout(dropout, model.n_layers, steps)
+    exits = early_exit_config(recipe["model"].get("early_exit_loss", {}), model.n_layers)
+    exit_heads = mean_exit_heads(exits, model.n_layers, steps)
+    dense = expected_training_flops_per_token(model, seq)
+    per_token = expected_training_flops_per_token(model, seq, mean_dropout=p_bar, exit_heads=exit_heads)
     chunk = recipe["model"].get("loss_chunk_tokens", 4096)
     mixed = "bf16" in str(recipe["trainer"].get("precision", ""))
     try:
@@ -351,6 +367,9 @@ def derive(args: argparse.Namespace) -> Recipe:
         f"  B     = B_base · m_D^0.4 = {rule:.1f} sequences -> {batch} = {args.nodes} node(s) × {args.devices} "
         f"devices × {per_device} ({100 * (batch / rule - 1):+.1f}%)",
         f"  steps = ceil(D / (B · S)) = {steps:,}",
+        f"  FLOPs = D · (blocks · (1 - P̄) + head · (1 + Ē)) = {tokens:.4g} · ({dense.blocks:.4g} · {1 - p_bar:.4g}"
+        f" + {dense.head:.4g} · {1 + exit_heads:.4g}) = {tokens * per_token.total:.4g}",
+        f"          (training FLOPs: P̄ = {p_bar:.4g} layer dropout, Ē = {exit_heads:.4g} early-exit heads a step)",
         f"  memory per device (GB) = {memory} = {needed / 1e9:.1f} of {usable / 1e9:.1f} usable "
         f"({plan.strategy}, micro-batch {plan.micro_batch}"
         f"{', activation checkpointing' if plan.checkpointing else ''})",

@@ -270,3 +270,19 @@ def test_a_key_the_recipe_does_not_have_fails_that_run_at_its_config(tmp_path, d
     assert error.startswith("invalid recipe: ") and "max_stepz" in error
     assert folder.recipe.is_file() and not folder.config.exists()
     assert not list(folder.dir.glob(".*partial*"))
+
+
+def test_predictions_count_the_early_exit_heads():
+    """Each early-exit head a step (on average over the curriculum) is one more head on every token."""
+    from framework.config import ModelConfig
+    from framework.flops import dense_step_flops
+
+    recipe = {"model": {"decoder": {"vocab_size": 256, "d_model": 32, "n_layers": 4, "n_heads": 2},
+                        "layer_dropout": {"p_max": 0.0}},
+              "trainer": {"max_steps": 10}, "data": {"seq_len": 16, "batch_size": 2}}
+    plain = predict(recipe)
+    recipe["model"]["early_exit_loss"] = {"scale": 0.5, "curriculum": "rotational"}  # exits 1..3: 2, 1, 2, 1, ...
+    with_exits = predict(recipe)
+    head = dense_step_flops(ModelConfig(vocab_size=256, d_model=32, n_layers=4, n_heads=2), 2, 16).head
+    assert with_exits.training_flops == pytest.approx(plain.training_flops + 10 * 1.5 * head)
+    assert with_exits.flops_saved_pct == 0.0  # no layer dropout: the exit heads are not a saving
