@@ -263,16 +263,6 @@ class Recipe:
     header: list[str]
 
 
-def early_exit_config(section: dict[str, Any], num_layers: int) -> EarlyExitLossConfig:
-    """The base recipe's early-exit loss, checked against the new depth."""
-    try:
-        cfg = EarlyExitLossConfig(**section)
-        check_exits(cfg, num_layers)
-    except (TypeError, ValueError) as err:
-        raise RecipeError(f"the base recipe's model.early_exit_loss is invalid here: {err}") from None
-    return cfg
-
-
 def derive(args: argparse.Namespace) -> Recipe:
     base = read_base(args.base)
     model, origin = model_config(args, base.model)
@@ -301,7 +291,8 @@ def derive(args: argparse.Namespace) -> Recipe:
     m_d, m_l = width_depth_multipliers(pcfg, model.d_model, model.n_layers)
     hyper = optimizer_hyperparameters(pcfg, model, total_tokens=float(steps), batch_tokens=1.0)
     p_bar = mean_dropout(dropout, model.n_layers, steps)
-    exits = early_exit_config(recipe["model"].get("early_exit_loss", {}), model.n_layers)
+    exits = EarlyExitLossConfig(**recipe["model"].get("early_exit_loss", {}))  # the base's, at the new depth:
+    check_exits(exits, model.n_layers)
     exit_heads = mean_exit_heads(exits, model.n_layers, steps)
     dense = expected_training_flops_per_token(model, seq)
     per_token = expected_training_flops_per_token(model, seq, mean_dropout=p_bar, exit_heads=exit_heads)
