@@ -19,12 +19,7 @@ last one (the "pending" token, whose K/V the next forward writes).
 - γ is fixed, or adaptive: drafting stops once the draft's top probability falls under
   a threshold that moves after every round toward a target acceptance rate.
 
-Drafts: ``SkipDraft``; ``ExitDraft``, the LayerSkip-style early exit at E (Elhoushi
-et al., 2024) whose layers 0..E-1 are the full model's own on the same tokens, so their
-K/V is already exact: verification runs layers 0..E-1 on the last draft token only
-and layers E..L-1 on all of them, from the exit states the draft kept; and the same
-with a Balcony exit adapter reading the exit state (``ExitDraft(E, adapter)``), whose
-block keeps its own K/V in an extra cache slot.
+The drafts (a skip set, an early exit, an exit adapter) are eval/decoding/drafts.py's.
 
 Batches: the rows of a batch share one cache length, so a round keeps, in every row,
 the shortest accepted prefix m of all rows, plus one token: the verifier's where the
@@ -42,111 +37,13 @@ from typing import Sequence
 
 import torch
 
-from eval.generation import (BatchGenerator, Clock, GenerationStats, OnTokens, StaticRoute, StopStrings,
-                             Transcript, Transcripts, check_prompts, left_padded)
-from eval.sampling import Sampling, draw, row_generators, uniforms
+from eval.decoding.batch import BatchGenerator, check_prompts, left_padded
+from eval.decoding.drafts import Draft
+from eval.decoding.sampling import Sampling, draw, row_generators, uniforms
+from eval.decoding.static_route import StaticRoute
+from eval.decoding.transcripts import Clock, GenerationStats, OnTokens, StopStrings, Transcript, Transcripts
 from framework.kv_cache import KVCache
-from framework.model import Block, Decoder
-
-
-class SkipDraft:
-    """Draft & Verify's draft: the full model with ``skip_layers`` passed through."""
-
-    kind = "skip"
-    extra_layers = 0
-
-    def __init__(self, skip_layers: Sequence[int]) -> None:
-        self.skip_layers = tuple(sorted(set(skip_layers)))
-
-    def check(self, num_layers: int) -> None:
-        outside = [i for i in self.skip_layers if not (isinstance(i, int) and 0 <= i < num_layers)]
-        if outside:
-            raise ValueError(f"skip_layers={list(self.skip_layers)} is invalid: layers must be in "
-                             f"0..{num_layers - 1}")
-
-    def layers_run(self, num_layers: int) -> int:
-        return num_layers - len(self.skip_layers)
-
-    def begin_round(self) -> None:
-        pass
-
-    def prefill(self, model: Decoder, tokens: torch.Tensor, cache: KVCache, padding: torch.Tensor | None
-                ) -> torch.Tensor:
-        return model(tokens, cache=cache, padding=padding)[:, -1]
-
-    def step(self, model: Decoder, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        return model(token, skip_layers=self.skip_layers, cache=cache)[:, -1]
-
-    def verify(self, model: Decoder, inputs: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
-        cache.crop(start)
-        return model(inputs, cache=cache)
-
-    def describe(self) -> dict:
-        return {"draft": self.kind, "skip_layers": list(self.skip_layers), "exit_layer": None}
-
-
-class ExitDraft:
-    """LayerSkip-style draft: layers 0..E-1, then (``adapter``: a Balcony exit adapter's
-    block, then) the final norm and unembedding."""
-
-    def __init__(self, exit_layer: int, adapter: Block | None = None) -> None:
-        self.exit_layer, self.adapter = exit_layer, adapter
-        self.kind = "exit" if adapter is None else "adapter"
-        self.states: list[torch.Tensor] = []
-
-    @property
-    def extra_layers(self) -> int:
-        return 0 if self.adapter is None else self.adapter.attn.layer_index + 1 - self._num_layers
-
-    def check(self, num_layers: int) -> None:
-        self._num_layers = num_layers
-        if not (isinstance(self.exit_layer, int) and 1 <= self.exit_layer <= num_layers - 1):
-            raise ValueError(f"exit_layer={self.exit_layer!r} is invalid: the draft's exit must be in "
-                             f"1..{num_layers - 1} (the model has {num_layers} layers)")
-
-    def layers_run(self, num_layers: int) -> int:
-        return self.exit_layer + (self.adapter is not None)
-
-    def begin_round(self) -> None:
-        self.states = []
-
-    def prefill(self, model: Decoder, tokens: torch.Tensor, cache: KVCache, padding: torch.Tensor | None
-                ) -> torch.Tensor:
-        if self.adapter is None:
-            return model(tokens, cache=cache, padding=padding)[:, -1]
-        if padding is not None:
-            cache.mark_padding(padding)
-        bias = model.attention_bias(tokens.shape[1], cache)
-        states: list[torch.Tensor] = []
-        h = model.run_blocks(model.embed(tokens), range(len(model.blocks)), bias=bias, cache=cache, states=states)
-        self.adapter(states[self.exit_layer - 1], bias, None, cache)  # the adapter's K/V of the prompt
-        cache.advance(tokens.shape[1])
-        return model.logits(h[:, -1])
-
-    def _lower(self, model: Decoder, tokens: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layers 0..E-1 (and the adapter) on ``tokens`` at the cache's length."""
-        bias = model.attention_bias(tokens.shape[1], cache)
-        h = model.run_blocks(model.embed(tokens), range(self.exit_layer), bias=bias, cache=cache)
-        read = h if self.adapter is None else self.adapter(h, bias, None, cache)
-        return h, read
-
-    def step(self, model: Decoder, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        h, read = self._lower(model, token, cache)
-        cache.advance(1)
-        self.states.append(h)
-        return model.logits(read[:, -1])
-
-    def verify(self, model: Decoder, inputs: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
-        # The draft already ran the lower layers on every input but the last one.
-        last, _ = self._lower(model, inputs[:, -1:], cache)
-        cache.crop(start)
-        h = model.run_blocks(torch.cat(self.states + [last], dim=1), range(self.exit_layer, len(model.blocks)),
-                             cache=cache)
-        cache.advance(h.shape[1])
-        return model.logits(h)
-
-    def describe(self) -> dict:
-        return {"draft": self.kind, "skip_layers": [], "exit_layer": self.exit_layer}
+from framework.model import Decoder
 
 
 class AdaptiveThreshold:
@@ -176,7 +73,7 @@ class AdaptiveThreshold:
 class SelfSpeculativeDecoder:
     """Batched self-speculative decoding with one of the drafts above."""
 
-    def __init__(self, model: Decoder, draft: SkipDraft | ExitDraft, *, gamma: int = 5,
+    def __init__(self, model: Decoder, draft: Draft, *, gamma: int = 5,
                  adaptive: AdaptiveThreshold | None = None, temperature: float = 0.0,
                  sampling: Sampling | None = None, seed: int = 0,
                  generator: torch.Generator | None = None) -> None:
@@ -313,44 +210,6 @@ class SelfSpeculativeDecoder:
         return k, int(draw(p[k][None], uniforms([generator], p.device))[0])
 
 
-def default_draft_exit(num_layers: int, adapter_exits: Sequence[int] = ()) -> int:
-    """The draft when none is given: an early exit at E = round(L/3) (at least 1) —
-    LayerSkip's kind, whose K/V is the full model's own; with adapters, the adapter
-    exit nearest to L/3."""
-    target = max(1, min(num_layers - 1, round(num_layers / 3)))
-    if adapter_exits:
-        return min(adapter_exits, key=lambda e: (abs(e - target), e))
-    return target
-
-
-def make_draft(spec: str | None, num_layers: int, adapters=None) -> SkipDraft | ExitDraft:
-    """A draft from ``exit:E``, ``skip:SET`` or ``adapter:E`` (None: the default, see
-    ``default_draft_exit``; through an adapter when ``adapters`` are given)."""
-    from eval.skip_sets import parse_skip_set
-
-    if spec is None:
-        exits = list(adapters.exits) if adapters is not None else []
-        exit_layer = default_draft_exit(num_layers, exits)
-        draft: SkipDraft | ExitDraft = ExitDraft(exit_layer, adapters.blocks[str(exit_layer)] if exits else None)
-    else:
-        kind, _, value = spec.partition(":")
-        if kind == "skip" and value:
-            draft = SkipDraft(parse_skip_set(value, num_layers))
-        elif kind in ("exit", "adapter") and value.strip().isdigit():
-            exit_layer = int(value)
-            if kind == "adapter":
-                if adapters is None:
-                    raise ValueError(f"draft {spec!r} needs --adapters DIR (trained by `layerdrop adapters fit`)")
-                if exit_layer not in adapters.exits:
-                    raise ValueError(f"draft {spec!r} is invalid: the adapters have exits {adapters.exits}")
-            draft = ExitDraft(exit_layer, adapters.blocks[str(exit_layer)] if kind == "adapter" else None)
-        else:
-            raise ValueError(f"draft {spec!r} is invalid: allowed: exit:E (E in 1..{num_layers - 1}), skip:SET "
-                             f"(block indices in 0..{num_layers - 1}), adapter:E (with --adapters)")
-    draft.check(num_layers)
-    return draft
-
-
 def plain_decode(model: Decoder, prompt: torch.Tensor | Sequence[int], max_new_tokens: int, *,
                  temperature: float = 0.0, seed: int = 0) -> tuple[list[int], GenerationStats]:
     """Ordinary decoding of one prompt with the full model and a KV cache (no EOS)."""
@@ -359,5 +218,4 @@ def plain_decode(model: Decoder, prompt: torch.Tensor | Sequence[int], max_new_t
     return items[0].tokens, stats
 
 
-__all__ = ["SkipDraft", "ExitDraft", "AdaptiveThreshold", "SelfSpeculativeDecoder", "default_draft_exit",
-           "make_draft", "plain_decode"]
+__all__ = ["AdaptiveThreshold", "SelfSpeculativeDecoder", "plain_decode"]

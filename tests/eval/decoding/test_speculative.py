@@ -14,12 +14,12 @@ import re
 import pytest
 import torch
 
-from eval.speculate import compare, main
-from eval.adapters import ExitAdapters
-from eval.generation import BatchGenerator, StopStrings
-from eval.speculative import (AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, default_draft_exit,
-                              make_draft, plain_decode)
-from eval.adapters import save_adapters
+from eval.adapters import ExitAdapters, save_adapters
+from eval.decoding.batch import BatchGenerator
+from eval.decoding.drafts import ExitDraft, SkipDraft, default_draft_exit, make_draft
+from eval.decoding.speculative import AdaptiveThreshold, SelfSpeculativeDecoder, plain_decode
+from eval.decoding.speedup import compare, main
+from eval.decoding.transcripts import StopStrings
 from eval.tokenizer import TextCodec
 from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
@@ -127,19 +127,19 @@ def test_empty_skip_set_accepts_every_draft_token(model, prompts_and_references)
     assert stats.rounds == math.ceil(19 / 5)  # 4 drafted + 1 from the verifier per round
 
 
-def test_verification_is_one_full_forward_per_round(model, prompts_and_references):
+def test_verification_is_one_full_forward_per_round(model, prompts_and_references, monkeypatch):
     full_calls = []
+    step = model.step
 
-    def count(module, args, kwargs):
-        if not kwargs.get("skip_layers"):
-            full_calls.append(args[0].shape[1])
+    def count(inputs, cache, **kwargs):  # every forward of a route is one Decoder.step
+        if kwargs.get("layers") is None:
+            full_calls.append(inputs.shape[1])
+        return step(inputs, cache, **kwargs)
 
-    handle = model.register_forward_pre_hook(count, with_kwargs=True)
-    try:
-        prompt, reference = prompts_and_references[4]
-        out, stats = SelfSpeculativeDecoder(model, SkipDraft((1, 2)), gamma=3).generate(prompt, 20)
-    finally:
-        handle.remove()
+    monkeypatch.setattr(model, "step", count)
+    prompt, reference = prompts_and_references[4]
+    out, stats = SelfSpeculativeDecoder(model, SkipDraft((1, 2)), gamma=3).generate(prompt, 20)
+    monkeypatch.undo()
     assert out == reference
     assert len(full_calls) == 1 + stats.rounds  # the prefill, then one verify per round
     assert full_calls[0] == len(prompt)

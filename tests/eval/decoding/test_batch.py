@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from eval.adapters import ExitAdapters
-from eval.generation import (BatchGenerator, StaticRoute, StopStrings, Transcripts, generate_in_batches,
-                             left_padded)
-from eval.sampling import Sampling
+from eval.decoding.batch import BatchGenerator, generate_in_batches, left_padded
+from eval.decoding.static_route import StaticRoute
+from eval.decoding.transcripts import StopStrings, Transcripts
+from eval.decoding.sampling import Sampling
 from framework.config import ModelConfig
 from framework.model import Decoder
 
