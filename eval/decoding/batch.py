@@ -25,7 +25,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from eval.decoding.sampling import Sampling, row_generators
+from eval.decoding.sampling import Sampling, row_generators, sequence_keys
 from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import Clock, GenerationStats, OnTokens, StopStrings, Transcript, Transcripts
 from framework.kv_cache import KVCache
@@ -71,16 +71,19 @@ def check_prompts(prompts: Sequence[Sequence[int]]) -> None:
 class BatchGenerator:
     """Decodes a batch of prompts along ``route`` (StaticRoute, DynamicExit)."""
 
-    def __init__(self, model: Decoder, route: Route | None = None, *, sampling: Sampling = Sampling(), seed: int = 0) -> None:
+    def __init__(self, model: Decoder, route: Route | None = None, *, sampling: Sampling = Sampling(), seed: int = 0,
+                 seed_by: str = "prompt") -> None:
+        sequence_keys([], None, seed_by)  # checks seed_by
         self.model, self.route = model, route or StaticRoute(model)
-        self.sampling, self.seed = sampling, seed
+        self.sampling, self.seed, self.seed_by = sampling, seed, seed_by
 
     @torch.inference_mode()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, eos_id: int | None = None,
                  stop: StopStrings | None = None, on_tokens: OnTokens | None = None,
                  numbers: Sequence[int] | None = None) -> tuple[list[Transcript], GenerationStats]:
         """Continuations of ``prompts`` (token-id lists, decoded together as one batch).
-        ``numbers`` name the sequences for the sampler's seeds (default 0..B-1)."""
+        ``numbers``: the sequences' positions in the input (default 0..B-1), what the
+        sampler's streams are seeded from with ``seed_by="position"``."""
         check_prompts(prompts)
         clock, stats = Clock(), GenerationStats(sequences=len(prompts))
         book = Transcripts(len(prompts), max_new_tokens, eos_id=eos_id, stop=stop, on_tokens=on_tokens)
@@ -91,7 +94,7 @@ class BatchGenerator:
         if tokens.shape[1] > 1:
             self.route.prefill(self.model, tokens[:, :-1], cache, padding[:, :-1])
         stats.prefill_seconds = time.perf_counter() - clock.wall
-        generators = row_generators(self.seed, list(numbers if numbers is not None else range(len(prompts))))
+        generators = row_generators(self.seed, sequence_keys(prompts, numbers, self.seed_by))
         last = tokens[:, -1:]
         while True:
             logits, blocks = self.route.step(self.model, last, cache)
@@ -116,8 +119,8 @@ def generate_in_batches(decode: Callable[..., tuple[list[Transcript], Generation
                         prompts: Sequence[Sequence[int]], batch_size: int, **options
                         ) -> tuple[list[Transcript], GenerationStats]:
     """``decode`` (a generator's ``generate``) over batches of ``batch_size`` prompts of
-    similar lengths (less padding), results back in the prompts' order; sequence numbers
-    (the sampler's seeds) are the prompts' positions, so batching changes no output."""
+    similar lengths (less padding), results back in the prompts' order; the sequences'
+    numbers are the prompts' positions, so batching changes no output."""
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"batch_size={batch_size!r} is invalid: must be an integer >= 1")
     check_prompts(prompts)

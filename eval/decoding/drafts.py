@@ -10,7 +10,9 @@
   reads the exit through a Balcony exit adapter, whose block keeps its own K/V in an
   extra cache slot.
 
-Every forward is one ``Decoder.step``.
+Every forward is one ``Decoder.step``. ``layers_run`` and ``verify_blocks`` count the
+blocks a draft forward and a round's verification run per row (per position verified),
+what "layers per token" charges.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ class SkipDraft:
 
     def layers_run(self, num_layers: int) -> int:
         return num_layers - len(self.skip_layers)
+
+    def verify_blocks(self, num_layers: int, drafted: int) -> int:
+        """Every layer on the pending token and the ``drafted`` proposals."""
+        return num_layers * (drafted + 1)
 
     def begin_round(self) -> None:
         pass
@@ -82,6 +88,10 @@ class ExitDraft:
 
     def layers_run(self, num_layers: int) -> int:
         return self.exit_layer + (self.adapter is not None)
+
+    def verify_blocks(self, num_layers: int, drafted: int) -> int:
+        """Layers 0..E-1 (and the adapter) on the last input only, E..L-1 on all of them."""
+        return self.layers_run(num_layers) + (num_layers - self.exit_layer) * (drafted + 1)
 
     def begin_round(self) -> None:
         self.states = []

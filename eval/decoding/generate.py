@@ -56,7 +56,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set holding this mass")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (the same seed gives the same text)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="sampling seed: each prompt draws from its own stream, seeded from the seed and what "
+                        "--seed-by says (the same seed gives the same text)")
+    p.add_argument("--seed-by", choices=("prompt", "position"), default="prompt",
+                   help="prompt (default): the seed and the prompt's tokens, so a prompt gives the same text alone, "
+                        "in any batch and anywhere in a file (the same prompt twice: the same text twice); "
+                        "position: the seed and the prompt's position in the input (0, 1, ...), so repeated "
+                        "prompts give different texts")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when the text contains this (repeatable; cut from the output)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-text token")
@@ -144,7 +151,7 @@ def _settings(args: argparse.Namespace, sampling, adapters):
     loads (only whether it was given matters then), the loaded adapters after."""
     from eval.decoding.modes import Settings
 
-    return Settings(sampling=sampling, seed=args.seed, adapters=adapters, draft=args.draft, gamma=args.gamma,
+    return Settings(sampling=sampling, seed=args.seed, seed_by=args.seed_by, adapters=adapters, draft=args.draft, gamma=args.gamma,
                     adaptive=args.adaptive, threshold=args.threshold, exits=args.exits)
 
 

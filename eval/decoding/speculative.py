@@ -21,13 +21,15 @@ last one (the "pending" token, whose K/V the next forward writes).
 
 The drafts (a skip set, an early exit, an exit adapter) are eval/decoding/drafts.py's.
 
-Batches: the rows of a batch share one cache length, so a round keeps, in every row,
-the shortest accepted prefix m of all rows, plus one token: the verifier's where the
-row's acceptance stopped at m, the row's accepted draft token where it went further.
-Each row's tokens are still the verified ones (greedy output is plain greedy's; a
-sampled row keeps its distribution: m depends on the other rows' independent draws
-and on this row's tokens up to m only). Rows that end (EOS, a stop string) leave the
-batch between rounds.
+Batches: the rows draft and verify together, and each keeps its own accepted prefix
+and its own next token: the cache is cropped row by row (``KVCache.crop_rows``: a row
+that kept fewer tokens moves right and gains left padding, which ALiBi ignores). A row
+drafts at most what its own budget allows and draws its random numbers only for its
+own drafts, so its tokens and its draws are those it has alone: a prompt's text,
+greedy or sampled, does not depend on the batch. The one exception is ``adaptive``:
+its stopping rule and threshold are the batch's (drafting stops when the least
+confident row's draft does), so with it, sampled text can depend on the batch (greedy
+text never does). Rows that end (EOS, a stop string) leave the batch between rounds.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import torch
 
 from eval.decoding.batch import BatchGenerator, check_prompts, left_padded
 from eval.decoding.drafts import Draft
-from eval.decoding.sampling import Sampling, draw, row_generators, uniforms
+from eval.decoding.sampling import Sampling, draw, row_generators, sequence_keys, uniforms
 from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import Clock, GenerationStats, OnTokens, StopStrings, Transcript, Transcripts
 from framework.kv_cache import KVCache
@@ -75,13 +77,15 @@ class SelfSpeculativeDecoder:
 
     def __init__(self, model: Decoder, draft: Draft, *, gamma: int = 5,
                  adaptive: AdaptiveThreshold | None = None, temperature: float = 0.0,
-                 sampling: Sampling | None = None, seed: int = 0,
+                 sampling: Sampling | None = None, seed: int = 0, seed_by: str = "prompt",
                  generator: torch.Generator | None = None) -> None:
         draft.check(len(model.blocks))
+        sequence_keys([], None, seed_by)  # checks seed_by
         if not (isinstance(gamma, int) and not isinstance(gamma, bool) and gamma >= 1):
             raise ValueError(f"gamma={gamma!r} is invalid: the draft length must be an integer >= 1")
         self.sampling = sampling or Sampling(temperature=temperature)
         self.model, self.draft, self.gamma, self.adaptive, self.seed = model, draft, gamma, adaptive, seed
+        self.seed_by = seed_by
         self.generator = generator  # batch-1 ``generate`` draws from it when given
 
     @property
@@ -105,9 +109,10 @@ class SelfSpeculativeDecoder:
         clock, stats = Clock(), GenerationStats(sequences=len(prompts))
         book = Transcripts(len(prompts), max_new_tokens, eos_id=eos_id, stop=stop, on_tokens=on_tokens)
         tokens, padding = left_padded(prompts, model.embed.weight.device)
-        cache = model.new_cache(len(prompts), tokens.shape[1] + max_new_tokens + 1,
+        # A round writes up to γ + 1 positions after the longest row, whose own budget may be spent.
+        cache = model.new_cache(len(prompts), tokens.shape[1] + max_new_tokens + self.gamma + 1,
                                 extra_layers=self.draft.extra_layers)
-        generators = generators or row_generators(self.seed, list(numbers or range(len(prompts))))
+        generators = generators or row_generators(self.seed, sequence_keys(prompts, numbers, self.seed_by))
         logits = self.draft.prefill(model, tokens, cache, padding if bool(padding.any()) else None)
         stats.prefill_seconds = time.perf_counter() - clock.wall
         pending, _ = self.sampling.choose(logits, generators)
@@ -122,75 +127,84 @@ class SelfSpeculativeDecoder:
                 cache.select_rows(keep)
                 pending = pending[keep.to(pending.device)]
                 generators = [generators[i] for i in keep.tolist()]
-            produced = len(book.items[book.running[0]].tokens)
-            pending = self._round(pending, cache, max_new_tokens - produced, book, generators, stats)
+            budgets = [max_new_tokens - len(book.items[n].tokens) for n in book.running]
+            pending = self._round(pending, cache, budgets, book, generators, stats)
         clock.stop(stats)
         return book.items, book.count(stats)
 
-    def _round(self, pending: torch.Tensor, cache: KVCache, budget: int, book: Transcripts,
+    def _round(self, pending: torch.Tensor, cache: KVCache, budgets: list[int], book: Transcripts,
                generators: list[torch.Generator], stats: GenerationStats) -> torch.Tensor:
-        """One draft-and-verify round over the batch; the new pending tokens [B, 1]."""
+        """One draft-and-verify round over the batch; the new pending tokens [B, 1].
+        ``budgets``: the tokens each row may still write."""
         start, tick = cache.length, time.perf_counter()
-        drafts, draft_probs = self._draft(pending, cache, budget, generators)
+        # the verify pass always adds one token, hence budget - 1 drafts at most
+        limits = [min(self.gamma, budget - 1) for budget in budgets]
+        drafts, draft_probs = self._draft(pending, cache, limits, generators)
+        k = len(drafts)
+        limits = [min(limit, k) for limit in limits]  # adaptive drafting may stop before
         inputs = torch.cat([pending] + drafts, dim=1)
         mid = time.perf_counter()
         target_logits = self.draft.verify(self.model, inputs, cache, start)
-        k = len(drafts)
         if self.sampling.greedy:
-            accepted, nexts = self._accept_greedy(inputs[:, 1:], target_logits)
+            accepted, nexts = self._accept_greedy(inputs[:, 1:], target_logits, limits)
         else:
-            accepted, nexts = self._accept_sampled(inputs[:, 1:], draft_probs, target_logits, generators)
-        kept = min(accepted)
-        cache.crop(start + 1 + kept)
-        rows = inputs[:, 1:].tolist()
-        new = torch.tensor([row[:kept] + [nxt if count == kept else row[kept]]
-                            for row, count, nxt in zip(rows, accepted, nexts)], device=inputs.device)
-        cost = (k * self.draft.layers_run(len(self.model.blocks)) + (k + 1) * len(self.model.blocks)) / (kept + 1)
-        for row, row_tokens in enumerate(new.tolist()):
-            book.add(row, row_tokens, [cost] * len(row_tokens))
+            accepted, nexts = self._accept_sampled(inputs[:, 1:], draft_probs, target_logits, generators, limits)
+        cache.crop_rows([start + 1 + count for count in accepted])
+        # What ran for every row this round: k draft forwards and one verification.
+        num_layers = len(self.model.blocks)
+        blocks = k * self.draft.layers_run(num_layers) + self.draft.verify_blocks(num_layers, k)
+        for row, (row_tokens, count, nxt) in enumerate(zip(inputs[:, 1:].tolist(), accepted, nexts)):
+            book.add(row, row_tokens[:count] + [nxt], [blocks / (count + 1)] * (count + 1))
         stats.draft_seconds += mid - tick
         stats.verify_seconds += time.perf_counter() - mid
         stats.rounds += 1
         stats.draft_steps += k
-        stats.drafted += k * len(accepted)
+        stats.drafted += sum(limits)
         stats.accepted += sum(accepted)
         if self.adaptive is not None:
-            self.adaptive.update(sum(accepted), k * len(accepted))
-        return new[:, -1:]
+            self.adaptive.update(sum(accepted), sum(limits))
+        return torch.tensor(nexts, device=inputs.device)[:, None]
 
-    def _draft(self, pending: torch.Tensor, cache: KVCache, budget: int, generators: list[torch.Generator]
+    def _draft(self, pending: torch.Tensor, cache: KVCache, limits: list[int], generators: list[torch.Generator]
                ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
-        """Up to γ proposals per row; the verify pass always adds one token, hence budget - 1."""
+        """Up to ``limits[r]`` proposals for row r; a row draws random numbers only for
+        the drafts it may use (what it draws alone)."""
         self.draft.begin_round()
         drafts, probs, token = [], [], pending
-        for _ in range(min(self.gamma, budget - 1)):
+        for step in range(max(limits)):
             logits = self.draft.step(self.model, token, cache)
-            chosen, q = self.sampling.choose(logits, generators)
+            drawing = [g if limit > step else None for g, limit in zip(generators, limits)]
+            chosen, q = self.sampling.choose(logits, drawing)
             token = chosen[:, None]
             drafts.append(token)
             probs.append(q)
             if self.adaptive is not None:
                 top = (q if q is not None else torch.softmax(logits.float(), -1)).max(-1).values
-                if self.adaptive.stop(float(top.min())):  # the batch keeps its least sure row's prefix
+                going = [row for row, limit in enumerate(limits) if limit > step + 1]
+                # the batch drafts on while the least sure row that may draft on is sure enough
+                if going and self.adaptive.stop(float(top[going].min())):
                     break
         return drafts, probs
 
     @staticmethod
-    def _accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[list[int], list[int]]:
-        """Per row: accepted draft tokens, and the verifier's token after them."""
+    def _accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor, limits: list[int]
+                       ) -> tuple[list[int], list[int]]:
+        """Per row: accepted draft tokens (at most its limit), and the verifier's token after them."""
         targets = target_logits.argmax(-1)  # [B, k + 1]
         if drafts.shape[1] == 0:
             return [0] * targets.shape[0], targets[:, 0].tolist()
-        accepted = (drafts == targets[:, :-1]).int().cumprod(1).sum(1)
+        agreed = (drafts == targets[:, :-1]).int().cumprod(1).sum(1)
+        accepted = torch.minimum(agreed, torch.tensor(limits, device=agreed.device))
         nexts = targets.gather(1, accepted[:, None])[:, 0]
         return accepted.tolist(), nexts.tolist()
 
     def _accept_sampled(self, drafts: torch.Tensor, draft_probs: list[torch.Tensor], target_logits: torch.Tensor,
-                        generators: list[torch.Generator]) -> tuple[list[int], list[int]]:
+                        generators: list[torch.Generator], limits: list[int]) -> tuple[list[int], list[int]]:
         p = self.sampling.probabilities(target_logits.flatten(0, 1)).view(*target_logits.shape[:2], -1)
         accepted, nexts = [], []
-        for row, generator in enumerate(generators):
-            count, token = self._accept_row(drafts[row].tolist(), [q[row] for q in draft_probs], p[row], generator)
+        for row, (generator, limit) in enumerate(zip(generators, limits)):
+            count, token = self._accept_row(drafts[row, :limit].tolist(), [q[row] for q in draft_probs[:limit]],
+                                            p[row], generator)
             accepted.append(count)
             nexts.append(token)
         return accepted, nexts

@@ -34,6 +34,7 @@ class Settings:
 
     sampling: Sampling = field(default_factory=Sampling)
     seed: int = 0
+    seed_by: str = "prompt"  # what each sequence's sampling stream is seeded from (eval/decoding/sampling.py)
     adapters: Any = None  # eval.adapters.ExitAdapters, loaded on the model
     draft: str | None = None
     gamma: int | None = None
@@ -42,7 +43,7 @@ class Settings:
     exits: str | Sequence[int] | None = None
 
 
-COMMON = ("sampling", "seed")
+COMMON = ("sampling", "seed", "seed_by")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ def build(model, value, settings):
     threshold = DEFAULT_THRESHOLD if settings.threshold is None else settings.threshold
     route = DynamicExit(model, threshold=threshold, exits=candidate_exits(settings.exits, len(model.blocks)),
                         adapters=settings.adapters)
-    return BatchGenerator(model, route, sampling=settings.sampling, seed=settings.seed).generate
+    return BatchGenerator(model, route, sampling=settings.sampling, seed=settings.seed,
+                          seed_by=settings.seed_by).generate
 
 
 MODE = Mode("dynamic", "dynamic",

@@ -21,7 +21,8 @@ def build(model, k: int, settings):
             raise ValueError(f"--mode exit:{k} has no adapter: the adapters' exits are {adapters.exits}")
         adapter = adapters.blocks[str(k)]
     route = StaticRoute(model, exit_layer=k, adapter=adapter)
-    return BatchGenerator(model, route, sampling=settings.sampling, seed=settings.seed).generate
+    return BatchGenerator(model, route, sampling=settings.sampling, seed=settings.seed,
+                          seed_by=settings.seed_by).generate
 
 
 MODE = Mode("exit", "exit:K", "early exit after K blocks (K in 1..L); with --adapters, through the Balcony "

@@ -6,7 +6,8 @@ from eval.decoding.static_route import StaticRoute
 
 
 def build(model, value, settings):
-    return BatchGenerator(model, StaticRoute(model), sampling=settings.sampling, seed=settings.seed).generate
+    return BatchGenerator(model, StaticRoute(model), sampling=settings.sampling, seed=settings.seed,
+                          seed_by=settings.seed_by).generate
 
 
 MODE = Mode("full", "full", "every block", build, order=0)

@@ -12,7 +12,8 @@ def parse(value: str, spec: str, num_layers: int) -> tuple[int, ...]:
 
 def build(model, skip: tuple[int, ...], settings):
     route = StaticRoute(model, skip_layers=skip)
-    return BatchGenerator(model, route, sampling=settings.sampling, seed=settings.seed).generate
+    return BatchGenerator(model, route, sampling=settings.sampling, seed=settings.seed,
+                          seed_by=settings.seed_by).generate
 
 
 MODE = Mode("skip", "skip:SET", "the blocks of SET passed through (2,5 / 1-3 / alternate-odd)", build, parse,

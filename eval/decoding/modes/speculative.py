@@ -13,7 +13,7 @@ def build(model, value, settings):
     gamma = DEFAULT_GAMMA if settings.gamma is None else settings.gamma
     adaptive = AdaptiveThreshold() if settings.adaptive else None
     return SelfSpeculativeDecoder(model, draft, gamma=gamma, adaptive=adaptive, sampling=settings.sampling,
-                                  seed=settings.seed).generate_batch
+                                  seed=settings.seed, seed_by=settings.seed_by).generate_batch
 
 
 MODE = Mode("speculative", "speculative",

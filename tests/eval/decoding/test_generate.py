@@ -133,6 +133,20 @@ def test_a_prompts_file_gives_jsonl_in_order(model_dir, capsys, tmp_path):
         assert row["finish_reason"] in ("eos", "length")
 
 
+def test_a_sampled_prompt_gives_the_same_text_alone_and_in_a_file(model_dir, capsys, tmp_path):
+    prompts = tmp_path / "two.txt"
+    prompts.write_text("def main(\nThe quick brown fox\n")
+    sampled = ["--temperature", 1, "--seed", 5, "--max-new-tokens", 12, "--ignore-eos"]
+    code, out = run(["--ckpt", model_dir, "--prompts", prompts, *sampled], capsys)
+    assert code == 0, out.err
+    in_file = [json.loads(line)["text"] for line in out.out.splitlines()][1]
+    code, out = run(["--ckpt", model_dir, "--prompt", "The quick brown fox", "--no-echo", *sampled], capsys)
+    assert code == 0 and out.out == in_file + "\n"
+    code, out = run(["--ckpt", model_dir, "--prompt", "The quick brown fox", "--no-echo", "--seed-by", "position",
+                     "--prompt", "The quick brown fox", *sampled], capsys)
+    assert code == 0 and len(set(out.out.split("\n\n"))) == 2  # by position, repeated prompts differ
+
+
 def test_stdin_is_the_prompt(model_dir, reference, capsys, monkeypatch):
     codec, full = reference
     code, out = run(["--ckpt", model_dir, "--max-new-tokens", 12], capsys, stdin=PROMPT, monkeypatch=monkeypatch)
