@@ -37,6 +37,7 @@ import json
 import sys
 from pathlib import Path
 
+from framework.atomic_write import write_json
 from eval import options
 
 MODES = ("full", "exit:K", "skip:SET", "speculative", "dynamic")
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         line += f", acceptance {summary['acceptance_rate']:.0%}"
     print(f"[{args.mode}] {line}", file=sys.stderr)
     if args.stats:
-        options.write_json(summary, args.stats)
+        write_json(args.stats, summary)
     return 0
 
 

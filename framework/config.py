@@ -20,6 +20,7 @@ import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Any, Callable, Literal, Union
 
+from framework.early_exit_loss import CURRICULA, SCALE_FUNCTIONS
 from framework.layer_dropout import MASK_MODES
 from framework.schedules import DISTRIBUTIONS, TIME_SCHEDULES
 
@@ -57,6 +58,9 @@ Fraction = Annotated[float, Rule(lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
 DistributionName = Literal[tuple(DISTRIBUTIONS)]  # type: ignore[valid-type]
 ScheduleName = Literal[tuple(TIME_SCHEDULES)]  # type: ignore[valid-type]
 MaskMode = Literal[tuple(MASK_MODES)]  # type: ignore[valid-type]
+ScaleFunctionName = Literal[tuple(SCALE_FUNCTIONS)]  # type: ignore[valid-type]
+CurriculumName = Literal[tuple(CURRICULA)]  # type: ignore[valid-type]
+NonNegativeFloat = Annotated[float, Rule(lambda v: v >= 0, "must be >= 0")]
 
 
 def validate(config: Any) -> None:
@@ -228,6 +232,45 @@ class LayerDropoutConfig:
 
 
 @dataclass(frozen=True)
+class EarlyExitLossConfig:
+    """LayerSkip's early-exit loss (framework/early_exit_loss.py): off by default.
+
+    ``scale`` is the exit losses' total weight beside the final layer's (0: off);
+    ``exits`` "all" takes every ``every``-th exit below L, or a list of exits in 1..L-1
+    (exit K runs blocks 0..K-1); ``weighting`` spreads ``scale`` over the step's exits;
+    ``curriculum`` picks the step's exits (``rotation`` for "rotational", ``ramp``, the
+    fraction of the run over which "gradual" switches them on, for "gradual"). A field
+    that would change nothing (any field with ``scale`` 0, ``every`` beside a list, a
+    curriculum's knob under another curriculum) is refused, not ignored.
+    """
+
+    scale: NonNegativeFloat = 0.0
+    exits: Literal["all"] | tuple[PositiveInt, ...] = "all"
+    every: PositiveInt = 1
+    weighting: ScaleFunctionName = "uniform"
+    curriculum: CurriculumName = "none"
+    rotation: Annotated[int, Rule(lambda v: v >= 2, "must be >= 2")] = 2
+    ramp: Annotated[float, Rule(lambda v: 0.0 < v <= 1.0, "must be in (0, 1]")] = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.exits, list):  # Python callers may pass a list
+            object.__setattr__(self, "exits", tuple(self.exits))
+        validate(self)
+        if isinstance(self.exits, tuple) and (not self.exits or len(set(self.exits)) != len(self.exits)):
+            raise ValueError(f"early_exit_loss.exits={list(self.exits)!r} is invalid: need distinct exits, "
+                             "at least one")
+        defaults = EarlyExitLossConfig.__dataclass_fields__
+        unused = {"every": isinstance(self.exits, tuple), "rotation": self.curriculum != "rotational",
+                  "ramp": self.curriculum != "gradual"}
+        for name in ("exits", "every", "weighting", "curriculum", "rotation", "ramp"):
+            value = getattr(self, name)
+            if value != defaults[name].default and (self.scale == 0 or unused.get(name, False)):
+                why = "the early-exit loss is off (scale=0)" if self.scale == 0 else \
+                    ("exits is a list" if name == "every" else f"curriculum={self.curriculum!r}")
+                raise ValueError(f"early_exit_loss.{name}={value!r} is invalid: it changes nothing when {why}")
+
+
+@dataclass(frozen=True)
 class ParametrizationConfig:
     """Table A.2: µP + CompleteP + layer density, transferred from a base model.
 
@@ -256,6 +299,7 @@ class ParametrizationConfig:
 __all__ = [
     "ModelConfig",
     "LayerDropoutConfig",
+    "EarlyExitLossConfig",
     "ParametrizationConfig",
     "PAPER_SIZES",
     "LLAMA3_VOCAB_SIZE",
@@ -265,6 +309,7 @@ __all__ = [
     "PositiveInt",
     "PositiveFloat",
     "NonNegativeInt",
+    "NonNegativeFloat",
     "Rate",
     "Fraction",
 ]

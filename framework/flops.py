@@ -21,7 +21,8 @@ with the rows it runs on; under "sublayer" structure the realised fraction weigh
 two sublayers differently, though its expectation is 1 - mean(p) either way.
 
 A dropped layer runs on its kept rows only (framework/layer_dropout.py), so executed
-FLOPs are counted per layer and sublayer from the rows each one ran on.
+FLOPs are counted per layer and sublayer from the rows each one ran on. Each exit head
+of the early-exit loss (framework/early_exit_loss.py) is one more head on every token.
 """
 
 from __future__ import annotations
@@ -78,26 +79,28 @@ def head_flops_per_token(model_cfg: ModelConfig, *, training: bool = True) -> fl
 
 
 def dense_step_flops(model_cfg: ModelConfig, batch_size: int, seq_len: int, *,
-                     causal: bool = True, training: bool = True) -> Flops:
+                     causal: bool = True, training: bool = True, exit_heads: int = 0) -> Flops:
     """FLOPs of a step (micro-batch) in which every block runs on every sequence."""
     kept = [(batch_size, batch_size)] * model_cfg.n_layers
     return executed_step_flops(model_cfg, kept, seq_len, batch_size=batch_size,
-                               causal=causal, training=training)
+                               causal=causal, training=training, exit_heads=exit_heads)
 
 
 def executed_step_flops(model_cfg: ModelConfig, kept_counts: Sequence[tuple[int, int]], seq_len: int, *,
-                        batch_size: int, causal: bool = True, training: bool = True) -> Flops:
+                        batch_size: int, causal: bool = True, training: bool = True,
+                        exit_heads: int = 0) -> Flops:
     """FLOPs a step actually runs: each layer's sublayers on their kept rows only.
 
     ``kept_counts`` holds (attention rows, FFN rows) per layer, as
-    ``DropPlan.kept_counts()`` gives them; the head runs on all ``batch_size`` rows.
+    ``DropPlan.kept_counts()`` gives them; the head runs on all ``batch_size`` rows,
+    once for the final layer and once per early-exit loss head (``exit_heads``).
     """
     per_token = block_flops_per_token(model_cfg, seq_len, causal=causal, training=training)
     attention_rows = sum(a for a, _ in kept_counts)
     ffn_rows = sum(f for _, f in kept_counts)
     return Flops(attention=attention_rows * seq_len * per_token.attention,
                  ffn=ffn_rows * seq_len * per_token.ffn,
-                 head=batch_size * seq_len * head_flops_per_token(model_cfg, training=training))
+                 head=(1 + exit_heads) * batch_size * seq_len * head_flops_per_token(model_cfg, training=training))
 
 
 def saved_fraction(executed: Flops, dense: Flops, *, include_head: bool = False) -> float:

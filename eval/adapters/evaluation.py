@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from eval import options
 from eval.adapters.exit_adapters import ExitAdapters, load_adapters, load_backbone, read_meta
 from eval.measurements.exits import exit_losses
+from framework.atomic_write import write_json
 from framework.checkpoint import CheckpointError
 from framework.config import ModelConfig
 from framework.loss import IGNORE_INDEX, chunked_sum, counted_tokens, inference_chunk_tokens
@@ -122,7 +123,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     with progress(2 * len(data), "adapters eval: batches") as bar:
         report = {"adapters": str(args.adapters), "backbone": str(args.ckpt or meta["backbone"]),
                   **evaluate(backbone, adapters, Advancing(data, bar)), "plot": args.plot}
-    options.write_json(report, args.out)
+    write_json(args.out, report)
     _plot(report, args.plot)
     for e in report["exits"]:
         print(f"exit {e}: plain {report['plain_loss'][str(e)]:.4f}  adapter {report['adapter_loss'][str(e)]:.4f}")

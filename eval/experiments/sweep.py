@@ -50,6 +50,7 @@ from eval.experiments.run_folder import RunFolder, layerdrop
 from eval.experiments.sweep_spec import (EvalSpec, Run, Sweep, SweepError, format_flops, get_dotted, load_sweep, predict,
                                          run_recipe)
 from eval.options import check_positive
+from framework.atomic_write import write_json, write_text
 
 PROG = "layerdrop sweep"
 STOPPED = 128 + signal.SIGTERM
@@ -144,7 +145,7 @@ class Runner:
             partial.unlink(missing_ok=True)
             return "stopped" if self.stopping else "invalid recipe: " + last_line(tail(log))
         header = f"# resolved config of sweep run {folder.run.name} ({self.sweep.path})\n"
-        write_atomic(folder.config, header + partial.read_text())
+        write_text(folder.config, header + partial.read_text())
         partial.unlink()
         return None
 
@@ -233,17 +234,6 @@ def cli_args(args: dict[str, Any], fill: dict[str, str]) -> list[str]:
         else:
             words += [flag, str(value).format(**fill)]
     return words
-
-
-def write_json(path: Path, data: dict) -> None:
-    write_atomic(path, json.dumps(data, indent=2) + "\n")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}-{threading.get_ident()}")
-    partial.write_text(text)
-    os.replace(partial, path)
 
 
 def tail(path: Path, lines: int = 30) -> str:
@@ -393,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             predict(run_recipe(sweep, run, root / "runs" / run.name))
         root.mkdir(parents=True, exist_ok=True)
         if args.launcher == "local":
-            write_atomic(root / "sweep.yaml", sweep.text)
+            write_text(root / "sweep.yaml", sweep.text)
         runner = Runner(sweep, root, threads=args.threads_per_job, launcher=args.launcher)
         prepare_data(sweep, runner)
         if args.slurm:

@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from framework.atomic_write import write_json
 from eval import options
 from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig
 from framework.layer_dropout import StepKey, plan
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     report["plot"] = plot_path
-    options.write_json(report, args.out)
+    write_json(args.out, report)
     from eval.measurements.plots import plot_coord_check
 
     plot_coord_check(report, plot_path)
