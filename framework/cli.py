@@ -32,6 +32,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("eval.generate:main", "text in, text out: full, exit:K, skip:SET, speculative or dynamic depth"),
     "sweep": ("eval.experiments.sweep:main",
               "a grid of pretraining runs + their evaluations (local pool or SLURM array)"),
+    "tune": ("eval.experiments.tune:main",
+             "tune a base model by successive 1-D sweeps (η, σ, τ_EMA), then confirm with seeds"),
     "report": ("eval.experiments.report:main",
                "the paper's tables and plots from a sweep folder (Markdown + PNG + JSON)"),
 }

@@ -27,7 +27,8 @@ from safetensors.torch import load_file, save_file
 from eval import options
 from framework.checkpoint import CheckpointError, load_decoder
 from framework.config import ModelConfig
-from framework.model import Block, Decoder
+from framework.families import new_block
+from framework.model import Decoder
 
 WEIGHTS_FILE = "adapters.safetensors"
 META_FILE = "adapters.json"
@@ -55,7 +56,7 @@ class ExitAdapters(nn.Module):
         super().__init__()
         self.exits = check_exits(list(exits), cfg.n_layers)
         # Adapter i is layer n_layers + i of a KV cache made with extra_layers=len(exits).
-        self.blocks = nn.ModuleDict({str(e): Block(cfg, cfg.n_layers + i) for i, e in enumerate(self.exits)})
+        self.blocks = nn.ModuleDict({str(e): new_block(cfg, cfg.n_layers + i) for i, e in enumerate(self.exits)})
         self.init_std = cfg.init_std
 
     @torch.no_grad()
