@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eval.adapters import ExitAdapters
+from eval.adapters.exit_adapters import ExitAdapters
 from eval.generation import BatchGenerator, StaticRoute
 from eval.speculative import ExitDraft, SelfSpeculativeDecoder, SkipDraft
 from framework.checkpoint import load_decoder
