@@ -159,7 +159,7 @@ def _settings(args: argparse.Namespace, sampling, adapters):
 def _adapters(path: str | None, model):
     if path is None:
         return None
-    from eval.adapters import load_adapters
+    from eval.adapters.exit_adapters import load_adapters
 
     return load_adapters(path, model)[0]
 

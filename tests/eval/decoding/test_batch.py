@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eval.adapters import ExitAdapters
+from eval.adapters.exit_adapters import ExitAdapters
 from eval.decoding.batch import BatchGenerator, generate_in_batches, left_padded
 from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import StopStrings, Transcripts

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from eval.adapters import ExitAdapters
+from eval.adapters.exit_adapters import ExitAdapters
 from eval.decoding.dynamic_exit import DynamicExit, confidence, default_candidates, dynamic_forward
 from eval.decoding.batch import BatchGenerator
 from eval.decoding.static_route import StaticRoute

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from eval.adapters import ExitAdapters, save_adapters
+from eval.adapters.exit_adapters import ExitAdapters, save_adapters
 from eval.decoding import modes
 from eval.decoding.generate import Streamer, main
 from eval.decoding.batch import BatchGenerator

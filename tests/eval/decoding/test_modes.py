@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import eval.decoding.modes as registry
-from eval.adapters import ExitAdapters
+from eval.adapters.exit_adapters import ExitAdapters
 from eval.decoding import modes
 from eval.decoding.sampling import Sampling
 from test_batch import LAYERS, tiny_model

@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 
-from eval.adapters import ExitAdapters, save_adapters
+from eval.adapters.exit_adapters import ExitAdapters, save_adapters
 from eval.decoding.batch import BatchGenerator
 from eval.decoding.drafts import ExitDraft, SkipDraft, default_draft_exit, make_draft
 from eval.decoding.sampling import Sampling
