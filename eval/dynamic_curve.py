@@ -98,7 +98,7 @@ def curve(model: Decoder, prompts: Sequence[Sequence[int]], batches, *, threshol
 
 def plot_curve(report: dict, path: str | Path, label: str | None = None) -> Path:
     """Agreement with full greedy and validation loss vs layers per token, one point a threshold."""
-    from eval.plots import _save, plt  # the project's matplotlib setup (Agg) and file writing
+    from eval.measurements.plots import _save, plt  # the project's matplotlib setup (Agg) and file writing
 
     rows = sorted(report["thresholds"], key=lambda r: r["layers_per_token"])
     layers = [r["layers_per_token"] for r in rows]
@@ -156,7 +156,7 @@ def _thresholds(text: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eval.exits import parse_exit_layers
+    from eval.measurements.exits import parse_exit_layers
     from eval.inputs import ContextLimit, ValidationData, validation_prompts
     from framework.checkpoint import CheckpointError, load_decoder, read_model_config
     from framework.progress import progress
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         model, cfg = load_decoder(args.ckpt, map_location=device)
         adapters = None
         if args.adapters is not None:
-            from eval.adapters import load_adapters
+            from eval.adapters.exit_adapters import load_adapters
 
             adapters = load_adapters(args.adapters, model)[0]
         DynamicExit(model, threshold=1.0, exits=exits, adapters=adapters)  # checks the candidates

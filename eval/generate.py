@@ -176,7 +176,7 @@ def _decoder(model, mode: tuple[str, object], args: argparse.Namespace, sampling
     kind, value = mode
     adapters = None
     if args.adapters is not None:
-        from eval.adapters import load_adapters
+        from eval.adapters.exit_adapters import load_adapters
 
         adapters = load_adapters(args.adapters, model)[0]
     if kind == "speculative":
@@ -189,7 +189,7 @@ def _decoder(model, mode: tuple[str, object], args: argparse.Namespace, sampling
         raise ValueError("--draft is for --mode speculative")
     if kind == "dynamic":
         from eval.dynamic_exit import DynamicExit
-        from eval.exits import parse_exit_layers
+        from eval.measurements.exits import parse_exit_layers
 
         exits = parse_exit_layers(args.exits, len(model.blocks)) if args.exits else None
         route = DynamicExit(model, threshold=args.threshold, exits=exits, adapters=adapters)

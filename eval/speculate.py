@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 def _load_adapters(path: str | None, model: Decoder):
     if path is None:
         return None
-    from eval.adapters import load_adapters
+    from eval.adapters.exit_adapters import load_adapters
 
     return load_adapters(path, model)[0]
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from eval.adapters import ExitAdapters
+from eval.adapters.exit_adapters import ExitAdapters
 from eval.dynamic_exit import DynamicExit, confidence, default_candidates, dynamic_forward
 from eval.generation import BatchGenerator, StaticRoute
 

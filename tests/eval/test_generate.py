@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from eval.adapters import ExitAdapters, save_adapters
+from eval.adapters.exit_adapters import ExitAdapters, save_adapters
 from eval.generate import Streamer, main, parse_mode
 from eval.generation import BatchGenerator, StaticRoute
 from eval.tokenizer import TextCodec

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eval.adapters import ExitAdapters
+from eval.adapters.exit_adapters import ExitAdapters
 from eval.generation import (BatchGenerator, StaticRoute, StopStrings, Transcripts, generate_in_batches,
                              left_padded)
 from eval.sampling import Sampling

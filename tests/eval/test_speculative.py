@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from eval.speculate import compare, main
-from eval.adapters import ExitAdapters
+from eval.adapters.exit_adapters import ExitAdapters
 from eval.generation import BatchGenerator, StopStrings
 from eval.speculative import (AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, default_draft_exit,
                               make_draft, plain_decode)
-from eval.adapters import save_adapters
+from eval.adapters.exit_adapters import save_adapters
 from eval.tokenizer import TextCodec
 from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
