@@ -8,11 +8,7 @@ import shutil
 
 import pytest
 
-from eval.adapters import fit_main
-from eval.exits import exits_main
-from eval.generate import main as generate_main
-from eval.search import main as search_main
-from eval.speculate import main as run_main
+from framework.cli import main as layerdrop
 from hf_llama import tiny_hf_llama
 
 
@@ -27,7 +23,7 @@ def hf_dir(tmp_path_factory, prepared_tokens):
 @pytest.fixture(scope="module")
 def adapters(hf_dir, prepared_tokens, tmp_path_factory):
     out = tmp_path_factory.mktemp("adapters") / "a"
-    assert fit_main(["--ckpt", str(hf_dir), "--data", str(prepared_tokens), "--out", str(out),
+    assert layerdrop(["adapters", "fit", "--ckpt", str(hf_dir), "--data", str(prepared_tokens), "--out", str(out),
                           "--exits", "2", "--max-steps", "4", "--batch-size", "4", "--seq-len", "32"]) == 0
     return out
 
@@ -39,23 +35,23 @@ def test_generate_runs_every_mode_on_an_hf_folder(hf_dir, adapters, mode, capsys
         args += ["--mode", "speculative", "--draft", "adapter:2", "--adapters", str(adapters)]
     else:
         args += ["--mode", mode] + (["--threshold", "0.5"] if mode == "dynamic" else [])
-    assert generate_main(args) == 0
+    assert layerdrop(["generate", *args]) == 0
     captured = capsys.readouterr()
     assert captured.out.startswith("def main(") and "tokens/s" in captured.err
 
 
 def test_speculative_run_and_search_on_an_hf_folder(hf_dir, prepared_tokens, tmp_path):
-    assert run_main(["--ckpt", str(hf_dir), "--data", str(prepared_tokens), "--num-prompts", "2",
+    assert layerdrop(["speculate", "run", "--ckpt", str(hf_dir), "--data", str(prepared_tokens), "--num-prompts", "2",
                            "--skip-layers", "1,2", "--max-new-tokens", "6", "--out", str(tmp_path / "run.json")]) == 0
     report = json.loads((tmp_path / "run.json").read_text())
     assert report["identical_to_greedy"] is True and report["skip_layers"] == [1, 2]
-    assert search_main(["--ckpt", str(hf_dir), "--data", str(prepared_tokens), "--methods",
+    assert layerdrop(["speculate", "search", "--ckpt", str(hf_dir), "--data", str(prepared_tokens), "--methods",
                            "hill_climbing", "--budget", "3", "--calibration-prompts", "1", "--confirm-prompts", "1",
                            "--max-new-tokens", "6", "--out", str(tmp_path / "search.json")]) == 0
 
 
 def test_eval_exits_on_an_hf_folder(hf_dir, prepared_tokens, tmp_path):
-    assert exits_main(["--ckpt", str(hf_dir), "--data", str(prepared_tokens), "--seq-len", "32", "--batches", "1",
+    assert layerdrop(["eval", "exits", "--ckpt", str(hf_dir), "--data", str(prepared_tokens), "--seq-len", "32", "--batches", "1",
                        "--batch-size", "2", "--out", str(tmp_path / "exits.json")]) == 0
     report = json.loads((tmp_path / "exits.json").read_text())
     assert report["num_layers"] == 4 and set(report["exit_loss"]) == {"1", "2", "3", "4"}
