@@ -25,7 +25,8 @@ Model arguments (in an lm-eval argument string, separate skip layers with ';'):
 
 Log-likelihoods go through eval.downstream.multiple_choice.score_continuations, the same scorer
 as the native multiple-choice metric. Generation goes through the same batched
-generator as `layerdrop generate` (eval/generation.py): requests with the same
+generator as `layerdrop generate` (the mode registry, eval/decoding/modes/: exit:K,
+skip:SET or full, from exit_layer/skip_layers): requests with the same
 generation arguments decode together, left-padded, with the KV cache, stopping at EOS,
 at any ``until`` string, or after ``max_gen_toks``; greedy unless the task asks for
 sampling (``do_sample``, ``temperature``, ``top_k``, ``top_p``). Contexts longer than
@@ -43,9 +44,10 @@ from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from tqdm import tqdm
 
-from eval.generation import BatchGenerator, StaticRoute, StopStrings
+from eval.decoding import modes
+from eval.decoding.sampling import Sampling
+from eval.decoding.transcripts import StopStrings
 from eval.downstream.multiple_choice import score_continuations
-from eval.sampling import Sampling
 from eval.skip_sets import parse_skip_set
 from eval.tokenizer import EOS_CANDIDATES, TextCodec, eos_id_of, find_tokenizer
 from framework.checkpoint import load_decoder
@@ -96,6 +98,10 @@ class LayerDropLM(TemplateLM):
         self.exit_layer = None if exit_layer in (None, "", "None") else _layer_number(exit_layer, n)
         self.skip_layers = () if skip_layers in (None, "", "None") else parse_skip_set(skip_layers, n)
         self.decoder.active_layers(self.exit_layer, self.skip_layers)  # validates both
+        if self.exit_layer is not None and self.skip_layers:
+            raise ValueError(f"exit_layer={self.exit_layer} and skip_layers={list(self.skip_layers)} are exclusive: "
+                             "a decoding mode is either an early exit or a skip set")
+        self.mode = modes.parse(self._mode_spec(), n)
         self.adapter = self._adapter(adapters)
         self.codec = TextCodec.for_checkpoint(path, tokenizer, eot_token)
         self.tokenizer = self.codec.tokenizer
@@ -120,7 +126,19 @@ class LayerDropLM(TemplateLM):
         if self.exit_layer not in loaded.exits or self.skip_layers:
             raise ValueError(f"adapters={adapters!r} need exit_layer set to one of their exits {loaded.exits} "
                              "(and no skip_layers)")
+        self.adapters = loaded
         return loaded.blocks[str(self.exit_layer)]
+
+    def _mode_spec(self) -> str:
+        if self.exit_layer is not None:
+            return f"exit:{self.exit_layer}"
+        return f"skip:{','.join(map(str, self.skip_layers))}" if self.skip_layers else "full"
+
+    def _decode(self, sampling: Sampling):
+        """The registry's decoder of this model's mode (``generate(prompts, max_new, ...)``)."""
+        mode, value = self.mode
+        adapters = self.adapters if self.adapter is not None else None
+        return mode.build(self.decoder, value, modes.Settings(sampling=sampling, seed=self.seed, adapters=adapters))
 
     # ------------------------------------------------------------ tokenizer
     @property
@@ -195,22 +213,18 @@ class LayerDropLM(TemplateLM):
         outputs: list[str] = [""] * len(requests)
         bar = tqdm(total=len(requests), desc="generate_until", disable=disable_tqdm)
         for (until, max_new, sampling), members in groups.items():
-            generator = BatchGenerator(self.decoder, self._route(), sampling=sampling, seed=self.seed)
+            decode = self._decode(sampling)
             stop = StopStrings(list(until), self.tok_decode)
             for start in range(0, len(members), self.batch_size):
                 chunk = members[start:start + self.batch_size]
                 prompts = [self._context(requests[i].args[0], max_new) for i in chunk]
-                items, _ = generator.generate(prompts, max_new, eos_id=self.eot_token_id, stop=stop, numbers=chunk)
+                items, _ = decode(prompts, max_new, eos_id=self.eot_token_id, stop=stop, numbers=chunk)
                 for i, item in zip(chunk, items):
                     outputs[i] = stop.cut(self.tok_decode(item.tokens))
                     self.cache_hook.add_partial("generate_until", requests[i].args, outputs[i])
                 bar.update(len(chunk))
         bar.close()
         return outputs
-
-    def _route(self) -> StaticRoute:
-        return StaticRoute(self.decoder, exit_layer=self.exit_layer, skip_layers=self.skip_layers,
-                           adapter=self.adapter)
 
     def _context(self, context: str, max_new: int) -> list[int]:
         ids = self.tok_encode(context) or [self.prefix_token_id]
@@ -259,9 +273,9 @@ class LayerDropLM(TemplateLM):
     def greedy_tokens(self, prompt: list[int], max_new: int, until: list[str] = ()) -> list[int]:
         """Greedy continuation of one prompt (stops after EOS, not returned, a stop string,
         or ``max_new`` tokens)."""
-        generator = BatchGenerator(self.decoder, self._route())
-        items, _ = generator.generate([(prompt or [self.prefix_token_id])[-(self.max_length - max_new):]], max_new,
-                                      eos_id=self.eot_token_id, stop=StopStrings(list(until), self.tok_decode))
+        context = (prompt or [self.prefix_token_id])[-(self.max_length - max_new):]
+        items, _ = self._decode(Sampling())([context], max_new, eos_id=self.eot_token_id,
+                                            stop=StopStrings(list(until), self.tok_decode))
         return items[0].tokens
 
 

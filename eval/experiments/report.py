@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from eval.experiments.findings import all_findings
+from eval.experiments.hyperparameter_curves import curves_figure, hyperparameter_report
 from eval.experiments.report_folder import check_out, clear_report
 from eval.experiments.report_markdown import markdown
 from eval.experiments.report_tables import configuration_table, correlation, elasticity_points, group, speculative_table
@@ -132,7 +133,7 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
     points = elasticity_points(results)
     correlations = {k: correlation(points, k) for k in ("exit_degradation", "skip_degradation")}
     machine = json.loads((root / "machine.json").read_text()) if (root / "machine.json").is_file() else {}
-    sweep_file = root / "sweep.yaml"
+    sweep_file = root / "sweep.yaml" if (root / "sweep.yaml").is_file() else root / "tune.yaml"  # layerdrop tune's
     prepare = (yaml.safe_load(sweep_file.read_text()).get("data") or {}).get("prepare") if sweep_file.is_file() else None
     report = {
         "sweep": str(root), "machine": machine, "skipped_runs": skipped, "model": model_summary(results),
@@ -143,6 +144,7 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
         "speculative": speculative_table(configurations),
         "exit_curves": exit_curves(configurations), "skip_curves": skip_curves(configurations),
         "heatmaps": heatmaps(configurations),
+        "hyperparameters": hyperparameter_report(results),
         "runs": [run_row(r) for r in results],
         "curves": [{"run": r.name, "label": r.label, **{k: r.curve.get(k, []) for k in
                                                         ("step", "training_flops", "val_loss")}} for r in results],
@@ -184,6 +186,9 @@ def write_images(report: dict, out: Path) -> dict[str, str]:
                                             report["elasticity"]["correlations"])
     if report["heatmaps"]:
         written["heatmaps"] = plots.save(plots.heatmap_figure, images / "heatmaps.png", report["heatmaps"])
+    for key, found in report["hyperparameters"]["curves"].items():
+        name = f"loss_vs_{key.split('.')[-1]}"
+        written[name] = plots.save(curves_figure, images / f"{name}.png", found, key)
     return {name: str(path.relative_to(out)) for name, path in written.items()}
 
 

@@ -7,8 +7,10 @@ import pytest
 import torch
 
 from eval.adapters.exit_adapters import ExitAdapters
-from eval.generation import BatchGenerator, StaticRoute
-from eval.speculative import ExitDraft, SelfSpeculativeDecoder, SkipDraft
+from eval.decoding.batch import BatchGenerator
+from eval.decoding.drafts import ExitDraft, SkipDraft
+from eval.decoding.speculative import SelfSpeculativeDecoder
+from eval.decoding.static_route import StaticRoute
 from framework.checkpoint import load_decoder
 from hf_llama import VOCAB, tiny_hf_llama
 

@@ -17,7 +17,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 from eval.downstream.lm_eval_adapter import LayerDropLM, find_tokenizer  # noqa: E402
 from framework.checkpoint import CheckpointError, load_decoder  # noqa: E402
 from eval.downstream.multiple_choice import encode_pair, read_examples, score_examples  # noqa: E402
-from eval.sampling import Sampling  # noqa: E402
+from eval.decoding.sampling import Sampling  # noqa: E402
 from tests.eval.tiny_lm import FIXTURES, TASKS, export_tiny_model  # noqa: E402
 
 ALL_TASKS = ["ld_tiny_mc", "ld_tiny_loglik", "ld_tiny_rolling", "ld_tiny_gen"]

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eval.experiments.report import main as report_main
 from eval.experiments.sweep import main as sweep_main
-from eval.experiments.tune import load_tune, main
 from eval.experiments.sweep_spec import SweepError
+from eval.experiments.tune import load_tune, main
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "recipes" / "tiny.yaml"
@@ -176,3 +177,22 @@ def test_tune_adopts_a_grid_already_run_and_finishes_for_real(tmp_path, prepared
     recipe = yaml.safe_load((root / "tuned.yaml").read_text())
     assert recipe["model"]["parametrization"]["lr"] == lr and recipe["model"]["decoder"]["init_std"] == std
     assert "layerdrop tune" in json.loads((root / "machine.json").read_text())["commands"][-1]
+
+    # The report of the tuning folder: loss vs lr and vs init_std, from the runs' own evaluations.
+    assert report_main([str(root), "--out", str(tmp_path / "report")]) == 0
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    curves = report["hyperparameters"]["curves"]
+    (lr_curve,) = curves[LR]
+    assert [(p["value"], p["mean"]) for p in lr_curve["points"]] == [
+        (v, loss[f"lr={v},init_std=0.02,seed=0"]) for v in (0.003, 0.03)]
+    (std_curve,) = curves[STD]
+    assert std_curve["optimum"] == std and std_curve["label"] == f"lr={lr}"
+    assert (tmp_path / "report" / "images" / "loss_vs_lr.png").is_file()
+    assert "## Loss vs η" in (tmp_path / "report" / "README.md").read_text()
+    # Continued elsewhere from the committed report: every run adopted, none trained, the same choice.
+    capsys.readouterr()
+    other = tmp_path / "elsewhere"
+    assert main([str(tune), "--out", str(other), "--done-from", str(tmp_path / "report")]) == 0
+    assert "adopted" in capsys.readouterr().out
+    assert not any((p / "logs").exists() for p in (other / "runs").iterdir())
+    assert json.loads((other / "tune.json").read_text())["chosen"] == {LR: lr, STD: std}

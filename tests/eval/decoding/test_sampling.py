@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from eval.sampling import Sampling, draw, row_generators, uniforms
+from eval.decoding.sampling import Sampling, draw, row_generators, uniforms
 
 
 def test_greedy_is_the_argmax():

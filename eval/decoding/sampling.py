@@ -1,10 +1,13 @@
 """Choosing the next token: greedy, or sampling with temperature, top-k and top-p.
 
-Every sequence of a batch draws from its own ``torch.Generator``, seeded from (seed,
-the sequence's number): a prompt's sampled continuation is the same whether it is
-decoded alone or in any batch, and the same run after run. A draw is the inverse CDF
-of one uniform number per sequence, which keeps the per-sequence streams apart
-without one sampling call per row.
+Every sequence of a batch draws from its own ``torch.Generator``, seeded by default
+from (seed, the prompt's tokens): a prompt's sampled continuation is the same whether
+it is decoded alone, in any batch, or anywhere in a prompts file, and the same run
+after run (the same prompt twice gives the same text twice). Seeding from (seed, the
+sequence's position in the input) instead (``SEED_BY`` "position") gives repeated
+prompts different texts, and then a prompt's text depends on where it is. A draw is
+the inverse CDF of one uniform number per sequence, which keeps the per-sequence
+streams apart without one sampling call per row.
 
 The filtered distribution (top-k, then top-p over what is left, renormalised) is also
 what self-speculative decoding's rejection step compares draft and target with, so a
@@ -13,12 +16,16 @@ sampled speculative run keeps the filtered target distribution.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
-# Keeps the seeds of neighbouring sequences apart (any odd constant would do).
+# Keeps the seeds of neighbouring positions apart (any odd constant would do).
 _SEED_STRIDE = 1_000_003
+SEED_BY = ("prompt", "position")
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,7 @@ class Sampling:
             probs = probs / probs.sum(-1, keepdim=True)
         return probs
 
-    def choose(self, logits: torch.Tensor, generators: list[torch.Generator]
+    def choose(self, logits: torch.Tensor, generators: list[torch.Generator | None]
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Next tokens [R] for logits [R, V], and the distribution drawn from (None if greedy)."""
         if self.greedy:
@@ -69,14 +76,33 @@ class Sampling:
         return draw(probs, uniforms(generators, probs.device)), probs
 
 
-def row_generators(seed: int, rows: list[int]) -> list[torch.Generator]:
-    """One generator per sequence number in ``rows``."""
-    return [torch.Generator().manual_seed(seed * _SEED_STRIDE + row) for row in rows]
+def sequence_seed(seed: int, key: int | Sequence[int]) -> int:
+    """The seed of one sequence's stream: from its position (an int ``key``) or from its
+    prompt (a token list: a hash of the seed and the tokens, the same in every process)."""
+    if isinstance(key, int):
+        return seed * _SEED_STRIDE + key
+    digest = hashlib.blake2b(json.dumps([int(seed), [int(t) for t in key]]).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # a non-negative 63-bit seed
 
 
-def uniforms(generators: list[torch.Generator], device: torch.device | str = "cpu") -> torch.Tensor:
-    """One U[0, 1) number per generator, as a [R] float64 tensor on ``device``."""
-    values = [float(torch.rand((), generator=g, dtype=torch.float64)) for g in generators]
+def sequence_keys(prompts: Sequence[Sequence[int]], numbers: Sequence[int] | None, seed_by: str) -> list:
+    """What each sequence's stream is seeded from (see the module docstring)."""
+    if seed_by not in SEED_BY:
+        raise ValueError(f"seed_by={seed_by!r} is invalid: allowed: {', '.join(SEED_BY)}")
+    if seed_by == "prompt":
+        return [list(p) for p in prompts]
+    return list(numbers if numbers is not None else range(len(prompts)))
+
+
+def row_generators(seed: int, keys: Sequence[int | Sequence[int]]) -> list[torch.Generator]:
+    """One generator per sequence, seeded from ``sequence_seed(seed, key)``."""
+    return [torch.Generator().manual_seed(sequence_seed(seed, key)) for key in keys]
+
+
+def uniforms(generators: list[torch.Generator | None], device: torch.device | str = "cpu") -> torch.Tensor:
+    """One U[0, 1) number per generator, as a [R] float64 tensor on ``device`` (0.5, drawn
+    from nothing, for a row whose draw is not used: its stream stays untouched)."""
+    values = [float(torch.rand((), generator=g, dtype=torch.float64)) if g is not None else 0.5 for g in generators]
     return torch.tensor(values, dtype=torch.float64, device=device)
 
 
@@ -90,4 +116,4 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return torch.minimum(index, last)
 
 
-__all__ = ["Sampling", "row_generators", "uniforms", "draw"]
+__all__ = ["SEED_BY", "Sampling", "sequence_seed", "sequence_keys", "row_generators", "uniforms", "draw"]

@@ -22,7 +22,7 @@ The objective is cheap, no decoding:
 The draft in decoding reads the full model's K/V for past positions where the teacher-
 forced pass uses its own, so the estimate is an estimate (exact for early-exit drafts,
 whose layers are the full model's): the winners are confirmed by real decoding
-(eval/speculate.py times it), which gives the measured speedup. The LayerSkip-style
+(eval/decoding/speedup.py times it), which gives the measured speedup. The LayerSkip-style
 early-exit draft is estimated the same way at every exit layer.
 """
 
@@ -40,9 +40,9 @@ import torch
 
 from framework.atomic_write import write_json
 from eval import options
-from eval.generation import BatchGenerator, left_padded
-from eval.speculate import compare
-from eval.speculative import SkipDraft
+from eval.decoding.batch import BatchGenerator, left_padded
+from eval.decoding.drafts import SkipDraft
+from eval.decoding.speedup import compare
 from framework.model import Decoder
 
 COSTS = ("measured", "layers")

@@ -9,9 +9,10 @@ import json
 import pytest
 import torch
 
-from eval.search import (METHODS, BudgetedObjective, BudgetExhausted, CalibrationObjective, DraftCosts, main,
+from eval.decoding.draft_search import (METHODS, BudgetedObjective, BudgetExhausted, CalibrationObjective, DraftCosts, main,
                          replay_rounds, run_search, skip_set)
-from eval.speculative import ExitDraft, SelfSpeculativeDecoder
+from eval.decoding.drafts import ExitDraft
+from eval.decoding.speculative import SelfSpeculativeDecoder
 from framework.checkpoint import export_decoder
 from framework.config import ModelConfig
 from framework.model import Decoder
@@ -160,7 +161,7 @@ def test_objective_of_the_full_model_accepts_everything(model, prompts):
 def test_measured_costs_are_the_fastest_runs_relative_to_one_full_step(model, monkeypatch):
     """A fake clock charges each forward 1 + 0.5 per extra token (times 0.2 with no block
     run) and slows the first two runs down: the costs must be those charges, relative."""
-    import eval.search as search_module
+    import eval.decoding.draft_search as search_module
 
     clock = {"now": 0.0, "calls": 0}
 

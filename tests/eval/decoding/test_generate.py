@@ -13,8 +13,10 @@ import json
 import pytest
 
 from eval.adapters.exit_adapters import ExitAdapters, save_adapters
-from eval.generate import Streamer, main, parse_mode
-from eval.generation import BatchGenerator, StaticRoute
+from eval.decoding import modes
+from eval.decoding.generate import Streamer, main
+from eval.decoding.batch import BatchGenerator
+from eval.decoding.static_route import StaticRoute
 from eval.tokenizer import TextCodec
 from framework.checkpoint import load_decoder
 from tiny_lm import export_tiny_model
@@ -123,12 +125,26 @@ def test_a_prompts_file_gives_jsonl_in_order(model_dir, capsys, tmp_path):
     model, _ = load_decoder(model_dir)
     codec = TextCodec.for_checkpoint(model_dir)
     for number, row in enumerate(rows):  # each row as its prompt decoded alone, with its own seed
-        from eval.sampling import Sampling
+        from eval.decoding.sampling import Sampling
 
         alone = BatchGenerator(model, StaticRoute(model), sampling=Sampling(0.8, 20), seed=1)
         items, _ = alone.generate([codec.encode_prompt(row["prompt"])], 5, eos_id=codec.eos_id, numbers=[number])
         assert row["tokens"] == items[0].tokens and row["text"] == codec.decode(items[0].tokens)
         assert row["finish_reason"] in ("eos", "length")
+
+
+def test_a_sampled_prompt_gives_the_same_text_alone_and_in_a_file(model_dir, capsys, tmp_path):
+    prompts = tmp_path / "two.txt"
+    prompts.write_text("def main(\nThe quick brown fox\n")
+    sampled = ["--temperature", 1, "--seed", 5, "--max-new-tokens", 12, "--ignore-eos"]
+    code, out = run(["--ckpt", model_dir, "--prompts", prompts, *sampled], capsys)
+    assert code == 0, out.err
+    in_file = [json.loads(line)["text"] for line in out.out.splitlines()][1]
+    code, out = run(["--ckpt", model_dir, "--prompt", "The quick brown fox", "--no-echo", *sampled], capsys)
+    assert code == 0 and out.out == in_file + "\n"
+    code, out = run(["--ckpt", model_dir, "--prompt", "The quick brown fox", "--no-echo", "--seed-by", "position",
+                     "--prompt", "The quick brown fox", *sampled], capsys)
+    assert code == 0 and len(set(out.out.split("\n\n"))) == 2  # by position, repeated prompts differ
 
 
 def test_stdin_is_the_prompt(model_dir, reference, capsys, monkeypatch):
@@ -179,10 +195,14 @@ def test_an_empty_prompts_file_names_the_flag_and_the_file(model_dir, capsys, tm
 
 
 def test_parse_mode():
-    assert parse_mode("full", 4) == ("full", None)
-    assert parse_mode("exit:4", 4) == ("exit", 4)
-    assert parse_mode("skip:1-2", 4) == ("skip", (1, 2))
-    assert parse_mode("skip:alternate-odd", 4) == ("skip", (1, 3))
+    def parsed(spec):
+        mode, value = modes.parse(spec, 4)
+        return mode.name, value
+
+    assert parsed("full") == ("full", None)
+    assert parsed("exit:4") == ("exit", 4)
+    assert parsed("skip:1-2") == ("skip", (1, 2))
+    assert parsed("skip:alternate-odd") == ("skip", (1, 3))
 
 
 def test_the_streamer_holds_back_a_possible_stop_string():

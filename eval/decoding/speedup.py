@@ -1,6 +1,6 @@
 """`layerdrop speculate run`: self-speculative decoding timed against plain decoding.
 
-The algorithm is eval/speculative.py's; this is its timing harness and command. Both
+The algorithm is eval/decoding/speculative.py's; this is its timing harness and command. Both
 decoders run the same prompts in the same process, interleaved, in batches of
 ``--batch-size`` (the paper's speedups are batch 1, the default), each timed as the
 median of ``--repeats`` runs after a warm-up; the report's keys are fixed in DESIGN.md
@@ -19,9 +19,12 @@ import torch
 
 from framework.atomic_write import write_json
 from eval import options
-from eval.generation import BatchGenerator, GenerationStats, StaticRoute
-from eval.sampling import Sampling
-from eval.speculative import AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, make_draft
+from eval.decoding.batch import BatchGenerator
+from eval.decoding.drafts import Draft, make_draft
+from eval.decoding.sampling import Sampling
+from eval.decoding.speculative import AdaptiveThreshold, SelfSpeculativeDecoder
+from eval.decoding.static_route import StaticRoute
+from eval.decoding.transcripts import GenerationStats
 from framework.model import Decoder
 
 
@@ -42,7 +45,7 @@ class Comparison:
     tokens: int = 0
 
 
-def compare(model: Decoder, draft: SkipDraft | ExitDraft, prompts: Sequence[torch.Tensor | Sequence[int]], *,
+def compare(model: Decoder, draft: Draft, prompts: Sequence[torch.Tensor | Sequence[int]], *,
             max_new_tokens: int = 64, gamma: int = 5, adaptive: AdaptiveThreshold | None = None,
             temperature: float = 0.0, sampling: Sampling | None = None, repeats: int = 3, warmup: int = 1,
             seed: int = 0, batch_size: int = 1, eos_id: int | None = None,
@@ -84,7 +87,7 @@ def compare(model: Decoder, draft: SkipDraft | ExitDraft, prompts: Sequence[torc
                    batch_size=batch_size)
 
 
-def _report(model: Decoder, draft: SkipDraft | ExitDraft, decoder: SelfSpeculativeDecoder, result: Comparison,
+def _report(model: Decoder, draft: Draft, decoder: SelfSpeculativeDecoder, result: Comparison,
             *, max_new_tokens: int, repeats: int, batch_size: int) -> dict:
     spec, plain, greedy = result.spec, result.plain, decoder.sampling.greedy
     draft_forward = spec.draft_seconds / spec.draft_steps if spec.draft_steps else float("nan")

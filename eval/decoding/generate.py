@@ -7,21 +7,8 @@
     layerdrop generate --ckpt CKPT --prompt "def main(" --mode dynamic --threshold 0.8
     layerdrop generate --ckpt CKPT --prompts prompts.jsonl --batch-size 16 --out out.jsonl
 
-Modes (blocks are numbered 0..L-1; exit K runs blocks 0..K-1):
-    full            every block
-    exit:K          early exit after K blocks (K in 1..L); with --adapters, through the
-                    Balcony adapter at K
-    skip:SET        the blocks of SET passed through (2,5 / 1-3 / alternate-odd)
-    speculative     self-speculative decoding: a draft proposes --gamma tokens, the full
-                    model verifies them in one forward; greedy output is identical to
-                    ``full``, sampled output has its distribution. --draft exit:E |
-                    skip:SET | adapter:E; default: exit at E = round(L/3), or the adapter
-                    exit nearest L/3 with --adapters
-    dynamic         per-token confident early exit (eval/dynamic_exit.py): a token leaves
-                    at the first candidate exit (--exits; default ~L/4, L/2, 3L/4, or the
-                    adapters' exits) whose head is confident (top-1 minus top-2
-                    probability >= --threshold, default 0.9; 1 = never early, 0 = always
-                    at the first candidate)
+Modes (blocks are numbered 0..L-1; exit K runs blocks 0..K-1): see the list below
+(eval/decoding/modes/ holds one module per mode).
 
 A prompt starts a new document (the EOS token goes first, as between training
 documents). Generation stops at EOS, at any --stop string (cut from the text), or
@@ -40,29 +27,12 @@ from pathlib import Path
 from framework.atomic_write import write_json
 from eval import options
 
-MODES = ("full", "exit:K", "skip:SET", "speculative", "dynamic")
-
-
-def parse_mode(spec: str, num_layers: int) -> tuple[str, object]:
-    """("full", None) | ("exit", K) | ("skip", SET) | ("speculative", None) | ("dynamic", None)."""
-    from eval.skip_sets import parse_skip_set
-
-    kind, _, value = spec.partition(":")
-    if spec in ("full", "speculative", "dynamic"):
-        return spec, None
-    if kind == "exit" and value.strip().isdigit():
-        k = int(value)
-        if not 1 <= k <= num_layers:
-            raise ValueError(f"--mode {spec!r} is invalid: K must be in 1..{num_layers} (exit K runs blocks "
-                             f"0..K-1; the model has {num_layers} layers)")
-        return "exit", k
-    if kind == "skip" and value:
-        return "skip", parse_skip_set(value, num_layers)
-    raise ValueError(f"--mode {spec!r} is invalid: allowed: {', '.join(MODES)} (e.g. exit:2, skip:1,3)")
-
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerdrop generate", description=__doc__.split(":", 1)[1].strip(),
+    from eval.decoding import modes
+
+    description = __doc__.split(":", 1)[1].strip() + "\n\nModes:\n" + modes.help_lines()
+    p = argparse.ArgumentParser(prog="layerdrop generate", description=description,
                                 epilog=f"Layer numbering: {options.LAYERS}.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_checkpoint(p)
@@ -72,14 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--prompts", metavar="FILE",
                         help="prompts: one a line, a .jsonl file with a \"text\" field, or a .json list "
                              "(- reads lines from stdin)")
-    p.add_argument("--mode", default="full", metavar="MODE",
-                   help="full (default), exit:K (K in 1..L), skip:SET (block indices 0..L-1), speculative, dynamic")
+    p.add_argument("--mode", default="full", metavar="MODE", help=f"one of: {modes.allowed()} (default full)")
     p.add_argument("--draft", default=None, metavar="SPEC",
                    help="speculative draft: exit:E, skip:SET or adapter:E (default: exit at E = round(L/3); with "
                         "--adapters the adapter exit nearest L/3)")
-    p.add_argument("--gamma", type=int, default=5, help="speculative: draft tokens per round (default 5)")
+    p.add_argument("--gamma", type=int, default=None, help="speculative: draft tokens per round (default 5)")
     p.add_argument("--adaptive", action="store_true", help="speculative: stop drafting on low draft confidence")
-    p.add_argument("--threshold", type=float, default=0.9,
+    p.add_argument("--threshold", type=float, default=None,
                    help="dynamic: exit when top-1 minus top-2 probability >= this (in [0, 1]; default 0.9)")
     p.add_argument("--exits", default=None, metavar="K,K",
                    help="dynamic: candidate exits, each in 1..L-1 (default: ~L/4, L/2, 3L/4, or the adapters')")
@@ -88,7 +57,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens")
     p.add_argument("--top-p", type=float, default=None, help="sample from the smallest set holding this mass")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed (the same seed gives the same text)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="sampling seed: each prompt draws from its own stream, seeded from the seed and what "
+                        "--seed-by says (the same seed gives the same text)")
+    p.add_argument("--seed-by", choices=("prompt", "position"), default="prompt",
+                   help="prompt (default): the seed and the prompt's tokens, so a prompt gives the same text alone, "
+                        "in any batch and anywhere in a file (the same prompt twice: the same text twice); "
+                        "position: the seed and the prompt's position in the input (0, 1, ...), so repeated "
+                        "prompts give different texts")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when the text contains this (repeatable; cut from the output)")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-text token")
@@ -122,8 +98,10 @@ def _prompt_texts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from eval.decoding import modes
+    from eval.decoding.dynamic_exit import check_threshold
+    from eval.decoding.sampling import Sampling
     from eval.inputs import ContextLimit, check_vocabulary
-    from eval.sampling import Sampling
     from eval.tokenizer import TextCodec
     from framework.checkpoint import CheckpointError, load_decoder, read_model_config
 
@@ -135,21 +113,21 @@ def main(argv: list[str] | None = None) -> int:
     device = options.resolve_device(parser, args.device)
     options.apply_threads(args.threads)
     try:
-        from eval.dynamic_exit import check_threshold
-
-        check_threshold(args.threshold)
+        if args.threshold is not None:
+            check_threshold(args.threshold)
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
         rows, from_file = _prompt_texts(parser, args)
         codec = TextCodec.for_checkpoint(args.ckpt, args.tokenizer, args.eot_token)
         cfg = read_model_config(args.ckpt)
-        mode = parse_mode(args.mode, cfg.n_layers)
+        mode, value = modes.parse(args.mode, cfg.n_layers)
+        modes.refuse_unread(mode, _settings(args, sampling, args.adapters), args.mode)
         args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         prompts = [codec.encode_prompt(r) if isinstance(r, str) else list(r) for r in rows]
         check_vocabulary(prompts, cfg.vocab_size)
         limit = ContextLimit(cfg.max_seq_len)
         prompts = [limit.fit(p, reserve=args.max_new_tokens) for p in prompts]
         model, cfg = load_decoder(args.ckpt, map_location=device)
-        decode = _decoder(model, mode, args, sampling)
+        decode = mode.build(model, value, _settings(args, sampling, _adapters(args.adapters, model)))
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         parser.error(str(err))
     limit.report()
@@ -169,46 +147,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _decoder(model, mode: tuple[str, object], args: argparse.Namespace, sampling):
-    """The ``generate(prompts, max_new_tokens, **kw)`` callable of the chosen mode."""
-    from eval.generation import BatchGenerator, StaticRoute
+def _settings(args: argparse.Namespace, sampling, adapters):
+    """What the mode may read; ``adapters`` is the --adapters path before the model
+    loads (only whether it was given matters then), the loaded adapters after."""
+    from eval.decoding.modes import Settings
 
-    kind, value = mode
-    adapters = None
-    if args.adapters is not None:
-        from eval.adapters.exit_adapters import load_adapters
-
-        adapters = load_adapters(args.adapters, model)[0]
-    if kind == "speculative":
-        from eval.speculative import SelfSpeculativeDecoder, make_draft
-
-        draft = make_draft(args.draft, len(model.blocks), adapters)
-        return SelfSpeculativeDecoder(model, draft, gamma=args.gamma, sampling=sampling, seed=args.seed,
-                                      adaptive=_adaptive() if args.adaptive else None).generate_batch
-    if args.draft is not None:
-        raise ValueError("--draft is for --mode speculative")
-    if kind == "dynamic":
-        from eval.dynamic_exit import DynamicExit
-        from eval.measurements.exits import parse_exit_layers
-
-        exits = parse_exit_layers(args.exits, len(model.blocks)) if args.exits else None
-        route = DynamicExit(model, threshold=args.threshold, exits=exits, adapters=adapters)
-    elif kind == "exit":
-        adapter = None
-        if adapters is not None and value != len(model.blocks):
-            if value not in adapters.exits:
-                raise ValueError(f"--mode exit:{value} has no adapter: the adapters' exits are {adapters.exits}")
-            adapter = adapters.blocks[str(value)]
-        route = StaticRoute(model, exit_layer=value, adapter=adapter)
-    else:
-        route = StaticRoute(model, skip_layers=value or ())
-    return BatchGenerator(model, route, sampling=sampling, seed=args.seed).generate
+    return Settings(sampling=sampling, seed=args.seed, seed_by=args.seed_by, adapters=adapters, draft=args.draft, gamma=args.gamma,
+                    adaptive=args.adaptive, threshold=args.threshold, exits=args.exits)
 
 
-def _adaptive():
-    from eval.speculative import AdaptiveThreshold
+def _adapters(path: str | None, model):
+    if path is None:
+        return None
+    from eval.adapters.exit_adapters import load_adapters
 
-    return AdaptiveThreshold()
+    return load_adapters(path, model)[0]
 
 
 class Streamer:
@@ -244,7 +197,8 @@ class Streamer:
 
 
 def _run(decode, prompts, texts, codec, args, *, stream: bool):
-    from eval.generation import StopStrings, generate_in_batches
+    from eval.decoding.batch import generate_in_batches
+    from eval.decoding.transcripts import StopStrings
     from framework.progress import progress
 
     stop = StopStrings(args.stop, codec.decode)
@@ -263,7 +217,7 @@ def _run(decode, prompts, texts, codec, args, *, stream: bool):
 
 
 def _write(results, texts, args, from_file: bool, codec) -> None:
-    from eval.generation import StopStrings
+    from eval.decoding.transcripts import StopStrings
 
     stop = StopStrings(args.stop, codec.decode)
     if len(results) == 1 and not from_file and args.out is None:

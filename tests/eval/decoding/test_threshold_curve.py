@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eval.dynamic_curve import agreement, main
+from eval.decoding.threshold_curve import agreement, main
 from eval.measurements.exits import exit_losses
 from eval.inputs import ValidationData
 from framework.checkpoint import export_decoder, load_decoder

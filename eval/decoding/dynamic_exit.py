@@ -90,51 +90,37 @@ class DynamicExit:
 
     def prefill(self, model: Decoder, tokens: torch.Tensor, cache: KVCache, padding: torch.Tensor) -> None:
         """The prompt runs every layer (its K/V is exact), and every adapter on its exit."""
-        cache.mark_padding(padding)
-        bias = model.attention_bias(tokens.shape[1], cache)
-        states: list[torch.Tensor] = []
-        model.run_blocks(model.embed(tokens), range(self.num_layers), bias=bias, cache=cache, states=states)
-        for e in (self.adapters.exits if self.adapters is not None else ()):
-            self.adapters.blocks[str(e)](states[e - 1], bias, None, cache)
-        cache.advance(tokens.shape[1])
+        model.step(tokens, cache, padding=padding, exits=self._adapter_exits())
 
     def step(self, model: Decoder, tokens: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, V] of the next token after ``tokens`` [B, 1], and the blocks each
         row ran (its exit K, plus the adapter blocks it went through)."""
         rows = tokens.shape[0]
-        device = tokens.device
-        bias = model.attention_bias(tokens.shape[1], cache)
-        h = model.embed(tokens)
         if self.threshold >= 1.0:  # no token may leave early: the full model, no head before the last
-            h = model.run_blocks(h, range(self.num_layers), bias=bias, cache=cache)
-            cache.advance(tokens.shape[1])
-            return model.logits(h[:, -1]), torch.full((rows,), self.num_layers, dtype=torch.long)
-        active = torch.arange(rows, device=device)
-        out: torch.Tensor | None = None
-        blocks = torch.zeros(rows, dtype=torch.long)
-        start = 0
-        for e in [*self.candidates, self.num_layers]:
-            subset = None if active.numel() == rows else active
-            h = model.run_blocks(h, range(start, e), bias=bias, cache=cache, rows=subset)
-            blocks[active.cpu()] += e - start
-            start = e
-            if e == self.num_layers:
-                read = h
-            else:
-                adapter = self._adapter(e)
-                read = h if adapter is None else adapter(h, bias, None, cache, subset)
-                if adapter is not None:
-                    blocks[active.cpu()] += 1
-            if active.numel() == 0:
-                continue  # every row has left: only the K/V of the layers below remain to write
-            logits = model.logits(read[active, -1])
-            leave = self._leaves(logits) if e < self.num_layers else torch.ones_like(active, dtype=torch.bool)
-            if out is None:
-                out = logits.new_zeros(rows, logits.shape[-1])
-            out[active[leave]] = logits[leave]
-            active = active[~leave]
-        cache.advance(tokens.shape[1])
-        return out, blocks
+            out = model.step(tokens, cache)
+            return model.logits(out.hidden[:, -1]), torch.full((rows,), self.num_layers, dtype=torch.long)
+        logits: list[torch.Tensor | None] = [None] * rows
+        blocks = torch.full((rows,), self.num_layers + (len(self.candidates) if self.adapters else 0),
+                            dtype=torch.long)
+        passed = {e: number for number, e in enumerate(self.candidates, start=1)}
+
+        def leave(exit_layer: int, running: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+            head = model.logits(read[:, -1])
+            leaving = self._leaves(head)
+            for row, row_logits in zip(running[leaving].tolist(), head[leaving]):
+                logits[row] = row_logits
+                blocks[row] = exit_layer + (passed[exit_layer] if self.adapters else 0)
+            return leaving
+
+        out = model.step(tokens, cache, exits={e: self._adapter(e) for e in self.candidates}, leave=leave)
+        if out.running is None or out.running.numel():
+            still = torch.arange(rows, device=tokens.device) if out.running is None else out.running
+            for row, row_logits in zip(still.tolist(), model.logits(out.hidden[still, -1])):
+                logits[row] = row_logits
+        return torch.stack(logits), blocks  # type: ignore[arg-type]
+
+    def _adapter_exits(self) -> dict:
+        return {e: self._adapter(e) for e in self.adapters.exits} if self.adapters is not None else {}
 
 
 @torch.inference_mode()

@@ -3,7 +3,7 @@
 For each threshold, the quantities a user needs to pick one:
 
 - ``layers_per_token``: blocks a generated token runs on average (greedy decoding of
-  the prompts, with ``eval.dynamic_exit.DynamicExit``);
+  the prompts, with ``eval.decoding.dynamic_exit.DynamicExit``);
 - ``agreement``: the share of positions where that decoding writes the same token as
   full-model greedy decoding of the same prompts, and ``prefix_agreement``, the share
   written before the first difference (every later token has another context);
@@ -29,8 +29,9 @@ import torch
 
 from framework.atomic_write import write_json
 from eval import options
-from eval.dynamic_exit import DynamicExit, check_threshold, dynamic_forward
-from eval.generation import BatchGenerator, StaticRoute, generate_in_batches
+from eval.decoding.batch import BatchGenerator, generate_in_batches
+from eval.decoding.dynamic_exit import DynamicExit, check_threshold, dynamic_forward
+from eval.decoding.static_route import StaticRoute
 from framework.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
 from framework.model import Decoder
 

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from eval.adapters.exit_adapters import ExitAdapters
-from eval.dynamic_exit import DynamicExit, confidence, default_candidates, dynamic_forward
-from eval.generation import BatchGenerator, StaticRoute
+from eval.decoding.dynamic_exit import DynamicExit, confidence, default_candidates, dynamic_forward
+from eval.decoding.batch import BatchGenerator
+from eval.decoding.static_route import StaticRoute
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from test_generation import LAYERS, VOCAB, tiny_model  # noqa: E402
+from test_batch import LAYERS, VOCAB, tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from eval.adapters.exit_adapters import ExitAdapters
-from eval.generation import (BatchGenerator, StaticRoute, StopStrings, Transcripts, generate_in_batches,
-                             left_padded)
-from eval.sampling import Sampling
+from eval.decoding.batch import BatchGenerator, generate_in_batches, left_padded
+from eval.decoding.static_route import StaticRoute
+from eval.decoding.transcripts import StopStrings, Transcripts
+from eval.decoding.sampling import Sampling
 from framework.config import ModelConfig
 from framework.model import Decoder
 
@@ -98,6 +99,25 @@ def test_sampled_continuations_do_not_depend_on_the_batch(model, prompts):
     other, _ = BatchGenerator(model, sampling=sampling, seed=8).generate(prompts, 15)
     assert [i.tokens for i in other] != [i.tokens for i in batched]
     assert [i.tokens for i in batched] != [slow_greedy(model, p, 15) for p in prompts]
+
+
+def test_a_sampled_prompt_gives_its_text_at_any_position_and_alone(model, prompts):
+    """Seeded from the prompt's tokens (the default): its place in the input changes nothing."""
+    generator = BatchGenerator(model, sampling=Sampling(temperature=1.0), seed=5)
+    batched, _ = generator.generate(prompts, 12)
+    for prompt, item in zip(prompts, batched):
+        assert generator.generate([prompt], 12)[0][0].tokens == item.tokens
+    twice, _ = generator.generate([prompts[2], prompts[2]], 12)
+    assert twice[0].tokens == twice[1].tokens == batched[2].tokens
+
+
+def test_seeding_by_position_gives_repeated_prompts_their_own_texts(model, prompts):
+    generator = BatchGenerator(model, sampling=Sampling(temperature=1.0), seed=5, seed_by="position")
+    twice, _ = generator.generate([prompts[2], prompts[2]], 12)
+    assert twice[0].tokens != twice[1].tokens
+    assert generator.generate([prompts[2]], 12, numbers=[1])[0][0].tokens == twice[1].tokens
+    with pytest.raises(ValueError, match="seed_by='index' is invalid: allowed: prompt, position"):
+        BatchGenerator(model, seed_by="index")
 
 
 def test_in_batches_keeps_the_prompts_order_and_their_outputs(model, prompts):

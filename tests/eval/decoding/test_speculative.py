@@ -14,12 +14,13 @@ import re
 import pytest
 import torch
 
-from eval.speculate import compare, main
-from eval.adapters.exit_adapters import ExitAdapters
-from eval.generation import BatchGenerator, StopStrings
-from eval.speculative import (AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, default_draft_exit,
-                              make_draft, plain_decode)
-from eval.adapters.exit_adapters import save_adapters
+from eval.adapters.exit_adapters import ExitAdapters, save_adapters
+from eval.decoding.batch import BatchGenerator
+from eval.decoding.drafts import ExitDraft, SkipDraft, default_draft_exit, make_draft
+from eval.decoding.sampling import Sampling
+from eval.decoding.speculative import AdaptiveThreshold, SelfSpeculativeDecoder, plain_decode
+from eval.decoding.speedup import compare, main
+from eval.decoding.transcripts import StopStrings
 from eval.tokenizer import TextCodec
 from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
@@ -84,7 +85,7 @@ def adapters(model):
 @pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
 def test_a_batch_of_prompts_of_different_lengths_is_token_identical_to_plain_greedy(
         model, prompts_and_references, adapters, draft, adaptive):
-    """One padded batch; rows keep the shortest accepted prefix of the batch each round."""
+    """One padded batch; each row keeps its own accepted prefix each round."""
     prompts = [p.tolist() for p, _ in prompts_and_references]
     controller = AdaptiveThreshold(target=0.6, threshold=0.3) if adaptive else None
     decoder = SelfSpeculativeDecoder(model, make_draft(draft, NUM_LAYERS, adapters), gamma=4, adaptive=controller)
@@ -127,19 +128,19 @@ def test_empty_skip_set_accepts_every_draft_token(model, prompts_and_references)
     assert stats.rounds == math.ceil(19 / 5)  # 4 drafted + 1 from the verifier per round
 
 
-def test_verification_is_one_full_forward_per_round(model, prompts_and_references):
+def test_verification_is_one_full_forward_per_round(model, prompts_and_references, monkeypatch):
     full_calls = []
+    step = model.step
 
-    def count(module, args, kwargs):
-        if not kwargs.get("skip_layers"):
-            full_calls.append(args[0].shape[1])
+    def count(inputs, cache, **kwargs):  # every forward of a route is one Decoder.step
+        if kwargs.get("layers") is None:
+            full_calls.append(inputs.shape[1])
+        return step(inputs, cache, **kwargs)
 
-    handle = model.register_forward_pre_hook(count, with_kwargs=True)
-    try:
-        prompt, reference = prompts_and_references[4]
-        out, stats = SelfSpeculativeDecoder(model, SkipDraft((1, 2)), gamma=3).generate(prompt, 20)
-    finally:
-        handle.remove()
+    monkeypatch.setattr(model, "step", count)
+    prompt, reference = prompts_and_references[4]
+    out, stats = SelfSpeculativeDecoder(model, SkipDraft((1, 2)), gamma=3).generate(prompt, 20)
+    monkeypatch.undo()
     assert out == reference
     assert len(full_calls) == 1 + stats.rounds  # the prefill, then one verify per round
     assert full_calls[0] == len(prompt)
@@ -217,13 +218,14 @@ def sampling_setup():
 @pytest.mark.parametrize("batched", [False, True], ids=["one_by_one", "one_batch"])
 def test_sampling_preserves_the_full_models_distribution(sampling_setup, batched):
     """Samples of (t2, t3): one sequence at a time (round 1 drafts t2, t3: a rejection at
-    either, or a bonus token), or all in one batch (which keeps the rows' shortest
-    accepted prefix: resampled or accepted-draft tokens, never a bonus). The draft's own
-    distribution is ~100 times the critical value away at 800 samples."""
+    either, or a bonus token), or all in one batch (each row its own stream, seeded by
+    its position: the prompts are all the same). The draft's own distribution is ~100
+    times the critical value away at 800 samples."""
     model, skip, prompt, exact, drafty = sampling_setup
     runs = 3000 if batched else 800
     if batched:
-        decoder = SelfSpeculativeDecoder(model, SkipDraft(skip), gamma=2, temperature=1.0, seed=0)
+        decoder = SelfSpeculativeDecoder(model, SkipDraft(skip), gamma=2, temperature=1.0, seed=0,
+                                         seed_by="position")
         items, stats = decoder.generate_batch([prompt.tolist()] * runs, 4)
         outputs, rejected = [item.tokens for item in items], stats.drafted - stats.accepted
     else:
@@ -242,6 +244,38 @@ def test_sampling_preserves_the_full_models_distribution(sampling_setup, batched
     assert stat < _critical_value(dof), f"χ²={stat:.1f} on {dof} dof against the full model"
     stat_draft, dof_draft = _chi_square(counts, drafty)
     assert stat_draft > _critical_value(dof_draft), "the test cannot tell the draft's distribution apart"
+
+
+@pytest.mark.parametrize("draft", ["skip:1,2", "exit:1", "adapter:2"])
+def test_a_prompts_sampled_text_is_the_same_alone_and_in_any_batch(model, prompts_and_references, adapters, draft):
+    """Each row keeps its own accepted prefix and draws only for its own drafts."""
+    prompts = [p.tolist() for p, _ in prompts_and_references]
+    decoder = SelfSpeculativeDecoder(model, make_draft(draft, NUM_LAYERS, adapters), gamma=3,
+                                     sampling=Sampling(temperature=1.0), seed=11)
+    batched, stats = decoder.generate_batch(prompts, 17)
+    assert stats.drafted > stats.accepted > 0  # rows were rejected at different places
+    for prompt, item in zip(prompts, batched):
+        assert decoder.generate_batch([prompt], 17)[0][0].tokens == item.tokens
+    pairs, _ = decoder.generate_batch(prompts[3:5], 17)
+    assert [i.tokens for i in pairs] == [i.tokens for i in batched[3:5]]
+
+
+@pytest.mark.parametrize("draft", ["skip:1,2", "exit:1", "exit:3", "adapter:2"])
+def test_layers_per_token_counts_the_blocks_that_ran(model, prompts_and_references, adapters, draft, monkeypatch):
+    """Σ over every block call of the positions it ran, less the prompt's prefill (the
+    first token is charged L, the forward of the prompt's last position)."""
+    prompt, _ = prompts_and_references[4]
+    ran = []
+    blocks = list(model.blocks) + list(adapters.blocks.values())
+    hooks = [block.register_forward_hook(lambda module, args, out: ran.append(out.shape[1])) for block in blocks]
+    try:
+        decoder = SelfSpeculativeDecoder(model, make_draft(draft, NUM_LAYERS, adapters), gamma=3)
+        _, stats = decoder.generate(prompt, 16)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    prefill = len(prompt) * (NUM_LAYERS + (draft.startswith("adapter")))
+    assert stats.block_evaluations == pytest.approx(sum(ran) - prefill + NUM_LAYERS)
 
 
 # --------------------------------------------------------------- reporting/CLI
