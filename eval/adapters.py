@@ -16,7 +16,7 @@ the optimizer; only the adapters' weights are saved (``adapters.safetensors`` pl
 ``adapters.json`` naming the backbone and the exits).
 
 Training runs in a LightningModule under the pretraining stack's Trainer, strategies
-(framework/strategies.py) and token data (framework/data.py).
+(framework/strategies/) and token data (framework/data.py).
 """
 
 from __future__ import annotations
