@@ -169,6 +169,18 @@ class ModelConfig:
     init_std: PositiveFloat = 0.02
     logit_multiplier: PositiveFloat = 1.0
     residual_multiplier: PositiveFloat = 1.0
+    # The block family (framework/families): "llama" is RMSNorm, RoPE, SwiGLU and
+    # grouped-query attention without biases; the fields below belong to it alone.
+    family: Literal["celerity", "llama"] = "celerity"
+    n_kv_heads: PositiveInt | None = None  # None: n_heads (no grouping)
+    ffn_hidden: PositiveInt | None = None  # None: ffn_mult · d_model (HF's intermediate_size)
+    tie_embeddings: bool = False
+    rope_theta: PositiveFloat = 10_000.0
+    rope_type: Literal["default", "llama3"] = "default"  # llama3: Llama-3.1's frequency scaling
+    rope_factor: PositiveFloat = 8.0
+    rope_low_freq_factor: PositiveFloat = 1.0
+    rope_high_freq_factor: PositiveFloat = 4.0
+    rope_original_max_seq_len: PositiveInt = 8192
 
     def __post_init__(self) -> None:
         validate(self)
@@ -177,14 +189,49 @@ class ModelConfig:
                 raise ValueError(f"n_heads={self.n_heads!r} is invalid: must divide d_model={self.d_model} "
                                  "when head_dim is not given")
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)  # resolved once, here
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads!r} is invalid: must divide n_heads={self.n_heads}")
+        if self.family == "celerity":
+            self._refuse_llama_fields()
+        elif self.bias:
+            raise ValueError("bias=True is invalid for family='llama': Llama blocks have no biases; set bias: false")
+        elif self.attention == "flex":  # FlexAttention here is ALiBi's kernel; Llama runs SDPA (flash on CUDA)
+            raise ValueError("attention='flex' is invalid for family='llama': allowed: auto, sdpa")
+        if self.rope_type == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
+            raise ValueError(f"rope_high_freq_factor={self.rope_high_freq_factor!r} is invalid: must be > "
+                             f"rope_low_freq_factor={self.rope_low_freq_factor!r}")
+
+    def _refuse_llama_fields(self) -> None:
+        """A Celerity decoder would ignore these: refused rather than silently dropped."""
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in ("ffn_hidden", "tie_embeddings", "rope_theta", "rope_type", "rope_factor",
+                     "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_seq_len"):
+            if getattr(self, name) != defaults[name]:
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid for family='celerity': "
+                                 "it is a field of family='llama'")
+        if self.n_kv_heads != self.n_heads:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads!r} is invalid for family='celerity': "
+                             "grouped-query attention is a field of family='llama'")
 
     @property
     def attn_dim(self) -> int:
         return self.n_heads * self.head_dim
 
     @property
+    def qkv_dim(self) -> int:
+        """Output width of the fused query/key/value projection (fewer K/V heads under GQA)."""
+        return (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+
+    @property
     def ffn_dim(self) -> int:
-        return self.ffn_mult * self.d_model
+        return self.ffn_hidden or self.ffn_mult * self.d_model
+
+    @property
+    def ffn_matrices(self) -> int:
+        """Weight matrices of the FFN: up and down (squared ReLU), gate, up and down (SwiGLU)."""
+        return 3 if self.family == "llama" else 2
 
     @classmethod
     def paper(cls, name: str, **overrides: Any) -> "ModelConfig":

@@ -55,13 +55,14 @@ class ModelSizes:
 
     @classmethod
     def of(cls, config: ModelConfig) -> "ModelSizes":
-        """Counted from the Decoder itself, built on the meta device (no memory)."""
+        """Counted from the config's decoder itself (its family's), built on the meta
+        device (no memory)."""
         import torch
 
-        from framework.model import Decoder
+        from framework.families import build_decoder
 
         with torch.device("meta"):
-            decoder = Decoder(config)
+            decoder = build_decoder(config)
         root = sum(p.numel() for name, p in decoder.named_parameters() if not name.startswith("blocks."))
         return cls(config, decoder.num_parameters(), root)
 

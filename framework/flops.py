@@ -2,11 +2,12 @@
 
 Counted: matrix multiplies, at 2 FLOPs per multiply-add.
 
-    per token, forward     attention: 2·d·3a (qkv) + 2·a·d (proj) + 2·a·k (QKᵀ) + 2·a·k (AV)
-                           FFN:       2·d·f (up) + 2·f·d (down)
+    per token, forward     attention: 2·d·(a + 2·a_kv) (qkv) + 2·a·d (proj) + 2·a·k (QKᵀ) + 2·a·k (AV)
+                           FFN:       2·d·f (up) + 2·f·d (down), and 2·d·f (gate) in SwiGLU
                            head:      2·d·V (unembedding; the embedding is a lookup: 0)
 
-with a = heads·head_dim, f = ffn_mult·d, and k the keys a query attends to. Training
+with a = heads·head_dim, a_kv = kv_heads·head_dim (= a without grouped-query
+attention), f the FFN width (ffn_mult·d, or the Llama family's ffn_hidden), and k the keys a query attends to. Training
 is 3× forward (the backward computes input and weight gradients, 2× forward each).
 Not counted: LayerNorms, biases, softmax, squared ReLU, the residual adds — O(d) per
 token against O(d²), well under 1% at the paper's sizes.
@@ -67,8 +68,8 @@ def block_flops_per_token(model_cfg: ModelConfig, seq_len: int, *, causal: bool 
     """FLOPs one block spends per token, attention and FFN separately."""
     d, a, f = model_cfg.d_model, model_cfg.attn_dim, model_cfg.ffn_dim
     keys = attended_keys(seq_len, causal)
-    attention = 2 * d * 3 * a + 2 * a * d + 2 * 2 * a * keys
-    ffn = 2 * 2 * d * f
+    attention = 2 * d * model_cfg.qkv_dim + 2 * a * d + 2 * 2 * a * keys
+    ffn = 2 * model_cfg.ffn_matrices * d * f
     passes = _passes(training)
     return Flops(attention=passes * attention, ffn=passes * ffn)
 

@@ -87,6 +87,22 @@ def summed_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor,
                        rows, labels.to(rows.device), chunk_tokens=chunk_tokens)
 
 
+class LogitWatch:
+    """Wraps a ``logits_fn`` to keep the largest logit it produced (detached, on its
+    device: no host synchronisation until someone reads ``max``). Training health
+    (framework/training_health.py) watches the loss's logits on its logging steps; a
+    chunk recomputed in backward yields the same maximum again."""
+
+    def __init__(self, logits_fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.logits_fn, self.max = logits_fn, None
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.logits_fn(hidden)
+        top = logits.detach().amax()
+        self.max = top if self.max is None else torch.maximum(self.max, top)
+        return logits
+
+
 def inference_chunk_tokens(vocab_size: int, d_model: int, on_gpu: bool) -> int:
     """Rows per logits chunk for evaluation (see the budgets above)."""
     if on_gpu:
@@ -111,5 +127,6 @@ def _summed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_ind
     return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction="sum")
 
 
-__all__ = ["chunked_sum", "chunked_cross_entropy", "exit_cross_entropies", "summed_cross_entropy", "inference_chunk_tokens",
+__all__ = ["chunked_sum", "LogitWatch", "chunked_cross_entropy", "exit_cross_entropies", "summed_cross_entropy",
+           "inference_chunk_tokens",
            "counted_tokens", "IGNORE_INDEX"]

@@ -38,11 +38,13 @@ from framework.config import (EarlyExitLossConfig, LayerDropoutConfig, ModelConf
 from framework.early_exit_loss import check_exits, configured_exits, exit_weights
 from framework.flops import Flops, dense_step_flops, executed_step_flops
 from framework.layer_dropout import DropPlan, StepKey, plan
-from framework.loss import chunked_cross_entropy, exit_cross_entropies
+from framework.loss import LogitWatch, chunked_cross_entropy, exit_cross_entropies
 from framework.lr_schedule import LRScheduleConfig, schedule_for
+from framework.families import build_decoder
 from framework.model import Decoder
 from framework.parametrization import init_decoder_, model_multipliers, param_groups
 from framework.schedules import dropout_rates
+from framework.training_health import is_health_step
 
 # ModelConfig fields that may differ between a checkpoint and the run resuming it:
 # kernel choice and context limit change no weight and no function of the weights.
@@ -70,6 +72,7 @@ class MicroBatchStats:
     executed: Flops
     dense: Flops
     exit_losses: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)  # detached, per exit K
+    max_logit: torch.Tensor | None = None  # on the steps training health logs at (a device scalar)
 
     @property
     def tokens(self) -> int:
@@ -96,6 +99,9 @@ class LayerDropModule(pl.LightningModule):
         loss_chunk_tokens: tokens per chunk of the cross-entropy (bounds logits memory).
         activation_checkpointing: recompute each block's activations in backward.
         compile: torch.compile each block.
+        init_from: a checkpoint whose weights start the run (a Hugging Face Llama folder or
+            a layerdrop export; framework/init_from.py): continued pretraining. The decoder
+            must be its shape, and its own parametrization base (m_d = m_L = 1).
     """
 
     def __init__(self, decoder: ModelConfig,
@@ -104,7 +110,7 @@ class LayerDropModule(pl.LightningModule):
                  lr_schedule: LRScheduleConfig = LRScheduleConfig(),
                  early_exit_loss: EarlyExitLossConfig = EarlyExitLossConfig(),
                  loss_chunk_tokens: PositiveInt = 4096, activation_checkpointing: bool = False,
-                 compile: bool = False) -> None:
+                 compile: bool = False, init_from: str | None = None) -> None:
         super().__init__()
         check("loss_chunk_tokens", loss_chunk_tokens, PositiveInt)
         explicit = layer_dropout.distribution
@@ -114,6 +120,9 @@ class LayerDropModule(pl.LightningModule):
         check_exits(early_exit_loss, decoder.n_layers)
         # The configs are frozen and were validated when built: kept as given.
         self.model_cfg = with_parametrization(decoder, parametrization)
+        self.init_from = init_from
+        if init_from is not None:
+            check_initial_model(init_from, self.model_cfg)
         self.dropout_cfg = layer_dropout
         self.param_cfg = parametrization
         self.lr_cfg = lr_schedule
@@ -127,7 +136,7 @@ class LayerDropModule(pl.LightningModule):
             "parametrization": asdict(self.param_cfg), "lr_schedule": asdict(self.lr_cfg),
             "early_exit_loss": asdict(early_exit_loss),
             "loss_chunk_tokens": loss_chunk_tokens, "activation_checkpointing": activation_checkpointing,
-            "compile": compile,
+            "compile": compile, "init_from": init_from,
         })
         self.model: Decoder | None = None
         self.val_loss = MeanMetric()
@@ -141,7 +150,7 @@ class LayerDropModule(pl.LightningModule):
     def configure_model(self) -> None:
         if self.model is not None:  # Lightning calls this once per fit/validate
             return
-        self.model = Decoder(self.model_cfg)
+        self.model = build_decoder(self.model_cfg)
         if self.model.embed.weight.is_meta:
             # The sharding strategy materialises the weights after this hook with the
             # modules' own reset_parameters(); Table A.2's init comes in on_fit_start.
@@ -167,11 +176,16 @@ class LayerDropModule(pl.LightningModule):
             self.model.init_weights()  # restores the ALiBi slopes (buffers) too
             init_decoder_(self.model, self.param_cfg)
             self._init_after_materialize = False
+        if self.init_from is not None and not self.trainer.ckpt_path:  # a resumed run restores its own weights
+            from framework.init_from import load_initial_weights
+
+            load_initial_weights(self.model, self.init_from)
 
     def configure_callbacks(self) -> list[pl.Callback]:
         from framework.callbacks import EarlyExitLosses, LayerDropoutSchedule
+        from framework.training_health import TrainingHealth
 
-        return [LayerDropoutSchedule(), *([EarlyExitLosses()] if self.val_exit_loss else [])]
+        return [LayerDropoutSchedule(), TrainingHealth(), *([EarlyExitLosses()] if self.val_exit_loss else [])]
 
     # --------------------------------------------------------------- training
 
@@ -182,10 +196,13 @@ class LayerDropModule(pl.LightningModule):
         micro_batch = batch_idx % self.trainer.accumulate_grad_batches
         drop = self.drop_plan(rates, inputs.shape[0], step, micro_batch)
         exits = exit_weights(self.exit_cfg, self.model_cfg.n_layers, step, total)
-        objective, final, per_exit = self.losses(inputs, targets, drop, exits)
+        watch = LogitWatch(self.model.logits) if is_health_step(self.trainer, step) else None
+        objective, final, per_exit = self.losses(inputs, targets, drop, exits, logits_fn=watch)
         # The final layer's loss, comparable with a run without the early-exit loss.
         self.log("train/loss", final, prog_bar=True, on_step=True, on_epoch=False)
         stats = self._stats(inputs, step, total, micro_batch, rates, drop, per_exit)
+        if watch is not None:
+            stats = dataclasses.replace(stats, max_logit=watch.max)
         return {"loss": objective, "stats": stats}
 
     def schedule_position(self) -> tuple[int, int]:
@@ -207,14 +224,17 @@ class LayerDropModule(pl.LightningModule):
         return self.losses(inputs, targets, drop, exits)[0]
 
     def losses(self, inputs: torch.Tensor, targets: torch.Tensor, drop: DropPlan | None = None,
-               exits: dict[int, float] | None = None) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
-        """(objective, final layer's loss, {K: loss at exit K}) of one forward."""
+               exits: dict[int, float] | None = None, logits_fn: Any = None,
+               ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+        """(objective, final layer's loss, {K: loss at exit K}) of one forward; ``logits_fn``
+        (a LogitWatch) replaces the head for the final layer's loss."""
+        head = logits_fn or self.model.logits
         if not exits:
             hidden = self.model.hidden(inputs, plan=drop)
-            final = chunked_cross_entropy(hidden, targets, self.model.logits, chunk_tokens=self.loss_chunk_tokens)
+            final = chunked_cross_entropy(hidden, targets, head, chunk_tokens=self.loss_chunk_tokens)
             return final, final, {}
         states = self.model.hidden(inputs, plan=drop, all_layers=True)
-        final = chunked_cross_entropy(states[-1], targets, self.model.logits, chunk_tokens=self.loss_chunk_tokens)
+        final = chunked_cross_entropy(states[-1], targets, head, chunk_tokens=self.loss_chunk_tokens)
         per_exit = exit_cross_entropies(states, targets, self.model.logits, exits, chunk_tokens=self.loss_chunk_tokens)
         objective = final + sum(weight * per_exit[exit] for exit, weight in exits.items())
         return objective, final, per_exit
@@ -313,8 +333,28 @@ def with_parametrization(decoder: ModelConfig, pcfg: ParametrizationConfig) -> M
     return dataclasses.replace(decoder, **derived)
 
 
+def check_initial_model(path: str, model_cfg: ModelConfig) -> None:
+    """``model.init_from``'s model must be the configured one, with multipliers 1."""
+    from framework.checkpoint import read_model_config
+
+    for key in ("logit_multiplier", "residual_multiplier"):
+        if getattr(model_cfg, key) != 1.0:
+            raise ValueError(f"model.init_from={path!r} needs the imported model to be its own parametrization base "
+                             f"(m_d = m_L = 1), but {key}={getattr(model_cfg, key)!r}: set "
+                             f"parametrization.d_base={model_cfg.d_model} and n_layers_base={model_cfg.n_layers}")
+    saved = read_model_config(path).to_dict()
+    different = [f"{k}: {saved[k]!r} there, {v!r} here" for k, v in model_cfg.to_dict().items()
+                 if k not in RUNTIME_FIELDS and saved.get(k) != v]
+    if different:
+        raise ValueError(f"model.init_from={path!r} holds another model than model.decoder ({'; '.join(different)})")
+
+
 def check_same_model(saved: dict[str, Any], configured: dict[str, Any]) -> None:
     """Refuse to resume weights into a model of another shape or function."""
+    try:  # a checkpoint written before a field existed holds its default
+        saved = ModelConfig.from_dict(saved).to_dict()
+    except (TypeError, ValueError):
+        pass
     keys = sorted((set(saved) | set(configured)) - set(RUNTIME_FIELDS))
     different = [f"{k}: checkpoint {saved.get(k)!r}, config {configured.get(k)!r}"
                  for k in keys if saved.get(k) != configured.get(k)]

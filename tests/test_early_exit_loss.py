@@ -212,3 +212,4 @@ def test_resume_in_the_middle_of_the_curriculum_repeats_the_uninterrupted_run(pr
     summaries = [json.loads((tmp_path / run / "summary.json").read_text()) for run in ("a", "b")]
     assert summaries[0]["early_exit_loss"]["val_loss"].keys() == {"1", "2"}
     assert summaries[1]["early_exit_loss"] == summaries[0]["early_exit_loss"]
+
