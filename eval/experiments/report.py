@@ -33,7 +33,8 @@ from eval.experiments.findings import all_findings
 from eval.experiments.hyperparameter_curves import curves_figure, hyperparameter_report
 from eval.experiments.report_folder import check_out, clear_report
 from eval.experiments.report_markdown import markdown
-from eval.experiments.report_tables import configuration_table, correlation, elasticity_points, group, speculative_table
+from eval.experiments.report_tables import (configuration_table, correlation, draft_table, elasticity_points, group,
+                                            speculative_table)
 from eval.experiments.sweep_results import RunResult, copy_results, load_results, with_aliases
 from eval.measurements import plots
 from framework.config import LayerDropoutConfig
@@ -142,6 +143,7 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
         "findings": all_findings(configurations, results, points),
         "elasticity": {"points": points, "correlations": correlations},
         "speculative": speculative_table(configurations),
+        "drafts": draft_table(configurations),
         "exit_curves": exit_curves(configurations), "skip_curves": skip_curves(configurations),
         "heatmaps": heatmaps(configurations),
         "hyperparameters": hyperparameter_report(results),
