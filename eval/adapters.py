@@ -35,6 +35,7 @@ from safetensors.torch import load_file, save_file
 
 from eval import options
 from framework.checkpoint import CheckpointError, load_decoder
+from framework.command_parser import CommandParser
 from framework.config import ModelConfig
 from framework.loss import IGNORE_INDEX, chunked_sum, counted_tokens, inference_chunk_tokens
 from framework.lr_schedule import LRScheduleConfig, schedule_for
@@ -290,7 +291,7 @@ def _load_backbone(parser: argparse.ArgumentParser, path: str, device: str = "cp
 
 
 def fit_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerdrop adapters fit",
+    p = CommandParser(prog="layerdrop adapters fit",
                                 description="Train Balcony-style exit adapters on a frozen backbone "
                                             "(KL to the full model's next-token distribution). "
                                             f"Layer numbering: {options.LAYERS}.")
@@ -388,7 +389,7 @@ def _check_frozen(before: dict[str, torch.Tensor], backbone: Decoder) -> None:
 
 
 def eval_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerdrop adapters eval",
+    p = CommandParser(prog="layerdrop adapters eval",
                                 description="Per-exit validation loss with exit adapters next to plain early exit. "
                                             f"Layer numbering: {options.LAYERS}.")
     p.add_argument("--adapters", required=True, metavar="DIR", help="a folder written by `layerdrop adapters fit`")
@@ -405,7 +406,7 @@ def eval_parser() -> argparse.ArgumentParser:
 
 def eval_main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, ValidationData
-    from framework.progress import Advancing, progress
+    from framework.loop_progress import Advancing, progress
 
     parser = eval_parser()
     args = parser.parse_args(argv)

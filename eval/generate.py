@@ -38,6 +38,7 @@ import sys
 from pathlib import Path
 
 from eval import options
+from framework.command_parser import CommandParser
 
 MODES = ("full", "exit:K", "skip:SET", "speculative", "dynamic")
 
@@ -61,7 +62,7 @@ def parse_mode(spec: str, num_layers: int) -> tuple[str, object]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerdrop generate", description=__doc__.split(":", 1)[1].strip(),
+    p = CommandParser(prog="layerdrop generate", description=__doc__.split(":", 1)[1].strip(),
                                 epilog=f"Layer numbering: {options.LAYERS}.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_checkpoint(p)
@@ -244,7 +245,7 @@ class Streamer:
 
 def _run(decode, prompts, texts, codec, args, *, stream: bool):
     from eval.generation import StopStrings, generate_in_batches
-    from framework.progress import progress
+    from framework.loop_progress import progress
 
     stop = StopStrings(args.stop, codec.decode)
     eos = None if args.ignore_eos else codec.eos_id

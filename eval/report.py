@@ -31,6 +31,7 @@ from eval.findings import all_findings
 from eval.report_markdown import markdown
 from eval.report_tables import (configuration_table, correlation, elasticity_points, group, speculative_table)
 from eval.sweep_results import RunResult, copy_results, load_results, with_aliases
+from framework.command_parser import CommandParser
 from framework.config import LayerDropoutConfig
 from framework.schedules import dropout_rates
 
@@ -184,7 +185,7 @@ def write_images(report: dict, out: Path) -> dict[str, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="The paper's tables, plots and verdicts from a "
+    parser = CommandParser(prog=PROG, description="The paper's tables, plots and verdicts from a "
                                      "sweep folder: Markdown + PNG + the JSON behind every number.")
     parser.add_argument("sweep_dir", metavar="SWEEP_DIR", help="a folder made by `layerdrop sweep` (or by this "
                         "command's --out: it holds a copy of the runs' small files)")

@@ -21,6 +21,7 @@ from eval import options
 from eval.generation import BatchGenerator, GenerationStats, StaticRoute
 from eval.sampling import Sampling
 from eval.speculative import AdaptiveThreshold, ExitDraft, SelfSpeculativeDecoder, SkipDraft, make_draft
+from framework.command_parser import CommandParser
 from framework.model import Decoder
 
 
@@ -125,7 +126,7 @@ def _report(model: Decoder, draft: SkipDraft | ExitDraft, decoder: SelfSpeculati
 
 # -------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerdrop speculate run",
+    p = CommandParser(prog="layerdrop speculate run",
                                 description="Self-speculative decoding (Draft & Verify) timed against plain "
                                             f"decoding in the same process. Layer numbering: {options.LAYERS}.")
     options.add_checkpoint(p)
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, check_vocabulary, load_prompts
     from eval.tokenizer import CodecLoader
     from framework.checkpoint import CheckpointError, load_decoder, read_model_config
-    from framework.progress import progress
+    from framework.loop_progress import progress
 
     parser = _parser()
     args = parser.parse_args(argv)

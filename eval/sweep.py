@@ -49,6 +49,7 @@ import yaml
 from eval.options import check_positive
 from eval.sweep_spec import (EvalSpec, Run, Sweep, SweepError, format_flops, get_dotted, load_sweep, predict,
                              run_recipe)
+from framework.command_parser import CommandParser
 
 PROG = "layerdrop sweep"
 STOPPED = 128 + signal.SIGTERM
@@ -382,7 +383,7 @@ def dry_run(sweep: Sweep, root: Path, runs: list[Run], flops_per_second: float |
 
 # ------------------------------------------------------------------------------ CLI
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Run a sweep of pretraining runs and their "
+    parser = CommandParser(prog=PROG, description="Run a sweep of pretraining runs and their "
                                      "evaluations (locally in a process pool, or as a SLURM job array).")
     parser.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep file (see recipes/sweeps/)")
     parser.add_argument("--out", required=True, metavar="DIR", help="the sweep folder (runs/<run>/ inside)")

@@ -46,6 +46,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from framework.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, checkpoint_form
 from framework.checkpoint_tokenizer import KeepTokenizer
+from framework.command_parser import CommandParser
 from framework.model import Decoder
 
 EXPORT_FOLDER = "export"
@@ -170,7 +171,7 @@ def training_record(path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="layerdrop export",
         description="Write a checkpoint of any form (.ckpt, FSDP2 or DeepSpeed folder, export) as "
                     "model.safetensors + config.json + tokenizer.json.",

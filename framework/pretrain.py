@@ -45,7 +45,7 @@ from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
 from framework.export import export_callbacks
 from framework.module import LayerDropModule, check_same_model, with_parametrization
 from framework.nonfinite import NonFiniteLossError, NonFiniteLossGuard
-from framework.progress_bar import StepProgressBar
+from framework.training_progress import StepProgressBar, StepProgressLines
 from framework.resume import choose_checkpoint
 
 PROG = "layerdrop pretrain"
@@ -59,6 +59,9 @@ class PretrainCLI(LightningCLI):
         parser.add_argument("--resume", type=str | None, default=None,
                             help="'auto': continue from the newest complete checkpoint in the checkpoint "
                                  "folder (else start fresh); or the path of a checkpoint to continue from")
+        parser.add_argument("--progress_every", type=float | None, default=30.0,
+                            help="when stdout is not a terminal (a log file): seconds between progress lines "
+                                 "'step N/T, loss, tokens/s, ETA' (0: every step; null: none)")
         # The DataModule checks the prepared vocabulary against the embedding at setup.
         parser.link_arguments("model.decoder.vocab_size", "data.model_vocab_size")
         parser.add_lightning_class_args(PeriodicCheckpoint, "checkpoint")
@@ -70,6 +73,9 @@ class PretrainCLI(LightningCLI):
         config = self.config
         check_trainer(config.trainer)
         check_seq_len(config)
+        if config.progress_every is not None and not config.progress_every >= 0:
+            raise ValueError(f"progress_every={config.progress_every!r} is invalid: must be a number of seconds "
+                             ">= 0, or null for no progress lines")
         folder = checkpoint_dir(config)
         choice = choose_checkpoint(config.resume, folder, clean=rank_zero_only.rank == 0)
         self.ckpt_path = choice.path if choice is not None else None
@@ -88,6 +94,9 @@ class PretrainCLI(LightningCLI):
         given = list(config.get("callbacks") or []) + list(callbacks)
         if config.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in given):
             callbacks = [*callbacks, StepProgressBar()]  # steps out of max_steps, not "Epoch 0/-2"
+        every = self.config.get("progress_every")
+        if every is not None and not sys.stdout.isatty():
+            callbacks = [*callbacks, StepProgressLines(every)]  # a bar draws nothing into a log file
         if config.get("logger") is not False and not any(isinstance(cb, LearningRateMonitor) for cb in given):
             callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]
         callbacks = [*callbacks, *export_callbacks()]  # tokenizer beside the checkpoints; export at the end

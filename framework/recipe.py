@@ -66,6 +66,7 @@ from typing import Any
 
 import yaml
 
+from framework.command_parser import CommandParser
 from framework.config import PAPER_SIZES, LayerDropoutConfig, ModelConfig, ParametrizationConfig
 from framework.parametrization import (
     EMBEDDING,
@@ -433,7 +434,7 @@ def _scalar(value: Any) -> str:
 def parser() -> argparse.ArgumentParser:
     from framework.schedules import DISTRIBUTIONS, TIME_SCHEDULES
 
-    p = argparse.ArgumentParser(prog=PROG, description="Write a pretraining recipe by Table A.2's transfer rules "
+    p = CommandParser(prog=PROG, description="Write a pretraining recipe by Table A.2's transfer rules "
                                 "from a size, a token budget and the devices.",
                                 epilog="Example: layerdrop recipe --base recipes/base.yaml --size 271M --tpp 20 "
                                        "--devices 8 --memory 141GB --p-max 0.4 --out recipes/271m.yaml")

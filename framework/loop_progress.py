@@ -3,7 +3,7 @@
 ``progress(total, what)`` wraps a loop: on a terminal a rich bar on stderr; in a log
 (stderr not a terminal) one line every ``every`` seconds and one at the end, so a
 command that runs for minutes never looks stalled and never floods a log file.
-(Training's bar is Lightning's: framework/progress_bar.py.)
+(A training run's progress: framework/training_progress.py.)
 """
 
 from __future__ import annotations
