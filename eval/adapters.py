@@ -33,13 +33,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from framework.atomic_write import write_json
 from eval import options
 from framework.checkpoint import CheckpointError, load_decoder
 from framework.command_parser import CommandParser
 from framework.config import ModelConfig
 from framework.loss import IGNORE_INDEX, chunked_sum, counted_tokens, inference_chunk_tokens
 from framework.lr_schedule import LRScheduleConfig, schedule_for
-from framework.model import Block, Decoder
+from framework.families import new_block
+from framework.model import Decoder
 
 WEIGHTS_FILE = "adapters.safetensors"
 META_FILE = "adapters.json"
@@ -70,7 +72,7 @@ class ExitAdapters(nn.Module):
         super().__init__()
         self.exits = check_exits(list(exits), cfg.n_layers)
         # Adapter i is layer n_layers + i of a KV cache made with extra_layers=len(exits).
-        self.blocks = nn.ModuleDict({str(e): Block(cfg, cfg.n_layers + i) for i, e in enumerate(self.exits)})
+        self.blocks = nn.ModuleDict({str(e): new_block(cfg, cfg.n_layers + i) for i, e in enumerate(self.exits)})
         self.init_std = cfg.init_std
 
     @torch.no_grad()
@@ -432,7 +434,7 @@ def eval_main(argv: list[str] | None = None) -> int:
     with progress(2 * len(data), "adapters eval: batches") as bar:
         report = {"adapters": str(args.adapters), "backbone": str(args.ckpt or meta["backbone"]),
                   **evaluate(backbone, adapters, Advancing(data, bar)), "plot": args.plot}
-    options.write_json(report, args.out)
+    write_json(args.out, report)
     _plot(report, args.plot)
     for e in report["exits"]:
         print(f"exit {e}: plain {report['plain_loss'][str(e)]:.4f}  adapter {report['adapter_loss'][str(e)]:.4f}")

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from framework.atomic_write import write_json
 from eval import options
 from framework.command_parser import CommandParser
 from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     report["plot"] = plot_path
-    options.write_json(report, args.out)
+    write_json(args.out, report)
     from eval.plots import plot_coord_check
 
     plot_coord_check(report, plot_path)

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from framework.atomic_write import write_json
 from eval import options
 from framework.command_parser import CommandParser
 
@@ -265,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.log_samples:
         report["samples_file"] = str(samples_path(args.out))
         count = write_samples(results, samples_path(args.out))
-    options.write_json(report, args.out)
+    write_json(args.out, report)
     print(make_table(results))
     if args.log_samples:
         print(f"wrote {count} samples to {report['samples_file']}")

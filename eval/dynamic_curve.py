@@ -27,6 +27,7 @@ from typing import Sequence
 
 import torch
 
+from framework.atomic_write import write_json
 from eval import options
 from eval.dynamic_exit import DynamicExit, check_threshold, dynamic_forward
 from eval.generation import BatchGenerator, StaticRoute, generate_in_batches
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, on_step=bar.advance)
     report.update(ckpt=str(args.ckpt), data_dir=str(args.data), seq_len=seq_len, prompt_len=prompt_len,
                   plot=args.plot)
-    options.write_json(report, args.out)
+    write_json(args.out, report)
     plot_curve(report, args.plot, Path(args.ckpt).name)
     for r in report["thresholds"]:
         print(f"threshold {r['threshold']:<5g} layers/token {r['layers_per_token']:.2f}  agreement "

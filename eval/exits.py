@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from framework.atomic_write import write_json
 from eval import options
 from eval import skip_sets as sets
 from eval.inputs import Batch, ContextLimit, ValidationData
@@ -244,7 +245,7 @@ def exits_main(argv: list[str] | None = None) -> int:
                                                                   exits=next(queue)), "eval exits")
     report = _combined(reports)
     report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
-    options.write_json(report, args.out)
+    write_json(args.out, report)
     from eval.plots import plot_exits
 
     plot_exits(reports, args.plot)
@@ -278,7 +279,7 @@ def skip_main(argv: list[str] | None = None) -> int:
                              "eval skip")
     report = _combined(reports)
     report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
-    options.write_json(report, args.out)
+    write_json(args.out, report)
     from eval.plots import plot_skip
 
     plot_skip(reports, args.plot)

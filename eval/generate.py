@@ -37,6 +37,7 @@ import json
 import sys
 from pathlib import Path
 
+from framework.atomic_write import write_json
 from eval import options
 from framework.command_parser import CommandParser
 
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         line += f", acceptance {summary['acceptance_rate']:.0%}"
     print(f"[{args.mode}] {line}", file=sys.stderr)
     if args.stats:
-        options.write_json(summary, args.stats)
+        write_json(args.stats, summary)
     return 0
 
 

@@ -30,8 +30,8 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from eval.exits import Batch, ValidationData, exit_losses
-from eval.options import (add_checkpoint, add_output, add_threads, apply_threads, check_positive, refuse_existing,
-                          write_json)
+from eval.options import add_checkpoint, add_output, add_threads, apply_threads, check_positive, refuse_existing
+from framework.atomic_write import write_json
 from framework.checkpoint import CheckpointError, load_decoder, read_model_config
 from framework.command_parser import CommandParser
 from framework.model import Decoder
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     with progress(len(data), "eval heldout: batches") as bar:
         report = heldout_losses(decoder, Advancing(data, bar), groups=args.groups, batches_total=len(data.loader))
     report.update(ckpt=str(args.ckpt), data_dir=str(args.data), seq_len=seq_len, batch_size=args.batch_size)
-    write_json(report, args.out)
+    write_json(args.out, report)
     final = str(report["num_layers"])
     print(f"held-out loss {report['loss']:.4f} ± {report['standard_error'][final]:.4f} (standard error, "
           f"{len(report['groups']['tokens'])} slices) on {report['tokens']:,} tokens; wrote {args.out}")

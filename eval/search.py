@@ -38,6 +38,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from framework.atomic_write import write_json
 from eval import options
 from eval.generation import BatchGenerator, left_padded
 from eval.speculate import compare
@@ -426,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
                         budget=args.budget, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                         seed=args.seed, on_step=bar.advance)
     report.update(cost_model=args.cost, ckpt=str(args.ckpt))
-    options.write_json(report, args.out)
+    write_json(args.out, report)
     for name, r in report["methods"].items():
         print(f"{name:>20}: skip {r['skip_layers']}  estimated {r['estimated_speedup']:.2f}x  measured "
               f"{r['measured_speedup']:.2f}x  ({r['evaluations']} evaluations)")

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from framework.atomic_write import write_json
 from eval import options
 from eval.generation import BatchGenerator, GenerationStats, StaticRoute
 from eval.sampling import Sampling
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         if codec.loaded is not None:
             item["text"] = codec.loaded.decode(item["tokens"])
     report.update(ckpt=str(args.ckpt), adapters=args.adapters)
-    options.write_json(report, args.out)
+    write_json(args.out, report)
     print(f"speedup {report['speedup']:.2f}x  acceptance {report['acceptance_rate']:.2%}  "
           f"T_draft/T_target {report['draft_time_ratio']:.2f}  identical_to_greedy {report['identical_to_greedy']}"
           f"  ({report['tokens_per_s']:.0f} vs {report['plain_tokens_per_s']:.0f} tokens/s); wrote {args.out}")

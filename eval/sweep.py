@@ -22,7 +22,8 @@ The sweep folder:
     <out>/runs/<run>/status.json       state, return codes, CPU and wall seconds per stage
     <out>/runs/<run>/logs/*.log        each subprocess's output (appended across attempts)
 
-Resumable and idempotent: a run whose summary and evaluations exist is skipped; one with
+Resumable and idempotent: a run whose summary and evaluations exist is skipped (here, or
+in a committed report's runs/ copy named by ``--done-from``: eval/sweep_adoption.py); one with
 a checkpoint but no summary continues from it (`--resume auto`); a missing evaluation
 runs alone. A failed run is reported (status.json, the tail of its log) and the others
 go on; the exit status is 1 when any failed. Running again retries what failed.
@@ -47,8 +48,10 @@ from typing import Any
 import yaml
 
 from eval.options import check_positive
+from eval.sweep_adoption import adopt_finished, finished_elsewhere
 from eval.sweep_spec import (EvalSpec, Run, Sweep, SweepError, format_flops, get_dotted, load_sweep, predict,
                              run_recipe)
+from framework.atomic_write import write_json, write_text
 from framework.command_parser import CommandParser
 
 PROG = "layerdrop sweep"
@@ -178,7 +181,7 @@ class Runner:
             partial.unlink(missing_ok=True)
             return "stopped" if self.stopping else "invalid recipe: " + last_line(tail(log))
         header = f"# resolved config of sweep run {folder.run.name} ({self.sweep.path})\n"
-        write_atomic(folder.config, header + partial.read_text())
+        write_text(folder.config, header + partial.read_text())
         partial.unlink()
         return None
 
@@ -274,17 +277,6 @@ def cli_args(args: dict[str, Any], fill: dict[str, str]) -> list[str]:
     return words
 
 
-def write_json(path: Path, data: dict) -> None:
-    write_atomic(path, json.dumps(data, indent=2) + "\n")
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial-{os.getpid()}-{threading.get_ident()}")
-    partial.write_text(text)
-    os.replace(partial, path)
-
-
 def tail(path: Path, lines: int = 30) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
 
@@ -332,11 +324,11 @@ def machine_info() -> dict:
             "python": platform.python_version(), "torch": torch.__version__}
 
 
-def record_invocation(root: Path, argv: list[str], args: argparse.Namespace) -> None:
+def record_invocation(root: Path, argv: list[str], args: argparse.Namespace, prog: str = PROG) -> None:
     """<out>/machine.json: the machine and every distinct command that ran this sweep."""
     path = root / "machine.json"
     record = json.loads(path.read_text()) if path.is_file() else {}
-    command = shlex.join(["layerdrop", "sweep", *argv])
+    command = shlex.join([*prog.split(), *argv])
     record.update(machine_info(), jobs=args.jobs, threads_per_job=args.threads_per_job)
     record["commands"] = list(dict.fromkeys([*record.get("commands", []), command]))
     write_json(path, record)
@@ -356,13 +348,18 @@ def prepare_data(sweep: Sweep, runner: Runner) -> None:
 
 
 # ------------------------------------------------------------------------ dry run
-def dry_run(sweep: Sweep, root: Path, runs: list[Run], flops_per_second: float | None) -> int:
+def dry_run(sweep: Sweep, root: Path, runs: list[Run], flops_per_second: float | None,
+            elsewhere: dict[str, Path] | None = None) -> int:
     """The runs with predicted P̄, FLOPs saved and compute, and their state; writes nothing."""
     rows, total = [], 0.0
     for run in runs:
         prediction = predict(run_recipe(sweep, run, root / "runs" / run.name))
-        total += prediction.training_flops
-        rows.append((run.name, prediction, RunFolder(root, run).state(sweep.evals)))
+        state = RunFolder(root, run).state(sweep.evals)
+        if state != "done" and run.name in (elsewhere or {}):
+            state = f"done in {elsewhere[run.name]} (adopted, not run)"
+        else:
+            total += prediction.training_flops
+        rows.append((run.name, prediction, state))
     width = max(len(name) for name, _, _ in rows)
     print(f"{'run':<{width}}  {'P̄':>6}  {'all saved':>9}  {'training FLOPs':>14}  {'tokens':>11}  "
           f"{'TPP':>5}  state")
@@ -386,12 +383,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog=PROG, description="Run a sweep of pretraining runs and their "
                                      "evaluations (locally in a process pool, or as a SLURM job array).")
     parser.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep file (see recipes/sweeps/)")
-    parser.add_argument("--out", required=True, metavar="DIR", help="the sweep folder (runs/<run>/ inside)")
-    parser.add_argument("--data", default=None, metavar="DIR", help="the prepared data (default: the file's data.dir)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs at a time (locally; on SLURM: the array's "
-                        "concurrency limit) (default 1)")
-    parser.add_argument("--threads-per-job", type=int, default=None,
-                        help="CPU threads per run (OMP_NUM_THREADS; default: the environment's)")
+    add_run_options(parser, jobs="runs at a time (locally; on SLURM: the array's concurrency limit) (default 1)")
     parser.add_argument("--only", nargs="+", default=None, metavar="GLOB",
                         help="only the runs whose names match (e.g. 'dense,*')")
     parser.add_argument("--dry-run", action="store_true",
@@ -405,6 +397,23 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--slurm-time", default="24:00:00", help="time limit per run (default 24:00:00)")
     parser.add_argument("--launcher", choices=("local", "slurm-task"), default="local", help=argparse.SUPPRESS)
     return parser
+
+
+def add_run_options(parser: argparse.ArgumentParser, *, jobs: str = "runs at a time (default 1)") -> None:
+    """The flags of every command that runs sweep runs into a folder (sweep, tune)."""
+    parser.add_argument("--out", required=True, metavar="DIR", help="the sweep folder (runs/<run>/ inside)")
+    parser.add_argument("--data", default=None, metavar="DIR", help="the prepared data (default: the file's data.dir)")
+    parser.add_argument("--jobs", type=int, default=1, help=jobs)
+    parser.add_argument("--threads-per-job", type=int, default=None,
+                        help="CPU threads per run (OMP_NUM_THREADS; default: the environment's)")
+    parser.add_argument("--done-from", action="append", default=[], metavar="DIR",
+                        help="a folder (e.g. a committed report, docs/reproduction) whose runs/<run>/ copies of "
+                             "finished runs are adopted instead of re-run (repeatable)")
+
+
+def report_adopted(names: list[str], sources: list[Path]) -> None:
+    if names:
+        print(f"adopted {len(names)} finished runs from {', '.join(map(str, sources))}: {', '.join(names)}", flush=True)
 
 
 def select(runs: list[Run], patterns: list[str] | None) -> list[Run]:
@@ -426,13 +435,15 @@ def main(argv: list[str] | None = None) -> int:
             raise SweepError(f"--only {args.only} matches none of the {len(sweep.runs)} runs "
                              f"(e.g. {sweep.runs[0].name!r})")
         root = Path(args.out)
+        sources = [Path(d) for d in args.done_from]
+        elsewhere = finished_elsewhere(sweep, runs, sources) if sources else {}  # refuses a different recipe now
         if args.dry_run:
-            return dry_run(sweep, root, runs, args.flops_per_second)
+            return dry_run(sweep, root, runs, args.flops_per_second, elsewhere)
         for run in runs:  # bad overrides fail here, before anything is written or launched
             predict(run_recipe(sweep, run, root / "runs" / run.name))
         root.mkdir(parents=True, exist_ok=True)
         if args.launcher == "local":
-            write_atomic(root / "sweep.yaml", sweep.text)
+            write_text(root / "sweep.yaml", sweep.text)
         runner = Runner(sweep, root, threads=args.threads_per_job, launcher=args.launcher)
         prepare_data(sweep, runner)
         if args.slurm:
@@ -441,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
             return write_slurm(sweep, root, runs, args)
         if args.launcher == "local":
             record_invocation(root, list(sys.argv[1:] if argv is None else argv), args)
+        report_adopted(adopt_finished(sweep, root, runs, sources) if sources else [], sources)
         return run_all(runner, runs, args.jobs)
     except (SweepError, ValueError) as err:
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)

@@ -89,6 +89,12 @@ class Sweep:
 # ----------------------------------------------------------------------- parsing
 def load_sweep(path: str | Path, *, data_dir: str | None = None) -> Sweep:
     """Read and validate a sweep file; ``data_dir`` replaces its ``data.dir``."""
+    spec, text = read_spec(path)
+    return sweep_of(spec, Path(path), text, data_dir=data_dir)
+
+
+def read_spec(path: str | Path) -> tuple[dict, str]:
+    """A sweep-like file's YAML mapping and its text."""
     path = Path(path)
     if not path.is_file():
         raise SweepError(f"sweep file {str(path)!r} does not exist")
@@ -99,9 +105,17 @@ def load_sweep(path: str | Path, *, data_dir: str | None = None) -> Sweep:
         raise SweepError(f"sweep file {str(path)!r} is not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(spec, dict):
         raise SweepError(f"sweep file {str(path)!r} must be a mapping with keys {', '.join(TOP_KEYS)}")
-    unknown = sorted(set(spec) - set(TOP_KEYS))
+    return spec, text
+
+
+def sweep_of(spec: dict, path: Path, text: str, *, data_dir: str | None = None, extra_keys: tuple[str, ...] = (),
+             configs: list[tuple[str, dict[str, Any], list[int] | None]] | None = None) -> Sweep:
+    """The Sweep a parsed file describes. A caller that plans the configurations itself
+    (`layerdrop tune`) passes them as ``configs`` (name, overrides, seeds or None) and
+    names the top-level keys it reads in ``extra_keys``."""
+    unknown = sorted(set(spec) - set(TOP_KEYS) - set(extra_keys))
     if unknown:
-        raise SweepError(f"sweep file keys {unknown} are invalid: allowed: {', '.join(TOP_KEYS)}")
+        raise SweepError(f"sweep file keys {unknown} are invalid: allowed: {', '.join((*TOP_KEYS, *extra_keys))}")
     base = Path(_required(spec, "base", str))
     if not base.is_file():
         raise SweepError(f"base recipe {str(base)!r} does not exist (relative paths are from the working directory)")
@@ -112,9 +126,10 @@ def load_sweep(path: str | Path, *, data_dir: str | None = None) -> Sweep:
     seeds = _seeds(spec.get("seeds", [0]), "seeds")
     seed_keys = tuple(spec.get("seed_keys") or DEFAULT_SEED_KEYS)
     shared = _overrides(spec.get("overrides") or {}, "overrides")
-    configs = _grid_configs(spec.get("grid") or {}) + _named_configs(spec.get("runs") or {}, seeds)
-    if not configs:
-        raise SweepError("the sweep has no runs: give a grid, named runs, or both")
+    if configs is None:
+        configs = _grid_configs(spec.get("grid") or {}) + _named_configs(spec.get("runs") or {}, seeds)
+        if not configs:
+            raise SweepError("the sweep has no runs: give a grid, named runs, or both")
     names = [name for name, _, _ in configs]
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
@@ -157,7 +172,7 @@ def _grid_configs(grid: Any) -> list[tuple[str, dict[str, Any], list[int] | None
     configs = []
     for values in itertools.product(*(grid[k] for k in keys)):
         overrides = dict(zip(keys, values))
-        configs.append((",".join(f"{labels[k]}={_value_label(v)}" for k, v in overrides.items()), overrides, None))
+        configs.append((config_name(overrides, labels), overrides, None))
     return configs
 
 
@@ -186,6 +201,11 @@ def short_keys(keys: list[str]) -> dict[str, str]:
                 break
         labels[key] = label
     return labels
+
+
+def config_name(overrides: dict[str, Any], labels: dict[str, str]) -> str:
+    """A grid configuration's name: ``lr=0.002,init_std=0.02`` (labels from short_keys)."""
+    return ",".join(f"{labels[k]}={_value_label(v)}" for k, v in overrides.items())
 
 
 def _value_label(value: Any) -> str:
@@ -312,5 +332,6 @@ def format_flops(value: float) -> str:
     return f"{value / 10 ** exponent:.2f}e{exponent}"
 
 
-__all__ = ["Sweep", "Run", "EvalSpec", "SweepError", "Prediction", "load_sweep", "run_recipe", "predict",
+__all__ = ["Sweep", "Run", "EvalSpec", "SweepError", "Prediction", "load_sweep", "read_spec", "sweep_of",
+           "config_name", "run_recipe", "predict",
            "set_dotted", "get_dotted", "short_keys", "non_embedding_parameters", "format_flops"]

@@ -13,7 +13,9 @@ Four forms, each loadable in one process (CPU or GPU, no process group):
   weights are consolidated from the optimizer files' flat partitions; see
   framework/zero_checkpoint.py;
 - ``exported``: ``model.safetensors`` + ``config.json`` (+ ``tokenizer.json``), written
-  by ``layerdrop export`` and at the end of every pretraining run (framework/export.py).
+  by ``layerdrop export`` and at the end of every pretraining run (framework/export.py);
+- ``hf``: a Hugging Face Llama folder (config.json with ``model_type``, safetensors
+  only, sharded or not); see framework/hf_checkpoint.py.
 
 Loading never materialises optimizer state (files are memory-mapped and only model
 tensors are read) and reads every pickled file by weights-only rules
@@ -33,6 +35,7 @@ from typing import Any
 import torch
 
 from framework.config import ModelConfig
+from framework.families import build_decoder
 from framework.model import Decoder
 
 CKPT_KEY = "layerdrop"
@@ -40,7 +43,7 @@ MODEL_PREFIX = "model."
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 TOKENIZER_FILE = "tokenizer.json"
-FORMS = ("lightning", "exported", "dcp", "deepspeed")
+FORMS = ("lightning", "exported", "hf", "dcp", "deepspeed")
 _NON_TENSOR_EXCLUDED = ("state_dict", "optimizer_states", "module", "optimizer")
 
 
@@ -55,6 +58,10 @@ def checkpoint_form(path: str | os.PathLike) -> str:
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
     if path.is_file():
         return "lightning"
+    from framework.hf_checkpoint import is_hf_folder
+
+    if is_hf_folder(path):
+        return "hf"
     if (path / WEIGHTS_FILE).is_file() or (path / CONFIG_FILE).is_file():
         return "exported"
     if (path / ".metadata").is_file():
@@ -62,7 +69,7 @@ def checkpoint_form(path: str | os.PathLike) -> str:
     if (path / "latest").is_file() or any(path.glob("*/*model_states.pt")):
         return "deepspeed"
     raise CheckpointError(f"{str(path)!r} is not a checkpoint: expected a .ckpt file, an exported folder "
-                          f"({WEIGHTS_FILE} + {CONFIG_FILE}), an FSDP2 folder (.metadata + meta.pt) or a "
+                          f"({WEIGHTS_FILE} + {CONFIG_FILE}), a Hugging Face folder, an FSDP2 folder (.metadata + meta.pt) or a "
                           "DeepSpeed folder (latest + <tag>/*_states.pt)")
 
 
@@ -76,7 +83,7 @@ def load_decoder(path: str | os.PathLike, *, map_location: str | torch.device = 
     path = Path(path)
     model_cfg = read_model_config(path)  # also proves every pickled file harmless
     with torch.device("meta"):
-        decoder = Decoder(model_cfg)
+        decoder = build_decoder(model_cfg)
     decoder = decoder.to_empty(device=map_location)
     decoder.reset_buffers()  # every weight is then read from the checkpoint (names checked)
     form = checkpoint_form(path)
@@ -97,6 +104,10 @@ def read_model_config(path: str | os.PathLike) -> ModelConfig:
 
     path = Path(path)
     form = checkpoint_form(path)
+    if form == "hf":  # safetensors only: nothing is unpickled (a pickle-only folder is refused)
+        from framework.hf_checkpoint import read_model_config as read_hf
+
+        return read_hf(path)
     prove_checkpoint_harmless(path)
     if form == "exported":
         return _config_from(read_json(path / CONFIG_FILE), path)
@@ -115,7 +126,7 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
 
     path = Path(path)
     form = checkpoint_form(path)
-    if form == "exported":
+    if form in ("exported", "hf"):
         return read_json(path / CONFIG_FILE)
     if form == "lightning":
         entries = load_torch_file(path)
@@ -157,6 +168,10 @@ def _tensors(form: str, path: Path) -> Iterator[tuple[str, Any]]:
         return ((k[len(MODEL_PREFIX):], v) for k, v in state.items() if k.startswith(MODEL_PREFIX))
     if form == "exported":
         return _exported_tensors(path / WEIGHTS_FILE)
+    if form == "hf":
+        from framework.hf_checkpoint import read_model_config as read_hf, read_tensors
+
+        return read_tensors(path, read_hf(path))
     from framework.zero_checkpoint import read_zero_tensors
 
     return read_zero_tensors(path)

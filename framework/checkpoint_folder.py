@@ -23,6 +23,8 @@ import re
 import shutil
 from pathlib import Path
 
+from framework.atomic_write import fsync_dir
+
 LAST = "last.ckpt"
 STEP_NAME = re.compile(r"^step-(\d+)\.ckpt$")
 # Hidden names a save, a replacement, a removal or a link swap goes through; a
@@ -126,20 +128,6 @@ def step_checkpoints(folder: str | os.PathLike) -> list[tuple[int, Path]]:
         return []
     found = [(int(m[1]), entry) for entry in folder.iterdir() if (m := STEP_NAME.match(entry.name))]
     return sorted(found, key=lambda item: item[0], reverse=True)
-
-
-def fsync_dir(folder: str | os.PathLike) -> None:
-    """Make renames in ``folder`` durable (POSIX; a no-op where folders cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _fsync_tree(path: Path) -> None:

@@ -114,7 +114,7 @@ def tokenizer_record(ckpt_path: str | os.PathLike) -> dict[str, Any]:
         metadata = read_metadata(path)
     except CheckpointError:
         return {}
-    entry = metadata.get("tokenizer") if checkpoint_form(path) == "exported" else \
+    entry = metadata.get("tokenizer") if checkpoint_form(path) in ("exported", "hf") else \
         (metadata.get(CKPT_KEY) or {}).get("tokenizer")
     return dict(entry) if isinstance(entry, dict) else {}
 
@@ -125,7 +125,7 @@ def find_tokenizer(ckpt_path: str | os.PathLike) -> Path:
     path = Path(ckpt_path)
     form = checkpoint_form(path)
     metadata = read_metadata(path)
-    if form == "exported":
+    if form in ("exported", "hf"):  # the tokenizer is in the folder (an HF config has no record)
         record = metadata.get("tokenizer") if isinstance(metadata.get("tokenizer"), dict) else {}
         candidates = [path / TOKENIZER_FILE]
     else:

@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "speculate run": ("eval.speculate:main", "self-speculative decoding timed against plain decoding"),
     "generate": ("eval.generate:main", "text in, text out: full, exit:K, skip:SET, speculative or dynamic depth"),
     "sweep": ("eval.sweep:main", "a grid of pretraining runs + their evaluations (local pool or SLURM array)"),
+    "tune": ("eval.tune:main", "tune a base model by successive 1-D sweeps (η, σ, τ_EMA), then confirm with seeds"),
     "report": ("eval.report:main", "the paper's tables and plots from a sweep folder (Markdown + PNG + JSON)"),
 }
 

@@ -2,6 +2,10 @@
 
     layerdrop export --ckpt runs/x/checkpoints/last.ckpt --out exports/x
     layerdrop export --ckpt runs/x/checkpoints/step-00001000.ckpt --out exports/x-1000 --no-tokenizer
+    layerdrop export --ckpt runs/llama/export --out hf/llama --format hf    # LlamaForCausalLM
+
+``--format hf`` writes a Hugging Face folder (framework/hf_checkpoint.py) that
+transformers loads as ``LlamaForCausalLM``; only the Llama family has one.
 
 ``--ckpt`` takes every form framework.checkpoint reads (a .ckpt file, an FSDP2 or
 DeepSpeed folder, an export). The tokenizer is found as framework.checkpoint_tokenizer
@@ -117,13 +121,13 @@ def _fsync(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def _write_text(path: Path, text: str) -> None:
+def write_text(path: Path, text: str) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(text)
     os.replace(partial, path)
 
 
-def _copy(source: Path, target: Path) -> None:
+def copy_file(source: Path, target: Path) -> None:
     partial = target.with_name(f".{target.name}.partial")
     shutil.copyfile(source, partial)
     os.replace(partial, target)
@@ -143,12 +147,12 @@ def export_decoder(decoder: Decoder, out_dir: str | os.PathLike, *, extra: dict 
             writer.write(name, tensor)
     config = {"model": decoder.config.to_dict(), **(extra or {})}
     if tokenizer is not None:
-        _copy(Path(tokenizer), out_dir / TOKENIZER_FILE)
+        copy_file(Path(tokenizer), out_dir / TOKENIZER_FILE)
         config.setdefault("tokenizer", {"file": TOKENIZER_FILE})
     else:
         (out_dir / TOKENIZER_FILE).unlink(missing_ok=True)  # an earlier export's, now stale
         config.pop("tokenizer", None)
-    _write_text(out_dir / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+    write_text(out_dir / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
     return out_dir
 
 
@@ -159,6 +163,8 @@ def training_record(path: Path) -> dict[str, Any]:
     metadata = read_metadata(path)
     if checkpoint_form(path) == "exported":
         return {k: v for k, v in metadata.items() if k != "model"}
+    if checkpoint_form(path) == "hf":  # what an HF config says of its tokens
+        return {k: metadata[k] for k in ("bos_token_id", "eos_token_id") if metadata.get(k) is not None}
     entry = metadata.get(CKPT_KEY) or {}
     record: dict[str, Any] = {"training": {"global_step": metadata.get("global_step"),
                                            **{k: entry[k] for k in ("layer_dropout", "parametrization") if k in entry}}}
@@ -180,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
                                                       "or an exported folder")
     parser.add_argument("--out", required=True, help="the folder to write")
     parser.add_argument("--overwrite", action="store_true", help="replace an export already in --out")
+    parser.add_argument("--format", choices=("layerdrop", "hf"), default="layerdrop",
+                        help="layerdrop: model.safetensors + config.json (every family); hf: a Hugging Face "
+                             "LlamaForCausalLM folder (family llama)")
     tokenizer = parser.add_mutually_exclusive_group()
     tokenizer.add_argument("--tokenizer", default=None, help="the tokenizer.json to include (default: the run's)")
     tokenizer.add_argument("--no-tokenizer", action="store_true", help="export the weights without a tokenizer")
@@ -188,11 +197,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if (out / WEIGHTS_FILE).exists() and not args.overwrite:  # before loading anything
             raise CheckpointError(f"{str(out)!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
-        tokenizer_file = _tokenizer_for(args, source)
-        from framework.checkpoint import load_decoder
+        from framework.checkpoint import load_decoder, read_model_config
 
+        if args.format == "hf":
+            from framework.families.llama_hf import HFConfigError, to_hf_config
+
+            try:  # a Celerity model is refused before any weight is read
+                to_hf_config(read_model_config(source))
+            except HFConfigError as err:
+                raise CheckpointError(str(err)) from None
+        tokenizer_file = _tokenizer_for(args, source)
         decoder, _ = load_decoder(source)
         record = training_record(source)
+        if args.format == "hf":
+            return _export_hf(args, decoder, record, tokenizer_file)
         if tokenizer_file is not None:
             from framework.checkpoint_tokenizer import sha256_of
 
@@ -204,6 +222,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"exported {args.ckpt} -> {out}/{WEIGHTS_FILE} + {CONFIG_FILE}"
           + (f" + {TOKENIZER_FILE}" if tokenizer_file is not None else " (no tokenizer: --no-tokenizer)"))
+    return 0
+
+
+def _export_hf(args: argparse.Namespace, decoder: Decoder, record: dict[str, Any], tokenizer: Path | None) -> int:
+    from framework.hf_checkpoint import write_hf_folder
+
+    source_config = record.get("tokenizer") or {}
+    eos_id = source_config.get("eos_id", record.get("eos_token_id"))
+    write_hf_folder(decoder, args.out, tokenizer=tokenizer, eos_id=eos_id, bos_id=record.get("bos_token_id"),
+                    overwrite=args.overwrite)
+    print(f"exported {args.ckpt} -> {args.out} (Hugging Face LlamaForCausalLM: model.safetensors, config.json, "
+          "generation_config.json" + (", tokenizer.json" if tokenizer is not None else "; no tokenizer") + ")")
     return 0
 
 
@@ -280,12 +310,12 @@ class FinalExport(pl.Callback):
         keeper = next((cb for cb in trainer.callbacks if isinstance(cb, KeepTokenizer)), None)
         kept = getattr(keeper, "kept", None) or (Path(keeper.source) if keeper and keeper.source else None)
         if kept is not None and kept.is_file():
-            _copy(kept, staging / TOKENIZER_FILE)
+            copy_file(kept, staging / TOKENIZER_FILE)
             config["tokenizer"] = dict(keeper.record)
         else:
             print("final export: no tokenizer found for the run's data; the export holds the weights alone",
                   file=sys.stderr, flush=True)
-        _write_text(staging / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+        write_text(staging / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
         replaced = out.with_name(f".{EXPORT_FOLDER}.replaced")
         shutil.rmtree(replaced, ignore_errors=True)
         if out.exists():

@@ -60,12 +60,25 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
         super().__init__()
-        self.attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.attn = Attention(cfg, layer_index)
-        self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.ffn = FeedForward(cfg)
+        self.attn_norm = self.new_norm(cfg)
+        self.attn = self.new_attention(cfg, layer_index)
+        self.ffn_norm = self.new_norm(cfg)
+        self.ffn = self.new_ffn(cfg)
         # CompleteP's 1/m_L; the layer-density part (1/ρ) comes with the drop plan.
         self.residual_multiplier = cfg.residual_multiplier
+
+    # The parts a model family (framework/families) replaces; the residual logic stays.
+    @staticmethod
+    def new_norm(cfg: ModelConfig) -> nn.Module:
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+
+    @staticmethod
+    def new_attention(cfg: ModelConfig, layer_index: int) -> nn.Module:
+        return Attention(cfg, layer_index)
+
+    @staticmethod
+    def new_ffn(cfg: ModelConfig) -> nn.Module:
+        return FeedForward(cfg)
 
     def forward(self, h: torch.Tensor, bias: torch.Tensor | None, drop: LayerDrop | None = None,
                 cache: KVCache | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -87,12 +100,20 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
+    """The Celerity decoder; other families subclass it (``framework.families.build_decoder``)."""
+
+    family = "celerity"
+    block_class = Block
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        if cfg.family != self.family:
+            raise ValueError(f"family={cfg.family!r} is invalid for {type(self).__name__}: "
+                             "build the decoder with framework.families.build_decoder")
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.blocks = nn.ModuleList(self.block_class(cfg, i) for i in range(cfg.n_layers))
+        self.norm = self.block_class.new_norm(cfg)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.init_weights()
 

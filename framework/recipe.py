@@ -184,10 +184,10 @@ def parameter_count(cfg: ModelConfig) -> int:
     """Exact, from the Decoder itself (built on the meta device: no memory)."""
     import torch
 
-    from framework.model import Decoder
+    from framework.families import build_decoder
 
     with torch.device("meta"):
-        return Decoder(cfg).num_parameters()
+        return build_decoder(cfg).num_parameters()
 
 
 # ---------------------------------------------------------------------- the memory model
