@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -259,12 +260,14 @@ def _exit_sums(logits_fn, adapter_hidden: torch.Tensor, plain_hidden: torch.Tens
                         F.kl_div(plain, teacher, log_target=True, reduction="sum")]).double()
 
 
-def evaluate(backbone: Decoder, adapters: ExitAdapters, batches: Iterable) -> dict:
-    """The `adapters eval` report: plain early exit next to the adapters, per exit."""
+def evaluate(backbone: Decoder, adapters: ExitAdapters, batches: Iterable,
+             adapter_batches: Iterable | None = None) -> dict:
+    """The `adapters eval` report: plain early exit next to the adapters, per exit (two
+    passes: ``batches``, then ``adapter_batches``, by default the same batches again)."""
     from eval.exits import exit_losses
 
     plain = exit_losses(backbone, batches)
-    with_adapters = adapter_losses(backbone, adapters, batches)
+    with_adapters = adapter_losses(backbone, adapters, batches if adapter_batches is None else adapter_batches)
     num_layers = plain["num_layers"]
     return {"num_layers": num_layers, "exits": adapters.exits, "tokens": plain["tokens"],
             "exit_loss": plain["exit_loss"],
@@ -354,7 +357,9 @@ def fit_main(argv: list[str] | None = None) -> int:
                            batch_size=args.batch_size, val_batches=args.val_batches, seed=args.seed,
                            model_vocab_size=backbone.config.vocab_size)
     before = {k: v.clone() for k, v in backbone.state_dict().items()}
-    trainer.fit(module, datamodule=data)
+    with warnings.catch_warnings():  # the frozen backbone is in eval mode on purpose (AdapterModule.train)
+        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+        trainer.fit(module, datamodule=data)
     _check_frozen(before, backbone)
     if trainer.is_global_zero:
         meta = {"backbone": str(Path(args.ckpt).resolve()), "init": args.init, "steps": args.max_steps,
@@ -370,12 +375,16 @@ def _trainer(args: argparse.Namespace) -> pl.Trainer:
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from framework.strategies import build_strategy, precision_for, resolve_accelerator
+    from framework.training_progress import StepProgressBar, StepProgressLines
 
     name = args.strategy
     if name == "auto":
         name = "ddp" if args.devices * args.num_nodes > 1 else "single"
     strategy = build_strategy(name, accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes)
-    return pl.Trainer(accelerator=resolve_accelerator(args.accelerator), devices=args.devices,
+    # Steps out of --max-steps (Lightning's own bar reads "Epoch 0/-2"); in a log, lines.
+    on_terminal = sys.stdout.isatty()
+    display = StepProgressBar() if on_terminal else StepProgressLines(every=10.0, loss="train/kl")
+    return pl.Trainer(callbacks=[display], enable_progress_bar=on_terminal,accelerator=resolve_accelerator(args.accelerator), devices=args.devices,
                       num_nodes=args.num_nodes, strategy=strategy, precision=precision_for(args.accelerator),
                       max_steps=args.max_steps, val_check_interval=args.val_every or args.max_steps,
                       check_val_every_n_epoch=None, limit_val_batches=args.val_batches,
@@ -408,7 +417,7 @@ def eval_parser() -> argparse.ArgumentParser:
 
 def eval_main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, ValidationData
-    from framework.loop_progress import Advancing, progress
+    from framework.loop_progress import shown
 
     parser = eval_parser()
     args = parser.parse_args(argv)
@@ -431,9 +440,9 @@ def eval_main(argv: list[str] | None = None) -> int:
         adapters, _ = load_adapters(args.adapters, backbone)
     except CheckpointError as err:
         parser.error(str(err))
-    with progress(2 * len(data), "adapters eval: batches") as bar:
-        report = {"adapters": str(args.adapters), "backbone": str(args.ckpt or meta["backbone"]),
-                  **evaluate(backbone, adapters, Advancing(data, bar)), "plot": args.plot}
+    passes = [shown(data, len(data), f"adapters eval: {what}, batches") for what in ("plain exits", "adapters")]
+    report = {"adapters": str(args.adapters), "backbone": str(args.ckpt or meta["backbone"]),
+              **evaluate(backbone, adapters, *passes), "plot": args.plot}
     write_json(args.out, report)
     _plot(report, args.plot)
     for e in report["exits"]:

@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from framework import __version__
+from framework.library_noise import quiet_library_noise
 
 # command -> (module:function, one-line help). Two-word commands are groups.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         return _refuse(f"unknown subcommand {given!r}; allowed: {', '.join(subs)}",
                        f"layerdrop {first}")
     name, rest = resolved
+    quiet_library_noise()
     target, _ = COMMANDS[name]
     module_name, func_name = target.split(":")
     func = getattr(importlib.import_module(module_name), func_name)

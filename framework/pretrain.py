@@ -69,13 +69,14 @@ class PretrainCLI(LightningCLI):
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.add_lightning_class_args(NonFiniteLossGuard, "guard")
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        check_early(self.config)
+
     def before_instantiate_classes(self) -> None:
         config = self.config
         check_trainer(config.trainer)
         check_seq_len(config)
-        if config.progress_every is not None and not config.progress_every >= 0:
-            raise ValueError(f"progress_every={config.progress_every!r} is invalid: must be a number of seconds "
-                             ">= 0, or null for no progress lines")
         folder = checkpoint_dir(config)
         choice = choose_checkpoint(config.resume, folder, clean=rank_zero_only.rank == 0)
         self.ckpt_path = choice.path if choice is not None else None
@@ -194,6 +195,18 @@ def check_trainer(trainer: Any) -> None:
             (isinstance(devices, (list, tuple)) and not devices):
         raise ValueError(f"trainer.devices={devices if count is None else count!r} is invalid: a positive number of "
                          "devices, -1 (all of them), a list of device indices or 'auto'")
+
+
+def check_early(config: Any) -> None:
+    """What can be refused right after parsing, before Lightning seeds (and says so): a
+    refused value is then the run's one line."""
+    every = config.progress_every
+    if every is not None and not every >= 0:
+        raise ValueError(f"progress_every={every!r} is invalid: must be a number of seconds >= 0, or null for "
+                         "no progress lines")
+    from framework.config import ParametrizationConfig
+
+    ParametrizationConfig(**_as_dict(config.model.parametrization))  # lr, eps: bounded (AdamW runs in float32)
 
 
 def check_seq_len(config: Any) -> None:

@@ -68,6 +68,7 @@ import yaml
 
 from framework.command_parser import CommandParser
 from framework.config import PAPER_SIZES, LayerDropoutConfig, ModelConfig, ParametrizationConfig
+from framework.output_path import file_problem
 from framework.parametrization import (
     EMBEDDING,
     HIDDEN,
@@ -472,8 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser().parse_args(argv)
-        if args.out and Path(args.out).exists() and not args.overwrite:
-            raise RecipeError(f"--out={args.out!r} is invalid: it exists (add --overwrite to replace it)")
+        if args.out and (problem := file_problem(args.out, args.overwrite)) is not None:
+            raise RecipeError(f"--out {problem}")
         text = render(read_base(args.base).recipe, derive(args))
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 2
