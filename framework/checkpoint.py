@@ -160,6 +160,18 @@ def export_decoder(decoder: Decoder, out_dir: str | os.PathLike, *, extra: dict 
 # ------------------------------------------------------------------ tensors per form
 
 
+def checkpoint_tensors(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
+    """(name, tensor or Pieces) of a checkpoint's decoder, one at a time (every form
+    but FSDP2's DCP folders, which torch's reader loads into a model directly)."""
+    path = Path(path)
+    form = checkpoint_form(path)
+    if form == "dcp":
+        raise CheckpointError(f"{str(path)!r} is an FSDP2 checkpoint folder: export it first "
+                              "(layerdrop export --ckpt ... --out DIR) and start from DIR")
+    read_model_config(path)  # proves it harmless, checks its config
+    return _tensors(form, path)
+
+
 def _tensors(form: str, path: Path) -> Iterator[tuple[str, Any]]:
     if form == "lightning":
         from framework.safe_unpickle import load_torch_file
@@ -266,5 +278,5 @@ def _config_from(data: dict, path: Path) -> ModelConfig:
         raise CheckpointError(f"{str(path)!r}: {err}") from None
 
 
-__all__ = ["CheckpointError", "checkpoint_form", "load_decoder", "read_model_config", "read_metadata",
+__all__ = ["CheckpointError", "checkpoint_form", "checkpoint_tensors", "load_decoder", "read_model_config", "read_metadata",
            "find_tokenizer", "export_decoder", "CKPT_KEY", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_FILE"]

@@ -205,6 +205,8 @@ class ModelConfig:
             self._refuse_llama_fields()
         elif self.bias:
             raise ValueError("bias=True is invalid for family='llama': Llama blocks have no biases; set bias: false")
+        elif self.attention == "flex":  # FlexAttention here is ALiBi's kernel; Llama runs SDPA (flash on CUDA)
+            raise ValueError("attention='flex' is invalid for family='llama': allowed: auto, sdpa")
         if self.rope_type == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
             raise ValueError(f"rope_high_freq_factor={self.rope_high_freq_factor!r} is invalid: must be > "
                              f"rope_low_freq_factor={self.rope_low_freq_factor!r}")

@@ -7,7 +7,7 @@ and compilation are applied from outside (framework/strategies.py).
 from __future__ import annotations
 
 import numbers
-from typing import Iterable
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -97,6 +97,20 @@ class Block(nn.Module):
         scale = self.residual_multiplier
         h = h.index_add(0, rows, self.attn(self.attn_norm(h), bias, cache, rows), alpha=scale)
         return residual_update(h, lambda x: self.ffn(self.ffn_norm(x)), rows, scale)
+
+
+# leave(exit K, running rows [R], what their exit head reads [R, T, d]) -> [R] bool: stop at K
+LeaveRule = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class StepOutput(NamedTuple):
+    """What ``Decoder.step`` computed: the stream after its last block [B, T, d] (rows
+    that left early keep their exit state), what each requested exit's head reads, and
+    the rows still running at the end (None: all of them)."""
+
+    hidden: torch.Tensor
+    reads: dict[int, torch.Tensor]
+    running: torch.Tensor | None
 
 
 class Decoder(nn.Module):
@@ -189,6 +203,50 @@ class Decoder(nn.Module):
             if states is not None:
                 states.append(h)
         return h
+
+    def step(self, inputs: torch.Tensor, cache: KVCache, *, layers: Iterable[int] | None = None,
+             padding: torch.Tensor | None = None, exits: Mapping[int, nn.Module | None] | None = None,
+             leave: LeaveRule | None = None, advance: bool = True) -> StepOutput:
+        """One decoding forward of T new positions through ``cache``: the sequence every
+        decoding route goes through (mark padding -> attention bias -> embed -> blocks ->
+        exit reads -> cache advance), whatever family the blocks belong to.
+
+        ``inputs``: token ids [B, T], or a residual stream [B, T, d] to resume from
+        (verification above a draft's exit). ``layers``: the blocks to run, in order
+        (default: all). ``padding`` [B, T] marks positions holding no token.
+        ``exits`` {K: adapter or None}: after the blocks below K have run, the state
+        exit K's head reads (through its adapter block, which writes its own K/V) goes
+        to ``StepOutput.reads[K]``. ``leave(K, rows, read)`` may then return which of
+        the still-running ``rows`` stop there: later blocks update only the others,
+        while every row writes their K/V from its current state (CALM's state
+        propagation, see ``run_blocks``). ``advance=False`` leaves the cache length
+        alone (a forward whose positions are rewritten next).
+        """
+        if padding is not None:
+            cache.mark_padding(padding)
+        h = self.embed(inputs) if inputs.dim() == 2 else inputs
+        bias = self.attention_bias(h.shape[1], cache)
+        layers = list(range(len(self.blocks)) if layers is None else layers)
+        reads: dict[int, torch.Tensor] = {}
+        running: torch.Tensor | None = None  # rows still updated (None: all)
+        done = 0
+        for exit_layer in sorted(exits or {}):
+            below = [i for i in layers[done:] if i < exit_layer]
+            h = self.run_blocks(h, below, bias=bias, cache=cache, rows=running)
+            done += len(below)
+            adapter = (exits or {})[exit_layer]
+            read = h if adapter is None else (adapter(h, bias, None, cache) if running is None
+                                              else adapter(h, bias, None, cache, running))
+            reads[exit_layer] = read
+            if leave is not None:
+                rows = torch.arange(h.shape[0], device=h.device) if running is None else running
+                if rows.numel():
+                    stays = ~leave(exit_layer, rows, read[rows])
+                    running = None if bool(stays.all()) and running is None else rows[stays]
+        h = self.run_blocks(h, layers[done:], bias=bias, cache=cache, rows=running)
+        if advance:
+            cache.advance(h.shape[1])
+        return StepOutput(h, reads, running)
 
     def check_plan(self, plan: DropPlan, batch_size: int, cache: KVCache | None) -> None:
         if len(plan) != len(self.blocks):

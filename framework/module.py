@@ -99,6 +99,9 @@ class LayerDropModule(pl.LightningModule):
         loss_chunk_tokens: tokens per chunk of the cross-entropy (bounds logits memory).
         activation_checkpointing: recompute each block's activations in backward.
         compile: torch.compile each block.
+        init_from: a checkpoint whose weights start the run (a Hugging Face Llama folder or
+            a layerdrop export; framework/init_from.py): continued pretraining. The decoder
+            must be its shape, and its own parametrization base (m_d = m_L = 1).
     """
 
     def __init__(self, decoder: ModelConfig,
@@ -107,7 +110,7 @@ class LayerDropModule(pl.LightningModule):
                  lr_schedule: LRScheduleConfig = LRScheduleConfig(),
                  early_exit_loss: EarlyExitLossConfig = EarlyExitLossConfig(),
                  loss_chunk_tokens: PositiveInt = 4096, activation_checkpointing: bool = False,
-                 compile: bool = False) -> None:
+                 compile: bool = False, init_from: str | None = None) -> None:
         super().__init__()
         check("loss_chunk_tokens", loss_chunk_tokens, PositiveInt)
         explicit = layer_dropout.distribution
@@ -117,6 +120,9 @@ class LayerDropModule(pl.LightningModule):
         check_exits(early_exit_loss, decoder.n_layers)
         # The configs are frozen and were validated when built: kept as given.
         self.model_cfg = with_parametrization(decoder, parametrization)
+        self.init_from = init_from
+        if init_from is not None:
+            check_initial_model(init_from, self.model_cfg)
         self.dropout_cfg = layer_dropout
         self.param_cfg = parametrization
         self.lr_cfg = lr_schedule
@@ -130,7 +136,7 @@ class LayerDropModule(pl.LightningModule):
             "parametrization": asdict(self.param_cfg), "lr_schedule": asdict(self.lr_cfg),
             "early_exit_loss": asdict(early_exit_loss),
             "loss_chunk_tokens": loss_chunk_tokens, "activation_checkpointing": activation_checkpointing,
-            "compile": compile,
+            "compile": compile, "init_from": init_from,
         })
         self.model: Decoder | None = None
         self.val_loss = MeanMetric()
@@ -170,6 +176,10 @@ class LayerDropModule(pl.LightningModule):
             self.model.init_weights()  # restores the ALiBi slopes (buffers) too
             init_decoder_(self.model, self.param_cfg)
             self._init_after_materialize = False
+        if self.init_from is not None and not self.trainer.ckpt_path:  # a resumed run restores its own weights
+            from framework.init_from import load_initial_weights
+
+            load_initial_weights(self.model, self.init_from)
 
     def configure_callbacks(self) -> list[pl.Callback]:
         from framework.callbacks import EarlyExitLosses, LayerDropoutSchedule
@@ -321,6 +331,22 @@ def with_parametrization(decoder: ModelConfig, pcfg: ParametrizationConfig) -> M
             raise ValueError(f"decoder.{key}={given!r} is invalid: it is derived from the parametrization "
                              f"(kind={pcfg.kind!r} gives {value!r}); leave it at 1.0")
     return dataclasses.replace(decoder, **derived)
+
+
+def check_initial_model(path: str, model_cfg: ModelConfig) -> None:
+    """``model.init_from``'s model must be the configured one, with multipliers 1."""
+    from framework.checkpoint import read_model_config
+
+    for key in ("logit_multiplier", "residual_multiplier"):
+        if getattr(model_cfg, key) != 1.0:
+            raise ValueError(f"model.init_from={path!r} needs the imported model to be its own parametrization base "
+                             f"(m_d = m_L = 1), but {key}={getattr(model_cfg, key)!r}: set "
+                             f"parametrization.d_base={model_cfg.d_model} and n_layers_base={model_cfg.n_layers}")
+    saved = read_model_config(path).to_dict()
+    different = [f"{k}: {saved[k]!r} there, {v!r} here" for k, v in model_cfg.to_dict().items()
+                 if k not in RUNTIME_FIELDS and saved.get(k) != v]
+    if different:
+        raise ValueError(f"model.init_from={path!r} holds another model than model.decoder ({'; '.join(different)})")
 
 
 def check_same_model(saved: dict[str, Any], configured: dict[str, Any]) -> None:

@@ -134,7 +134,7 @@ class LlamaDecoder(Decoder):
         self.tie_weights()
 
     def tie_weights(self) -> None:
-        if self.config.tie_embeddings:
+        if self.config.tie_embeddings and self.head.weight is not self.embed.weight:
             self.head.weight = self.embed.weight
 
     @torch.no_grad()
