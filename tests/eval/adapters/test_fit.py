@@ -86,7 +86,8 @@ def test_fit_then_eval_reduces_the_exit_loss(prepared, backbone_dir, tmp_path, c
     monkeypatch.setattr("framework.loop_progress.LOG_EVERY", 0.0)  # a line per batch
     assert eval_main(["--adapters", str(out), "--data", str(prepared), "--out", str(report_path),
                       "--seq-len", str(SEQ_LEN), "--batches", "6"]) == 0
-    counted = [line.split(" in ")[0] for line in capsys.readouterr().err.splitlines() if "batches:" in line]
+    printed = capsys.readouterr()
+    counted = [line.split(" in ")[0] for line in printed.err.splitlines() if "batches:" in line]
     assert counted == [f"adapters eval: {what}, batches: {n}/6 ({n / 6:.0%})"  # each pass counts its 6
                        for what in ("plain exits", "adapters") for n in range(1, 7)]
     report = json.loads(report_path.read_text())
@@ -98,7 +99,7 @@ def test_fit_then_eval_reduces_the_exit_loss(prepared, backbone_dir, tmp_path, c
         # ... and so is its cross-entropy, which moves from the plain exit's toward the full model's.
         assert abs(report["adapter_loss"][e] - final) < abs(report["plain_loss"][e] - final), report
     assert report["exit_loss"]["4"] == final and report["num_layers"] == 4
-    assert "exit 1: plain" in capsys.readouterr().out
+    assert "exit 1: plain" in printed.out
 
 
 def test_fit_in_a_log_shows_steps_and_no_library_noise(prepared, backbone_dir, tmp_path):
