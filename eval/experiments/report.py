@@ -33,9 +33,11 @@ from eval.experiments.findings import all_findings
 from eval.experiments.hyperparameter_curves import curves_figure, hyperparameter_report
 from eval.experiments.report_folder import check_out, clear_report
 from eval.experiments.report_markdown import markdown
-from eval.experiments.report_tables import configuration_table, correlation, elasticity_points, group, speculative_table
+from eval.experiments.report_tables import (configuration_table, correlation, draft_table, elasticity_points, group,
+                                            speculative_table)
 from eval.experiments.sweep_results import RunResult, copy_results, load_results, with_aliases
 from eval.measurements import plots
+from framework.command_parser import CommandParser
 from framework.config import LayerDropoutConfig
 from framework.schedules import dropout_rates
 
@@ -142,6 +144,7 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
         "findings": all_findings(configurations, results, points),
         "elasticity": {"points": points, "correlations": correlations},
         "speculative": speculative_table(configurations),
+        "drafts": draft_table(configurations),
         "exit_curves": exit_curves(configurations), "skip_curves": skip_curves(configurations),
         "heatmaps": heatmaps(configurations),
         "hyperparameters": hyperparameter_report(results),
@@ -193,7 +196,7 @@ def write_images(report: dict, out: Path) -> dict[str, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="The paper's tables, plots and verdicts from a "
+    parser = CommandParser(prog=PROG, description="The paper's tables, plots and verdicts from a "
                                      "sweep folder: Markdown + PNG + the JSON behind every number.")
     parser.add_argument("sweep_dir", metavar="SWEEP_DIR", help="a folder made by `layerdrop sweep` (or by this "
                         "command's --out: it holds a copy of the runs' small files)")
