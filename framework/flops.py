@@ -104,6 +104,16 @@ def executed_step_flops(model_cfg: ModelConfig, kept_counts: Sequence[tuple[int,
                  head=(1 + exit_heads) * batch_size * seq_len * head_flops_per_token(model_cfg, training=training))
 
 
+def expected_training_flops_per_token(model_cfg: ModelConfig, seq_len: int, *, mean_dropout: float = 0.0,
+                                      exit_heads: float = 0.0) -> Flops:
+    """A training token's FLOPs in expectation over a run: the blocks at 1 - P̄ of their
+    dense cost, the final head, and ``exit_heads`` early-exit heads on average a step."""
+    per_token = block_flops_per_token(model_cfg, seq_len)
+    kept = model_cfg.n_layers * (1.0 - mean_dropout)
+    return Flops(attention=kept * per_token.attention, ffn=kept * per_token.ffn,
+                 head=(1.0 + exit_heads) * head_flops_per_token(model_cfg))
+
+
 def saved_fraction(executed: Flops, dense: Flops, *, include_head: bool = False) -> float:
     """1 - executed/dense over the blocks (non-embedding FLOPs, the paper's P̄ measure),
     or over the whole step with ``include_head``."""
@@ -125,6 +135,7 @@ __all__ = [
     "head_flops_per_token",
     "dense_step_flops",
     "executed_step_flops",
+    "expected_training_flops_per_token",
     "saved_fraction",
     "expected_executed_fraction",
 ]

@@ -11,6 +11,9 @@ writes into ``--out``:
     runs/<run>/      the small files of every run (config, summary, status, evals, curve):
                      `layerdrop report <out>` rebuilds the same report from them alone
 
+``--out`` is new, empty, or a report (replaced only with ``--overwrite``); any other
+folder is refused (eval/experiments/report_folder.py).
+
 Runs are labelled by configuration (eval/experiments/sweep_results.py), numbers come from
 eval/experiments/report_tables.py, verdicts from eval/experiments/findings.py.
 """
@@ -27,8 +30,11 @@ from pathlib import Path
 import yaml
 
 from eval.experiments.findings import all_findings
+from eval.experiments.hyperparameter_curves import curves_figure, hyperparameter_report
+from eval.experiments.report_folder import check_out, clear_report
 from eval.experiments.report_markdown import markdown
-from eval.experiments.report_tables import configuration_table, correlation, elasticity_points, group, speculative_table
+from eval.experiments.report_tables import (configuration_table, correlation, draft_table, elasticity_points, group,
+                                            speculative_table)
 from eval.experiments.sweep_results import RunResult, copy_results, load_results, with_aliases
 from eval.measurements import plots
 from framework.config import LayerDropoutConfig
@@ -128,7 +134,7 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
     points = elasticity_points(results)
     correlations = {k: correlation(points, k) for k in ("exit_degradation", "skip_degradation")}
     machine = json.loads((root / "machine.json").read_text()) if (root / "machine.json").is_file() else {}
-    sweep_file = root / "sweep.yaml"
+    sweep_file = root / "sweep.yaml" if (root / "sweep.yaml").is_file() else root / "tune.yaml"  # layerdrop tune's
     prepare = (yaml.safe_load(sweep_file.read_text()).get("data") or {}).get("prepare") if sweep_file.is_file() else None
     report = {
         "sweep": str(root), "machine": machine, "skipped_runs": skipped, "model": model_summary(results),
@@ -137,8 +143,10 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
         "findings": all_findings(configurations, results, points),
         "elasticity": {"points": points, "correlations": correlations},
         "speculative": speculative_table(configurations),
+        "drafts": draft_table(configurations),
         "exit_curves": exit_curves(configurations), "skip_curves": skip_curves(configurations),
         "heatmaps": heatmaps(configurations),
+        "hyperparameters": hyperparameter_report(results),
         "runs": [run_row(r) for r in results],
         "curves": [{"run": r.name, "label": r.label, **{k: r.curve.get(k, []) for k in
                                                         ("step", "training_flops", "val_loss")}} for r in results],
@@ -180,6 +188,9 @@ def write_images(report: dict, out: Path) -> dict[str, str]:
                                             report["elasticity"]["correlations"])
     if report["heatmaps"]:
         written["heatmaps"] = plots.save(plots.heatmap_figure, images / "heatmaps.png", report["heatmaps"])
+    for key, found in report["hyperparameters"]["curves"].items():
+        name = f"loss_vs_{key.split('.')[-1]}"
+        written[name] = plots.save(curves_figure, images / f"{name}.png", found, key)
     return {name: str(path.relative_to(out)) for name, path in written.items()}
 
 
@@ -190,6 +201,8 @@ def _parser() -> argparse.ArgumentParser:
                         "command's --out: it holds a copy of the runs' small files)")
     parser.add_argument("--out", default=None, metavar="DIR", help="where README.md, report.json, images/ and "
                         "runs/ go (default: SWEEP_DIR/report)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the report already in --out (a folder "
+                        "that holds something else is never written into)")
     parser.add_argument("--title", default="Reproducing the paper", help="the report's heading")
     parser.add_argument("--path-alias", action="append", default=[], metavar="PATH=ALIAS",
                         help="write ALIAS for PATH in everything the report writes (repeatable), e.g. "
@@ -210,10 +223,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--path-alias {item!r} is invalid: expected PATH=ALIAS")
         aliases[path] = alias
     try:
+        check_out(out, args.overwrite)
         report, results = build_report(root)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
+    clear_report(out, root)
     out.mkdir(parents=True, exist_ok=True)
     copy_results(results, out, root / "sweep.yaml", aliases)
     if (root / "machine.json").is_file() and (root / "machine.json").resolve() != (out / "machine.json").resolve():

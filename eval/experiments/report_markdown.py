@@ -137,8 +137,72 @@ def _images(report: dict) -> list[str]:
     }
     lines = ["## Plots", ""]
     for name, path in report.get("images", {}).items():
+        if name.startswith("loss_vs_"):  # shown with their tables
+            continue
         lines += [f"![{name}]({path})", "", captions.get(name, ""), ""]
     return lines
+
+
+SYMBOLS = {"model.parametrization.lr": "η", "model.decoder.init_std": "σ", "model.parametrization.tau_ema": "τ_EMA"}
+
+
+def _point(point: dict, best: bool) -> str:
+    if point["mean"] == float("inf"):
+        return "diverged"
+    text = f"{point['mean']:.4f}" + (f" ± {point['std']:.4f}" if point.get("std") is not None else "")
+    text += f" ({point['seeds']})"
+    return f"**{text}**" if best else text
+
+
+def _hyperparameters(report: dict) -> list[str]:
+    """Loss vs η, σ, τ_EMA per series; the µTransfer drift; Fig. 3's verdict; rising validation."""
+    section = report.get("hyperparameters") or {}
+    lines: list[str] = []
+    for key, curves in (section.get("curves") or {}).items():
+        symbol = SYMBOLS.get(key, key)
+        values = sorted({p["value"] for c in curves for p in c["points"]})
+        lines += [f"## Loss vs {symbol} (`{key}`)", "",
+                  "Mean held-out loss over seeds ± their std (number of seeds); **bold**: each series' optimum.", ""]
+        rows = []
+        for value in values:
+            row = [f"{value:g}" if isinstance(value, (int, float)) else str(value)]
+            for curve in curves:
+                point = next((p for p in curve["points"] if p["value"] == value), None)
+                row.append(_point(point, point is curve["points"][curve["optimum_index"]]) if point else "")
+            rows.append(row)
+        lines += _table([symbol, *(c["label"] for c in curves)], rows) + [""]
+        edges = [c["label"] for c in curves if c["at_edge"]]
+        if edges:
+            lines += [f"Optimum at the edge of the grid (the true one may lie beyond): {'; '.join(edges)}.", ""]
+        image = report.get("images", {}).get(f"loss_vs_{key.split('.')[-1]}")
+        if image:
+            lines += [f"![loss vs {symbol}]({image})", ""]
+    if section.get("transfer"):
+        lines += ["## µTransfer: the optimal η_base per shape", "",
+                  "Drift: log₂ of the optimum over the smallest shape's, per parametrization (0: the optimum "
+                  "stays put; ±1: one factor of 2).", ""]
+        rows = [[str(r["parametrization"]), _f(r["d_model"]), _f(r["n_layers"]), f"{r['optimal_lr']:g}",
+                 _f(r["loss"]), f"{r['drift_log2']:+.2f}" + (" (edge)" if r["at_edge"] else "")]
+                for r in section["transfer"]]
+        lines += _table(["parametrization", "d_model", "n_layers", "optimal η", "loss", "drift (log₂)"], rows) + [""]
+        for verdict in section.get("transfer_verdicts") or []:
+            edge = " (an optimum at the grid's edge)" if verdict["edge"] else ""
+            lines.append(f"- {verdict['parametrization']}: {verdict['verdict']}{edge}")
+        lines.append("")
+    if section.get("figure3"):
+        lines += ["## Fig. 3: does the optimum stay put across p_max?", ""]
+        rows = [[SYMBOLS.get(f["key"], f["key"]), f["r_train"],
+                 "; ".join(f"p_max={o['p_max']}: {o['optimum']:g}" for o in f["optima"]), f["verdict"]]
+                for f in section["figure3"]]
+        lines += _table(["curve", "r_train", "optimum per p_max", "verdict"], rows) + [""]
+    rising = section.get("rising_validation") or []
+    lines += ["## Instability: validation loss that rose during training", ""]
+    if rising:
+        lines += [f"- {r['run']}: " + "; ".join(f"step {x['from_step']} → {x['to_step']}: {x['from']:.4f} → "
+                                                  f"{x['to']:.4f}" for x in r["rises"]) for r in rising]
+    else:
+        lines.append("None: every run's validation loss fell (or held) from each evaluation to the next.")
+    return lines + [""]
 
 
 def _speculative(report: dict) -> list[str]:
@@ -156,6 +220,17 @@ def _speculative(report: dict) -> list[str]:
                            "identical to greedy"], rows) + [""]
 
 
+def _drafts(report: dict) -> list[str]:
+    if not report.get("drafts"):
+        return []
+    lines = ["## Fixed drafts (`speculate run`)", "",
+             "Exit drafts (blocks 0..E-1, LayerSkip-style) and fixed skip sets, decoded greedily against the "
+             "full model; means over seeds (timings on a shared machine: treat them as rough).", ""]
+    rows = [[r["configuration"], r["draft"], str(r["seeds"]), " / ".join(f"{s:.2f}×" for s in r["speedup_per_seed"]),
+             f"{r['acceptance_rate_mean']:.0%}", str(r["identical_to_greedy"])] for r in report["drafts"]]
+    return lines + _table(["configuration", "draft", "seeds", "speedup", "α", "identical to greedy"], rows) + [""]
+
+
 def _runs(report: dict) -> list[str]:
     rows = [[r["run"], r["configuration"], str(r["seed"]), _f(r["val_loss"]), _f(r["end_of_training_val_loss"]),
              _f(r["mean_dropout_achieved"], 3), _flops(r["training_flops"]), f"{r['cpu_seconds']:.0f}"]
@@ -169,7 +244,8 @@ def markdown(report: dict, *, title: str) -> str:
              "Written by `layerdrop report` from a `layerdrop sweep` folder; every number is in report.json "
              "beside this file, and runs/ holds each run's config, summary and evaluations, from which "
              "`layerdrop report` rebuilds this page.", ""]
-    for part in (_how_it_was_run, _findings, _configurations, _noise, _images, _speculative, _runs):
+    for part in (_how_it_was_run, _findings, _configurations, _noise, _hyperparameters, _images, _speculative, _drafts,
+                 _runs):
         lines += part(report)
     return "\n".join(lines).rstrip() + "\n"
 

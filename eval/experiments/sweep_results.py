@@ -200,11 +200,26 @@ def label_configurations(results: list[RunResult]) -> None:
     """Label each run by its layer dropout, plus the other settings that vary in the sweep."""
     flats = [flatten(r.config) for r in results]
     keys = sorted({k for flat in flats for k in flat})
-    varying = [k for k in keys if k not in IGNORED_KEYS and not k.startswith("model.layer_dropout.")
+    varying = [k for k in keys if k not in IGNORED_KEYS and not k.startswith(("model.layer_dropout.",
+                                                                               "model.early_exit_loss."))
                and len({json.dumps(flat.get(k), default=str) for flat in flats}) > 1]
     for result, flat in zip(results, flats):
         extras = [f"{k.split('.')[-1]}={flat.get(k)}" for k in varying]
-        result.label = ", ".join([dropout_label(result.layer_dropout), *extras])
+        exits = early_exit_label(get_dotted(result.config, "model.early_exit_loss") or {})
+        result.label = ", ".join([dropout_label(result.layer_dropout) + exits, *extras])
+
+
+def early_exit_label(section: dict) -> str:
+    """`` + early-exit loss 0.5 (rotational 3, uniform)``, or "" when the loss is off."""
+    if not float(section.get("scale", 0.0)):
+        return ""
+    curriculum = section.get("curriculum", "none")
+    knob = {"rotational": f" {section.get('rotation', 2)}", "gradual": f" over {section.get('ramp', 1.0):g}"}
+    exits = section.get("exits", "all")
+    which = f"exits {exits}" if exits != "all" else ("" if section.get("every", 1) == 1 else f"every {section['every']}")
+    details = [d for d in (which, f"{curriculum}{knob.get(curriculum, '')}" if curriculum != "none" else "",
+                           section.get("weighting", "uniform")) if d]
+    return f" + early-exit loss {float(section['scale']):g} ({', '.join(details)})"
 
 
 # --------------------------------------------------------------------------- copying

@@ -36,7 +36,8 @@ from typing import Any
 
 import yaml
 
-from framework.config import LayerDropoutConfig, ModelConfig
+from framework.config import EarlyExitLossConfig, LayerDropoutConfig, ModelConfig
+from framework.early_exit_loss import mean_exit_heads
 from framework.flops import dense_step_flops
 from framework.schedules import mean_dropout
 
@@ -276,7 +277,7 @@ class Prediction:
     """What a run will cost, from its recipe alone (before anything runs)."""
 
     mean_dropout: float  # P̄: predicted fraction of non-embedding training FLOPs saved
-    training_flops: float  # executed: blocks × (1 - P̄) + the head
+    training_flops: float  # executed: blocks × (1 - P̄) + the head × (1 + early-exit heads a step)
     dense_training_flops: float
     tokens: int
     non_embedding_params: int
@@ -305,10 +306,13 @@ def predict(recipe: dict) -> Prediction:
     devices = devices if isinstance(devices, int) else 1
     sequences = batch * devices * int(get_dotted(recipe, "trainer.num_nodes", 1) or 1) \
         * int(get_dotted(recipe, "trainer.accumulate_grad_batches", 1) or 1)
+    exits = EarlyExitLossConfig(**(get_dotted(recipe, "model.early_exit_loss") or {}))
+    heads = mean_exit_heads(exits, model_cfg.n_layers, steps)
     step = dense_step_flops(model_cfg, sequences, seq_len)
     p_bar = mean_dropout(dropout, model_cfg.n_layers, steps)
-    return Prediction(mean_dropout=p_bar, training_flops=steps * (step.blocks * (1 - p_bar) + step.head),
-                      dense_training_flops=steps * step.total, tokens=steps * sequences * seq_len,
+    heads_flops = step.head * (1 + heads)  # the final head and the early-exit heads
+    return Prediction(mean_dropout=p_bar, training_flops=steps * (step.blocks * (1 - p_bar) + heads_flops),
+                      dense_training_flops=steps * (step.blocks + heads_flops), tokens=steps * sequences * seq_len,
                       non_embedding_params=non_embedding_parameters(model_cfg))
 
 

@@ -232,8 +232,10 @@ def diverged(folder: RunFolder) -> bool:
 class Tuner:
     """Plans each stage from the run folders in ``root`` and runs what is missing."""
 
-    def __init__(self, tune: TuneSpec, spec: dict, text: str, path: Path, root: Path, data_dir: str | None) -> None:
+    def __init__(self, tune: TuneSpec, spec: dict, text: str, path: Path, root: Path, data_dir: str | None,
+                 sources: list[Path] | None = None) -> None:
         self.tune, self.spec, self.text, self.path, self.root, self.data_dir = tune, spec, text, path, root, data_dir
+        self.sources = sources or []  # --done-from: read where root has not adopted them yet (--dry-run)
 
     def sweep(self, points: list[dict[str, Any]], seeds: tuple[int, ...]) -> Sweep:
         configs = [(point_name(self.tune, p), dict(p), list(seeds)) for p in points]
@@ -245,6 +247,11 @@ class Tuner:
             point = Point(values=values, seeds=seeds)
             for run in (r for r in sweep.runs if r.config_name == point_name(self.tune, values)):
                 loss, state = read_loss(RunFolder(self.root, run), self.tune.metric)
+                for source in self.sources if loss is None else []:
+                    loss, found = read_loss(RunFolder(source, run), self.tune.metric)
+                    if loss is not None:
+                        state = f"done in {source} (adopted, not run)" if found == "done" else found
+                        break
                 point.states[run.seed] = state
                 if loss is not None:
                     point.losses[run.seed] = loss
@@ -368,7 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tune, spec, text = load_tune(args.tune, data_dir=args.data)
         root = Path(args.out)
-        tuner = Tuner(tune, spec, text, Path(args.tune), root, args.data)
+        sources = [Path(d) for d in args.done_from]
+        tuner = Tuner(tune, spec, text, Path(args.tune), root, args.data, sources)
         first = tuner.sweep(stage_points(tune, 0, dict(tune.start))[1], tune.seeds)
         for run in first.runs:  # bad overrides fail here, before anything is written
             predict(run_recipe(first, run, root / "runs" / run.name))
@@ -378,7 +386,6 @@ def main(argv: list[str] | None = None) -> int:
         root.mkdir(parents=True, exist_ok=True)
         write_text(root / "tune.yaml", text)
         runner = Runner(first, root, threads=args.threads_per_job)
-        sources = [Path(d) for d in args.done_from]
         prepare_data(first, runner)
         record_invocation(root, words, args, prog=PROG)
 

@@ -271,3 +271,37 @@ def test_a_key_the_recipe_does_not_have_fails_that_run_at_its_config(tmp_path, d
     assert error.startswith("invalid recipe: ") and "max_stepz" in error
     assert folder.recipe.is_file() and not folder.config.exists()
     assert not list(folder.dir.glob(".*partial*"))
+
+
+def test_predictions_count_the_early_exit_heads():
+    """Each early-exit head a step (on average over the curriculum) is one more head on every token."""
+    from framework.config import ModelConfig
+    from framework.flops import dense_step_flops
+
+    recipe = {"model": {"decoder": {"vocab_size": 256, "d_model": 32, "n_layers": 4, "n_heads": 2},
+                        "layer_dropout": {"p_max": 0.0}},
+              "trainer": {"max_steps": 10}, "data": {"seq_len": 16, "batch_size": 2}}
+    plain = predict(recipe)
+    recipe["model"]["early_exit_loss"] = {"scale": 0.5, "curriculum": "rotational"}  # exits 1..3: 2, 1, 2, 1, ...
+    with_exits = predict(recipe)
+    head = dense_step_flops(ModelConfig(vocab_size=256, d_model=32, n_layers=4, n_heads=2), 2, 16).head
+    assert with_exits.training_flops == pytest.approx(plain.training_flops + 10 * 1.5 * head)
+    assert with_exits.flops_saved_pct == 0.0  # no layer dropout: the exit heads are not a saving
+
+
+def test_the_committed_early_exit_sweep_is_three_configurations_at_two_seeds(tmp_path, monkeypatch):
+    """recipes/sweeps/early-exit-cpu.yaml: paper-cpu's model and settings; the early-exit
+    loss's run differs from ILD+DTS by that loss alone, whose heads its prediction counts."""
+    monkeypatch.chdir(REPO)  # the file names its base relative to the repository
+    sweep = load_sweep(REPO / "recipes" / "sweeps" / "early-exit-cpu.yaml", data_dir=str(tmp_path))
+    paper = load_sweep(REPO / "recipes" / "sweeps" / "paper-cpu.yaml", data_dir=str(tmp_path))
+    runs = {run.name: run for run in sweep.runs}
+    assert sorted(runs) == [f"{c},seed={s}" for c in ("dense", "ild-dts-0.4", "ild-dts-0.4-eel") for s in (0, 1)]
+    recipes = {name: run_recipe(sweep, run, tmp_path / name) for name, run in runs.items()}
+    paper_runs = {run.name: run for run in paper.runs}
+    for name in ("dense,seed=0", "ild-dts-0.4,seed=1"):  # the reproduction's runs, unchanged
+        assert recipes[name] == run_recipe(paper, paper_runs[name], tmp_path / name)
+    plain, eel = recipes["ild-dts-0.4,seed=0"], recipes["ild-dts-0.4-eel,seed=0"]
+    assert {**eel["model"], "early_exit_loss": None} == {**plain["model"], "early_exit_loss": None}
+    assert predict(eel).training_flops > predict(plain).training_flops
+    assert {spec.name for spec in sweep.evals} >= {"heldout", "speculate", "exit-draft-6", "skip-draft-odd"}

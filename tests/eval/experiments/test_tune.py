@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eval.experiments.report import main as report_main
 from eval.experiments.sweep import main as sweep_main
-from eval.experiments.tune import load_tune, main
 from eval.experiments.sweep_spec import SweepError
+from eval.experiments.tune import load_tune, main
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "recipes" / "tiny.yaml"
@@ -176,3 +177,37 @@ def test_tune_adopts_a_grid_already_run_and_finishes_for_real(tmp_path, prepared
     recipe = yaml.safe_load((root / "tuned.yaml").read_text())
     assert recipe["model"]["parametrization"]["lr"] == lr and recipe["model"]["decoder"]["init_std"] == std
     assert "layerdrop tune" in json.loads((root / "machine.json").read_text())["commands"][-1]
+
+    # The report of the tuning folder: loss vs lr and vs init_std, from the runs' own evaluations.
+    assert report_main([str(root), "--out", str(tmp_path / "report")]) == 0
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    curves = report["hyperparameters"]["curves"]
+    (lr_curve,) = curves[LR]
+    assert [(p["value"], p["mean"]) for p in lr_curve["points"]] == [
+        (v, loss[f"lr={v},init_std=0.02,seed=0"]) for v in (0.003, 0.03)]
+    (std_curve,) = curves[STD]
+    assert std_curve["optimum"] == std and std_curve["label"] == f"lr={lr}"
+    assert (tmp_path / "report" / "images" / "loss_vs_lr.png").is_file()
+    assert "## Loss vs η" in (tmp_path / "report" / "README.md").read_text()
+    # Continued elsewhere from the committed report: every run adopted, none trained, the same choice.
+    capsys.readouterr()
+    other = tmp_path / "elsewhere"
+    assert main([str(tune), "--out", str(other), "--done-from", str(tmp_path / "report")]) == 0
+    assert "adopted" in capsys.readouterr().out
+    assert not any((p / "logs").exists() for p in (other / "runs").iterdir())
+    assert json.loads((other / "tune.json").read_text())["chosen"] == {LR: lr, STD: std}
+
+
+def test_dry_run_plans_on_from_runs_finished_in_a_done_from_folder(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text("{}")
+    tune, committed = tune_file(tmp_path, data), tmp_path / "committed"
+    for lr in (0.001, 0.01, 0.1):
+        finish(committed, f"lr={lr},init_std=0.02,tau_ema=0.6,seed=0", fake_loss(lr, 0.02, 0.6, 0))
+    out = tmp_path / "out"
+    assert main([str(tune), "--out", str(out), "--dry-run", "--done-from", str(committed)]) == 0
+    text = capsys.readouterr().out
+    assert "stage 2: init_std (lr=0.01, tau_ema=0.6)" in text  # stage 1 decided from the committed runs
+    assert "lr=0.01,init_std=0.05,tau_ema=0.6,seed=0: pending" in text
+    assert not out.exists()
