@@ -50,7 +50,9 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from framework.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, checkpoint_form
 from framework.checkpoint_tokenizer import KeepTokenizer
+from framework.command_parser import CommandParser
 from framework.model import Decoder
+from framework.output_path import folder_problem
 
 EXPORT_FOLDER = "export"
 _DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -176,7 +178,7 @@ def training_record(path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="layerdrop export",
         description="Write a checkpoint of any form (.ckpt, FSDP2 or DeepSpeed folder, export) as "
                     "model.safetensors + config.json + tokenizer.json.",
@@ -194,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     out, source = Path(args.out), Path(args.ckpt)
     try:
-        if (out / WEIGHTS_FILE).exists() and not args.overwrite:  # before loading anything
+        if (problem := folder_problem(out)) is not None:  # before loading anything
+            raise CheckpointError(f"--out {problem}")
+        if (out / WEIGHTS_FILE).exists() and not args.overwrite:
             raise CheckpointError(f"{str(out)!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
         from framework.checkpoint import load_decoder, read_model_config
 
@@ -217,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "sha256": sha256_of(tokenizer_file)}
         export_decoder(decoder, out, extra=record, overwrite=args.overwrite, tokenizer=tokenizer_file)
     except CheckpointError as err:
-        print(f"layerdrop export: error: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"exported {args.ckpt} -> {out}/{WEIGHTS_FILE} + {CONFIG_FILE}"
           + (f" + {TOKENIZER_FILE}" if tokenizer_file is not None else " (no tokenizer: --no-tokenizer)"))

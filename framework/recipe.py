@@ -66,9 +66,11 @@ from typing import Any
 
 import yaml
 
+from framework.command_parser import CommandParser
 from framework.config import PAPER_SIZES, EarlyExitLossConfig, LayerDropoutConfig, ModelConfig, ParametrizationConfig
 from framework.early_exit_loss import check_exits, mean_exit_heads
 from framework.flops import expected_training_flops_per_token
+from framework.output_path import file_problem
 from framework.parametrization import (
     EMBEDDING,
     HIDDEN,
@@ -443,7 +445,7 @@ def _scalar(value: Any) -> str:
 def parser() -> argparse.ArgumentParser:
     from framework.schedules import DISTRIBUTIONS, TIME_SCHEDULES
 
-    p = argparse.ArgumentParser(prog=PROG, description="Write a pretraining recipe by Table A.2's transfer rules "
+    p = CommandParser(prog=PROG, description="Write a pretraining recipe by Table A.2's transfer rules "
                                 "from a size, a token budget and the devices.",
                                 epilog="Example: layerdrop recipe --base recipes/base.yaml --size 271M --tpp 20 "
                                        "--devices 8 --memory 141GB --p-max 0.4 --out recipes/271m.yaml")
@@ -481,8 +483,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser().parse_args(argv)
-        if args.out and Path(args.out).exists() and not args.overwrite:
-            raise RecipeError(f"--out={args.out!r} is invalid: it exists (add --overwrite to replace it)")
+        if args.out and (problem := file_problem(args.out, args.overwrite)) is not None:
+            raise RecipeError(f"--out {problem}")
         text = render(read_base(args.base).recipe, derive(args))
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 2

@@ -201,7 +201,7 @@ def test_out_is_written_and_never_overwritten_unasked(in_repo, capsys, tmp_path)
     assert "default_root_dir: runs/r " in written and f"--out {out}" in written
     out.write_text("mine")
     code, _, err = run(capsys, *argv)
-    assert code == 2 and "exists (add --overwrite" in err and out.read_text() == "mine"
+    assert code == 2 and "already exists; pass --overwrite" in err and out.read_text() == "mine"
     assert run(capsys, *argv, "--overwrite")[0] == 0 and out.read_text() == written
 
 
