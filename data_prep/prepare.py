@@ -23,10 +23,10 @@ from typing import Iterator
 import numpy as np
 
 from data_prep.errors import PrepareError
-from data_prep.manifest import FORMAT, sha256_of_file, write_manifest
 from data_prep.sources import (Document, FileSource, JsonlSource, ParquetSource, Source, SourceStats,
                                check_every_record)
 from framework.command_parser import CommandParser
+from framework.manifest import MANIFEST_FORMAT, sha256_of, write_manifest
 
 # Bytes of text per token assumed when a --max-tokens cap decides how much text the
 # tokenizer trains on (byte-level BPE with an 8k-32k vocabulary: ~3.5-4.5 on code and
@@ -174,7 +174,7 @@ def _prepare_tokenizer(args, sources, loaded, staging) -> tuple[object, dict]:
         eos_id = tokenizer.token_to_id(eos_token)
         tokenizer.save(path)
         entry = {"origin": "trained", "trained_on": {"documents": seen.documents, "bytes": seen.bytes}}
-    entry.update(file="tokenizer.json", sha256=sha256_of_file(path), vocab_size=vocab_size_of(tokenizer),
+    entry.update(file="tokenizer.json", sha256=sha256_of(path), vocab_size=vocab_size_of(tokenizer),
                  eos_token=eos_token, eos_id=eos_id)
     return tokenizer, entry
 
@@ -213,7 +213,7 @@ def run(args: argparse.Namespace, argv: list[str], sources: list[Source], loaded
     shutil.rmtree(work)
     _say("done")
     return {
-        "format": FORMAT,
+        "format": MANIFEST_FORMAT,
         "command": shlex.join(["layerdrop", "prepare", *argv]),
         "seed": args.seed, "val_fraction": args.val_fraction, "max_tokens": args.max_tokens,
         "chunk_tokens": args.chunk_tokens, "dtype": dtype.name,

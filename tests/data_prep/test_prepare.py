@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from data_prep.chunks import read_split_tokens
-from data_prep.manifest import read_manifest
+from framework.manifest import read_manifest
 from data_prep.split import VAL, split_key, split_of
 from data_prep.tokenizer import train_tokenizer
 from refusals import hashes, refused
