@@ -26,19 +26,21 @@ from pathlib import Path
 
 from framework.atomic_write import write_json
 from eval import options
+from framework.command_parser import CommandParser
 
 
 def _parser() -> argparse.ArgumentParser:
     from eval.decoding import modes
 
     description = __doc__.split(":", 1)[1].strip() + "\n\nModes:\n" + modes.help_lines()
-    p = argparse.ArgumentParser(prog="layerdrop generate", description=description,
+    p = CommandParser(prog="layerdrop generate", description=description,
                                 epilog=f"Layer numbering: {options.LAYERS}.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_checkpoint(p)
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", action="append", default=None, metavar="TEXT",
-                        help="a prompt (repeatable); without --prompt/--prompts, stdin is the prompt")
+                        help="a prompt (repeatable); without --prompt/--prompts, stdin is the prompt (less "
+                             "one trailing newline)")
     source.add_argument("--prompts", metavar="FILE",
                         help="prompts: one a line, a .jsonl file with a \"text\" field, or a .json list "
                              "(- reads lines from stdin)")
@@ -93,13 +95,16 @@ def _prompt_texts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     if sys.stdin.isatty():
         parser.error("no prompt: give --prompt TEXT, --prompts FILE, or text on stdin")
     text = sys.stdin.read()
+    # `echo "def main(" | layerdrop generate` : the newline is echo's, not the prompt's (one, as a file line's)
+    text = text[:-1] if text.endswith("\n") else text
+    text = text[:-1] if text.endswith("\r") else text
     check_text_prompts([text], "stdin")
     return [text], False
 
 
 def main(argv: list[str] | None = None) -> int:
     from eval.decoding import modes
-    from eval.decoding.dynamic_exit import check_threshold
+    from eval.decoding.dynamic_exit import check_threshold, parse_candidates
     from eval.decoding.sampling import Sampling
     from eval.inputs import ContextLimit, check_vocabulary
     from eval.tokenizer import TextCodec
@@ -121,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = read_model_config(args.ckpt)
         mode, value = modes.parse(args.mode, cfg.n_layers)
         modes.refuse_unread(mode, _settings(args, sampling, args.adapters), args.mode)
+        if args.exits is not None:
+            parse_candidates(args.exits, cfg.n_layers)  # the range now; adapters' exits once they load
         args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         prompts = [codec.encode_prompt(r) if isinstance(r, str) else list(r) for r in rows]
         check_vocabulary(prompts, cfg.vocab_size)
@@ -199,7 +206,7 @@ class Streamer:
 def _run(decode, prompts, texts, codec, args, *, stream: bool):
     from eval.decoding.batch import generate_in_batches
     from eval.decoding.transcripts import StopStrings
-    from framework.progress import progress
+    from framework.loop_progress import progress
 
     stop = StopStrings(args.stop, codec.decode)
     eos = None if args.ignore_eos else codec.eos_id
