@@ -27,14 +27,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from framework.checkpoint import CKPT_KEY, TOKENIZER_FILE, CheckpointError, checkpoint_form, read_metadata
-
-
-def sha256_of(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+from framework.manifest import sha256_of
 
 
 def _is_url(path: str) -> bool:

@@ -13,8 +13,9 @@ says; when none is found the export stops with one line naming where it looked
 (``--tokenizer FILE`` names one, ``--no-tokenizer`` exports the weights without it).
 
 At the end of every pretraining run ``FinalExport`` writes this form to
-``<default_root_dir>/export/``: every rank gathers one tensor at a time (FSDP2's
-``full_tensor``, DeepSpeed's fp32 master weights), global rank 0 streams it to disk.
+``<default_root_dir>/export/``: every rank gathers one tensor at a time (as the
+strategy's registry entry gathers it, framework/strategies), global rank 0 streams it
+to disk.
 Post-training and eval of a large run then need neither the sharded checkpoints nor
 the training world size.
 
@@ -50,7 +51,10 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from framework.checkpoint import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, checkpoint_form
 from framework.checkpoint_tokenizer import KeepTokenizer
+from framework.command_parser import CommandParser
 from framework.model import Decoder
+from framework.output_path import folder_problem
+from framework.strategies import entry_of
 
 EXPORT_FOLDER = "export"
 _DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -176,7 +180,7 @@ def training_record(path: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="layerdrop export",
         description="Write a checkpoint of any form (.ckpt, FSDP2 or DeepSpeed folder, export) as "
                     "model.safetensors + config.json + tokenizer.json.",
@@ -194,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     out, source = Path(args.out), Path(args.ckpt)
     try:
-        if (out / WEIGHTS_FILE).exists() and not args.overwrite:  # before loading anything
+        if (problem := folder_problem(out)) is not None:  # before loading anything
+            raise CheckpointError(f"--out {problem}")
+        if (out / WEIGHTS_FILE).exists() and not args.overwrite:
             raise CheckpointError(f"{str(out)!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
         from framework.checkpoint import load_decoder, read_model_config
 
@@ -217,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "sha256": sha256_of(tokenizer_file)}
         export_decoder(decoder, out, extra=record, overwrite=args.overwrite, tokenizer=tokenizer_file)
     except CheckpointError as err:
-        print(f"layerdrop export: error: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"exported {args.ckpt} -> {out}/{WEIGHTS_FILE} + {CONFIG_FILE}"
           + (f" + {TOKENIZER_FILE}" if tokenizer_file is not None else " (no tokenizer: --no-tokenizer)"))
@@ -269,18 +275,19 @@ class FinalExport(pl.Callback):
         out = Path(root) / EXPORT_FOLDER
         staging = out.with_name(f".{EXPORT_FOLDER}.staging")
         tensors = pl_module.model.state_dict(keep_vars=True)
-        specs = [(name, _export_dtype(trainer, tensor), _full_shape(tensor)) for name, tensor in tensors.items()]
+        strategy = entry_of(trainer.strategy)
+        specs = [(name, strategy.export_dtype(t), strategy.full_shape(t)) for name, t in tensors.items()]
         writer, non_finite, failed = None, [], None
         if trainer.is_global_zero:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
             writer = SafetensorsWriter(staging / WEIGHTS_FILE, specs).__enter__()
         for name, tensor in tensors.items():
-            full = _gathered(trainer, tensor)  # a collective: every rank, in the same order
+            full = strategy.full_tensor(tensor)  # a collective: every rank, in the same order
             if writer is None:
                 continue
             try:  # a failed write must not stop rank 0 from taking part in the next gather
-                full = full.detach().to("cpu", _export_dtype(trainer, tensor))
+                full = full.detach().to("cpu", strategy.export_dtype(tensor))
                 if full.is_floating_point() and not bool(torch.isfinite(full).all()):
                     non_finite.append(name)
                 writer.write(name, full)
@@ -330,43 +337,6 @@ def export_callbacks() -> list[pl.Callback]:
     """What `layerdrop pretrain` adds to every run: the tokenizer kept beside the
     checkpoints (and recorded in them), and the export at the end."""
     return [KeepTokenizer(), FinalExport()]
-
-
-def _is_deepspeed(trainer: pl.Trainer) -> bool:
-    from lightning.pytorch.strategies import DeepSpeedStrategy  # does not import deepspeed
-
-    return isinstance(trainer.strategy, DeepSpeedStrategy)
-
-
-def _export_dtype(trainer: pl.Trainer, tensor: torch.Tensor) -> torch.dtype:
-    # DeepSpeed trains low-precision copies of fp32 master weights: export the masters.
-    if _is_deepspeed(trainer) and tensor.is_floating_point():
-        return torch.float32
-    return tensor.dtype
-
-
-def _full_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    return tuple(getattr(tensor, "ds_shape", None) or tensor.shape)  # ZeRO-3 keeps an empty placeholder
-
-
-def _gathered(trainer: pl.Trainer, tensor: torch.Tensor) -> torch.Tensor:
-    """The full value of one parameter or buffer, assembled on every rank."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(tensor, DTensor):  # FSDP2
-        return tensor.full_tensor()
-    if _is_deepspeed(trainer) and (hasattr(tensor, "ds_id") or hasattr(tensor, "_hp_mapping")):
-        from deepspeed.utils import safe_get_full_fp32_param
-
-        full = safe_get_full_fp32_param(tensor)
-        if full is not None:
-            return full
-        if hasattr(tensor, "ds_id"):
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters([tensor]):
-                return tensor.data.clone()
-    return tensor
 
 
 __all__ = ["SafetensorsWriter", "export_decoder", "training_record", "main", "FinalExport", "export_callbacks", "EXPORT_FOLDER"]

@@ -37,6 +37,7 @@ from eval.experiments.report_tables import (configuration_table, correlation, dr
                                             speculative_table)
 from eval.experiments.sweep_results import RunResult, copy_results, load_results, with_aliases
 from eval.measurements import plots
+from framework.command_parser import CommandParser
 from framework.config import LayerDropoutConfig
 from framework.schedules import dropout_rates
 
@@ -195,7 +196,7 @@ def write_images(report: dict, out: Path) -> dict[str, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="The paper's tables, plots and verdicts from a "
+    parser = CommandParser(prog=PROG, description="The paper's tables, plots and verdicts from a "
                                      "sweep folder: Markdown + PNG + the JSON behind every number.")
     parser.add_argument("sweep_dir", metavar="SWEEP_DIR", help="a folder made by `layerdrop sweep` (or by this "
                         "command's --out: it holds a copy of the runs' small files)")

@@ -57,6 +57,7 @@ from eval.experiments.sweep_spec import (Sweep, SweepError, config_name, predict
                                          short_keys, sweep_of)
 from eval.options import check_positive
 from framework.atomic_write import write_json, write_text
+from framework.command_parser import CommandParser
 
 PROG = "layerdrop tune"
 TUNE_KEYS = ("metric", "search", "start", "confirm")
@@ -357,7 +358,7 @@ def print_stages(tune: TuneSpec, stages: list[Stage]) -> None:
 
 # ------------------------------------------------------------------------------ CLI
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Tune a base model by successive 1-D sweeps "
+    parser = CommandParser(prog=PROG, description="Tune a base model by successive 1-D sweeps "
                                      "(each through the best point so far), then confirm with more seeds.")
     parser.add_argument("tune", metavar="TUNE.yaml", help="a sweep file with a tune section (see recipes/sweeps/)")
     add_run_options(parser)
