@@ -1,4 +1,4 @@
-"""framework.export: `layerdrop export` on a real single-device run, the export every
+"""framework.checkpoint.export: `layerdrop export` on a real single-device run, the export every
 run writes at its end, and the streaming safetensors writer (read back by the
 safetensors library). Exports of FSDP2 and DeepSpeed folders:
 tests/distributed/test_checkpoint_forms.py."""
@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from framework.checkpoint import CheckpointError, load_decoder
-from framework.checkpoint_tokenizer import sha256_of
-from framework.export import SafetensorsWriter
-from framework.export import main as export_main
+from framework.checkpoint.tokenizer_record import sha256_of
+from framework.checkpoint.safetensors_writer import SafetensorsWriter
+from framework.checkpoint.export import main as export_main
 from checkpoint_run import moved_copy, pretrained_run
 
 

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-import framework.checkpointing as checkpointing_module
-from framework.checkpointing import AtomicCheckpointIO, PeriodicCheckpoint
+import framework.checkpoint.saving as checkpointing_module
+from framework.checkpoint.saving import AtomicCheckpointIO, PeriodicCheckpoint
 from tiny_training import RandomTokens, quiet_trainer, tiny_module
 
 
@@ -61,7 +61,7 @@ def test_a_crash_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path, mo
 
 
 def test_the_trainer_saves_through_the_atomic_io(tmp_path):
-    from framework.checkpointing import use_atomic_checkpoint_io
+    from framework.checkpoint.saving import use_atomic_checkpoint_io
 
     trainer = quiet_trainer(max_steps=1, default_root_dir=str(tmp_path))
     use_atomic_checkpoint_io(trainer)

@@ -1,6 +1,6 @@
 """Checkpoints of a pretraining run: crash-safe periodic saves (keep-last-k) for every
 strategy, atomic single-file writes, and the refusal to write over an earlier run's
-checkpoints. Choosing the checkpoint to resume from is framework/resume.py."""
+checkpoints. Choosing the checkpoint to resume from is framework/checkpoint/resume.py."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
+from framework.atomic_write import AtomicFile
+from framework.checkpoint.folder import (LAST, clean_leftovers, point_last, publish, remove_path, retire, staging_path,
+                                         step_checkpoints)
 from framework.config import PositiveInt, check
-from framework.checkpoint_folder import (LAST, clean_leftovers, fsync_dir, point_last, publish, remove_path, retire,
-                                         staging_path, step_checkpoints)
 from framework.nonfinite import guard_of, refuse_nonfinite_state
 
 
@@ -28,7 +29,7 @@ class PeriodicCheckpoint(Checkpoint):
 
     Every save is crash-safe whatever the strategy (one file, FSDP2's folder of shards,
     DeepSpeed's folder): written under a staging name, every rank waits for every other,
-    then rank 0 renames it into place (framework/checkpoint_folder.py). Before a save
+    then rank 0 renames it into place (framework/checkpoint/folder.py). Before a save
     every rank checks its parameters and optimizer state: a state holding a NaN or Inf
     is never written (the run stops instead), and a save that falls due while steps are
     being skipped for non-finite values waits for the next step that goes through.
@@ -87,6 +88,11 @@ class PeriodicCheckpoint(Checkpoint):
             self.save(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.save_final(trainer)
+
+    def save_final(self, trainer: pl.Trainer) -> None:
+        """The end of the run's checkpoint (once: a second call finds it saved). The
+        final export calls it first, so that a failed export loses no step."""
         if trainer.global_step != self._last_saved_step and not trainer.fast_dev_run:
             self.save(trainer, final=True)
 
@@ -168,16 +174,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
-        try:
-            with open(partial, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
-        fsync_dir(target.parent)
+        with AtomicFile(target, "wb") as handle:
+            torch.save(checkpoint, handle)
 
 
 def use_atomic_checkpoint_io(trainer: pl.Trainer) -> None:

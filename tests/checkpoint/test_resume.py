@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 from framework.pretrain import main
-from framework.resume import choose_checkpoint, incomplete_reason
+from framework.checkpoint.resume import choose_checkpoint, incomplete_reason
 from step_records import callbacks_arg, records
 from tiny_training import SimulatedCrash, tiny_cli_args
 
@@ -100,7 +100,7 @@ def saved_steps(tmp_path_factory):
     """Real single-file checkpoints of steps 1..4 (and last.ckpt -> step 4)."""
     import torch
 
-    from framework.checkpointing import PeriodicCheckpoint
+    from framework.checkpoint.saving import PeriodicCheckpoint
     from tiny_training import RandomTokens, quiet_trainer, tiny_module
 
     folder = tmp_path_factory.mktemp("saved") / "checkpoints"

@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from framework.checkpoint import CheckpointError
+from framework.checkpoint.base import CheckpointError, first_line
 
 DCP_METADATA_FILE = ".metadata"
 TORCH_FILE_SUFFIXES = (".pt", ".ckpt", ".pth", ".bin")

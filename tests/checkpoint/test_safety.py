@@ -1,4 +1,4 @@
-"""framework.safe_unpickle: the restricted readers refuse anything that could run code,
+"""framework.checkpoint.safety: the restricted readers refuse anything that could run code,
 read what the libraries really write, and the proof covers every pickled file.
 
 The DCP folder here is written in this process by torch.distributed.checkpoint itself
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from framework.checkpoint import CheckpointError
-from framework.safe_unpickle import (LibraryObject, RestrictedUnpickler, load_dcp_metadata, load_torch_file,
+from framework.checkpoint.safety import (LibraryObject, RestrictedUnpickler, load_dcp_metadata, load_torch_file,
                                      prove_checkpoint_harmless)
 
 
