@@ -98,7 +98,8 @@ def measure(ckpt: Path, args: argparse.Namespace) -> dict:
     for _ in range(args.repeats):  # alternating: a change of load hits both alike
         for name, command in commands.items():
             runs[name].append(timed(command))
-    figures = {name: {"wall_s": statistics.median(w for w, _ in values), "cpu_s": statistics.median(c for _, c in values),
+    figures = {name: {"wall_s": statistics.median(w for w, _ in values),
+                      "cpu_s": statistics.median(c for _, c in values),
                       "wall_all_s": [round(w, 3) for w, _ in values]} for name, values in runs.items()}
     figures["ratio_wall"] = figures["generate_first_token"]["wall_s"] / figures["import_torch"]["wall_s"]
     figures["ratio_cpu"] = figures["generate_first_token"]["cpu_s"] / figures["import_torch"]["cpu_s"]

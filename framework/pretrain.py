@@ -43,7 +43,8 @@ from framework.callbacks import RunSummary, Throughput
 from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
 from framework.checkpoint.final_export import export_callbacks
 from framework.checkpoint.resume import choose_checkpoint
-from framework.checkpoint.saving import PeriodicCheckpoint, refuse_earlier_checkpoints, use_atomic_checkpoint_io
+from framework.checkpoint.saving import (PeriodicCheckpoint, refuse_earlier_checkpoints, refuse_earlier_run,
+                                         use_atomic_checkpoint_io)
 from framework.module import LayerDropModule, check_same_model, with_parametrization
 from framework.nonfinite import NonFiniteLossError, NonFiniteLossGuard
 from framework.progress_bar import StepProgressBar
@@ -75,7 +76,8 @@ class PretrainCLI(LightningCLI):
         self.ckpt_path = choice.path if choice is not None else None
         self.resumed_step = choice.step if choice is not None and choice.step is not None else 0
         if self.ckpt_path is None:
-            refuse_earlier_checkpoints(folder)
+            refuse_earlier_checkpoints(folder, choice.skipped if choice is not None else None)
+            refuse_earlier_run(config.trainer.default_root_dir or ".")
         else:
             check_resume_shape(choice.checkpoint or self.ckpt_path, config)
         if choice is not None and rank_zero_only.rank == 0:

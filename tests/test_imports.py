@@ -28,8 +28,9 @@ def imported_modules(path: Path, known: set[str]) -> set[str]:
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
-            if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            if node.level:  # relative: from the package, one level up per extra dot
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
             found |= {f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names}
     return {name for name in found if name in known}
 

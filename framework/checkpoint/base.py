@@ -155,4 +155,5 @@ def check_names(path: Path, missing: list[str], unexpected: list[str]) -> None:
 
 
 __all__ = ["CKPT_KEY", "MODEL_PREFIX", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_FILE", "CheckpointError", "Pieces",
-           "Form", "TENSOR_ENTRIES", "metadata_of", "archive_reason", "training_config_entry", "read_json", "first_line", "copy_into", "check_shape", "check_names"]
+           "Form", "TENSOR_ENTRIES", "metadata_of", "archive_reason", "training_config_entry", "read_json", "first_line",
+           "copy_into", "check_shape", "check_names"]

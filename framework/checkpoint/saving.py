@@ -15,6 +15,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
 from framework.atomic_write import AtomicFile
+from framework.checkpoint.export import EXPORT_FOLDER
 from framework.checkpoint.folder import (LAST, clean_leftovers, point_last, publish, remove_path, retire, staging_path,
                                          step_checkpoints)
 from framework.config import PositiveInt, check
@@ -185,12 +186,33 @@ def use_atomic_checkpoint_io(trainer: pl.Trainer) -> None:
         trainer.strategy.checkpoint_io = AtomicCheckpointIO()
 
 
-def refuse_earlier_checkpoints(dirpath: str | os.PathLike) -> None:
-    """A fresh run must not write over the checkpoints of an earlier one."""
+def refuse_earlier_checkpoints(dirpath: str | os.PathLike, skipped: list[str] | None = None) -> None:
+    """A fresh run must not write over the checkpoints of an earlier one. ``skipped``:
+    what ``--resume auto`` found damaged there (then nothing in the folder could be resumed)."""
     existing = sorted(Path(dirpath).glob("*.ckpt")) if os.path.isdir(dirpath) else []
+    if existing and skipped:
+        raise ValueError(f"--resume auto found no complete checkpoint in {str(dirpath)!r}: "
+                         f"{'; '.join(skipped)}. Move them out of the folder to start from step 0, or resume "
+                         "from a copy you trust (--resume PATH)")
     if existing:
         raise ValueError(f"checkpoint folder {str(dirpath)!r} already holds {existing[0].name} from an earlier "
                          "run: resume it (--resume auto) or choose another --trainer.default_root_dir")
 
 
-__all__ = ["PeriodicCheckpoint", "AtomicCheckpointIO", "use_atomic_checkpoint_io", "refuse_earlier_checkpoints"]
+# What a finished run leaves in its root besides its checkpoints: the final export
+# (framework/checkpoint/final_export.py) and RunSummary's summary.json.
+RUN_OUTPUTS = (EXPORT_FOLDER, "summary.json")
+
+
+def refuse_earlier_run(root: str | os.PathLike) -> None:
+    """A fresh run must not replace an earlier run's export and summary, wherever its
+    checkpoints go (``--checkpoint.dirpath`` elsewhere leaves the root's as they were)."""
+    found = [name for name in RUN_OUTPUTS if os.path.lexists(Path(root) / name)]
+    if found:
+        raise ValueError(f"trainer.default_root_dir {str(root)!r} already holds {' and '.join(found)} of an earlier "
+                         "run: resume that run (--resume auto with its checkpoint folder) or choose another "
+                         "--trainer.default_root_dir")
+
+
+__all__ = ["PeriodicCheckpoint", "AtomicCheckpointIO", "use_atomic_checkpoint_io", "refuse_earlier_checkpoints",
+           "refuse_earlier_run", "RUN_OUTPUTS"]
