@@ -3,7 +3,7 @@
 Three ways to evaluate the same batch with the same decoder (inference mode):
 
   (a) plain:     one forward + cross-entropy (the validation loss of the full model);
-  (b) one pass:  eval/exits.exit_losses: the blocks once, then the final norm + head +
+  (b) one pass:  eval/measurements/exits.exit_losses: the blocks once, then the final norm + head +
                  cross-entropy on the residual stream after each of the L blocks;
   (c) L passes:  a forward with exit_layer=k + cross-entropy, for k = 1..L (the naive way).
 
@@ -35,7 +35,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from eval.exits import exit_losses  # noqa: E402
+from eval.measurements.exits import exit_losses  # noqa: E402
 from framework.config import PAPER_SIZES, ModelConfig  # noqa: E402
 from framework.flops import dense_step_flops  # noqa: E402
 from framework.model import Decoder  # noqa: E402

@@ -10,7 +10,10 @@ Reported, as ratios measured in this one run:
 - tokens/s of each mode ÷ tokens/s of ``full`` at the same batch size;
 - tokens/s at batch 8 ÷ tokens/s one by one, per mode (the goal: ≥ 4× for ``full`` on CPU);
 - the dynamic-exit curve: agreement with full greedy and validation loss as decoded,
-  against layers per token, for several thresholds (eval/dynamic_curve.py).
+  against layers per token, for several thresholds (eval/decoding/threshold_curve.py).
+
+Every mode is built by the mode registry (eval/decoding/modes/), as `layerdrop generate`
+builds it.
 
     OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/generate_speed.py            # the demo model
     .venv/bin/python benchmarks/generate_speed.py --model ild=runs/x/checkpoints/last.ckpt --data data/builtin
@@ -33,12 +36,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eval.dynamic_curve import curve  # noqa: E402
-from eval.dynamic_exit import DynamicExit  # noqa: E402
-from eval.generation import BatchGenerator, StaticRoute, generate_in_batches  # noqa: E402
+from eval.decoding import modes  # noqa: E402
+from eval.decoding.batch import generate_in_batches  # noqa: E402
+from eval.decoding.threshold_curve import curve  # noqa: E402
 from eval.inputs import ValidationData, validation_prompts  # noqa: E402
-from eval.skip_sets import parse_skip_set  # noqa: E402
-from eval.speculative import SelfSpeculativeDecoder, make_draft  # noqa: E402
 from framework.checkpoint import load_decoder  # noqa: E402
 
 DEMO = ROOT / "runs" / "demo"
@@ -46,17 +47,14 @@ THRESHOLDS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.9, 1.0)
 
 
 def decoders(model, dynamic_threshold: float) -> dict:
-    """mode name -> a generate(prompts, max_new_tokens, **kw) callable."""
-    n = len(model.blocks)
-    half = max(1, n // 2)
-    return {
-        "full": BatchGenerator(model).generate,
-        f"exit:{half}": BatchGenerator(model, StaticRoute(model, exit_layer=half)).generate,
-        "skip:alternate-odd": BatchGenerator(model, StaticRoute(model, skip_layers=parse_skip_set("alternate-odd",
-                                                                                                  n))).generate,
-        "speculative": SelfSpeculativeDecoder(model, make_draft(None, n)).generate_batch,
-        f"dynamic@{dynamic_threshold:g}": BatchGenerator(model, DynamicExit(model, threshold=dynamic_threshold)).generate,
-    }
+    """mode name -> a generate(prompts, max_new_tokens, **kw) callable, from the registry."""
+    half = max(1, len(model.blocks) // 2)
+    return {"full": modes.decoder("full", model),
+            f"exit:{half}": modes.decoder(f"exit:{half}", model),
+            "skip:alternate-odd": modes.decoder("skip:alternate-odd", model),
+            "speculative": modes.decoder("speculative", model),
+            f"dynamic@{dynamic_threshold:g}": modes.decoder("dynamic", model,
+                                                            modes.Settings(threshold=dynamic_threshold))}
 
 
 def timed(decode, prompts, batch_size: int, max_new_tokens: int) -> dict:

@@ -5,7 +5,7 @@ p_max = 0.4) should give its Draft & Verify draft a cheaper, still-accurate skip
 than the same recipe trained dense (p_max = 0), hence a higher speedup.
 
 For each model:
-1. search the draft's skip set with the four methods of eval/search.py (same budget
+1. search the draft's skip set with the four methods of eval/decoding/draft_search.py (same budget
    each; the estimate comes from teacher-forced passes over calibration prompts), and
    on small models also score every set (the exhaustive reference);
 2. confirm each method's winner by real greedy decoding of other prompts, timed
@@ -39,9 +39,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eval.inputs import validation_prompts  # noqa: E402
-from eval.search import METHODS, CalibrationObjective, calibrate, search  # noqa: E402
-from eval.speculate import compare  # noqa: E402
-from eval.speculative import AdaptiveThreshold, ExitDraft, SkipDraft  # noqa: E402
+from eval.decoding.draft_search import METHODS, CalibrationObjective, calibrate, search  # noqa: E402
+from eval.decoding.drafts import ExitDraft, SkipDraft  # noqa: E402
+from eval.decoding.speculative import AdaptiveThreshold  # noqa: E402
+from eval.decoding.speedup import compare  # noqa: E402
 from framework.checkpoint import load_decoder  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "out"

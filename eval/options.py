@@ -141,14 +141,6 @@ def apply_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
-def write_json(report: dict, path: str | Path) -> None:
-    import json
-
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(report, indent=2) + "\n")
-
-
 __all__ = ["LAYERS", "EXIT_HELP", "SKIP_HELP", "add_prompt_arguments", "add_max_new_tokens", "max_new_tokens",
            "add_checkpoint", "check_checkpoint", "add_device", "add_threads", "add_tokenizer", "add_adapters",
-           "add_output", "exists_message", "refuse_existing", "check_positive", "resolve_device", "apply_threads",
-           "write_json"]
+           "add_output", "exists_message", "refuse_existing", "check_positive", "resolve_device", "apply_threads"]

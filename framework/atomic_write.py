@@ -1,71 +1,62 @@
-"""Writing a file so that a reader (or a crash) never sees half of it.
+"""Writing a file so that a reader sees the old content or the new, never a part.
 
-The bytes go to a hidden partial file beside the target (``.NAME.partial-PID``: the
-same folder, so the final rename never crosses a filesystem and never copies), are
-flushed to disk, and only then renamed over the target in one ``os.replace``. A
-failure removes the partial file and leaves whatever was at the target untouched.
-Folders of files are staged and renamed whole by their owners
-(framework/checkpoint/folder.py, data_prep/output_folder.py).
+Every write goes to a hidden partial file beside the target (same folder, so the same
+filesystem), is flushed and fsynced, and is then renamed over the target with
+``os.replace`` (atomic on POSIX). A failed write removes its partial file and leaves
+the target as it was. The partial file's name carries the process and thread, so two
+writers of the same target never write into each other's partial file; the last
+rename wins.
+
+    write_text(path, text)      write_json(path, data)      copy_file(source, target)
+    with replacing(path) as partial: ...write partial...    (any writer: torch.save, a stream)
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, Iterator
 
 
-def partial_path(target: str | os.PathLike) -> Path:
-    """The hidden name ``target`` is written under; unique per process and thread, so
-    two writers of one target never share a partial file."""
-    target = Path(target)
-    return target.with_name(f".{target.name}.partial-{os.getpid()}-{threading.get_ident()}")
+@contextmanager
+def replacing(path: str | os.PathLike) -> Iterator[Path]:
+    """A partial path to write; on a clean exit it is fsynced and renamed over ``path``
+    (its folder created first), on an error removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}-{threading.get_ident()}")
+    try:
+        yield partial
+        fsync_file(partial)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
-class AtomicFile:
-    """An open partial file that becomes ``target`` on ``commit()`` and vanishes on
-    ``abort()``. As a context manager (``with AtomicFile(path) as handle``) it
-    commits when the block ends without an error and aborts otherwise."""
-
-    def __init__(self, target: str | os.PathLike, mode: str = "w", **open_kwargs: Any) -> None:
-        self.target = Path(target)
-        self.partial = partial_path(self.target)
-        self.handle: IO = open(self.partial, mode, **open_kwargs)
-
-    def commit(self) -> None:
-        try:
-            self.handle.flush()
-            os.fsync(self.handle.fileno())
-            self.handle.close()
-            os.replace(self.partial, self.target)
-        finally:
-            self.abort()
-        fsync_dir(self.target.parent)
-
-    def abort(self) -> None:
-        self.handle.close()
-        self.partial.unlink(missing_ok=True)
-
-    def __enter__(self) -> IO:
-        return self.handle
-
-    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
-        if kind is None:
-            self.commit()
-        else:
-            self.abort()
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    with replacing(path) as partial:
+        partial.write_text(text)
+    return Path(path)
 
 
-def write_text(target: str | os.PathLike, text: str) -> None:
-    with AtomicFile(target) as handle:
-        handle.write(text)
+def write_json(path: str | os.PathLike, data: Any) -> Path:
+    """``data`` as indented JSON with a final newline (the form of every report and record)."""
+    return write_text(path, json.dumps(data, indent=2) + "\n")
 
 
-def copy_file(source: str | os.PathLike, target: str | os.PathLike) -> None:
-    with open(source, "rb") as reading, AtomicFile(target, "wb") as handle:
-        shutil.copyfileobj(reading, handle)
+def copy_file(source: str | os.PathLike, target: str | os.PathLike) -> Path:
+    with replacing(target) as partial:
+        shutil.copyfile(source, partial)
+    return Path(target)
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:
@@ -82,4 +73,4 @@ def fsync_dir(folder: str | os.PathLike) -> None:
         os.close(fd)
 
 
-__all__ = ["AtomicFile", "write_text", "copy_file", "partial_path", "fsync_dir"]
+__all__ = ["replacing", "write_text", "write_json", "copy_file", "fsync_file", "fsync_dir"]

@@ -13,6 +13,8 @@ optimizer step, `throughput/*` every ``trainer.log_every_n_steps`` steps):
     throughput/tokens_per_sec      tokens/s over all devices
     throughput/flops_per_sec       executed FLOPs/s per device (blocks and head; mean over devices)
     throughput/mfu                 flops_per_sec / the device's peak (when known)
+    early_exit/loss_K              cross-entropy at exit K this step (the exits the early-exit
+                                   loss's curriculum ran; mean over micro-batches, this device)
 
 FLOPs are counted as framework/flops.py describes (matmuls, causal attention, 3× the
 forward for training) from the rows each block actually ran on.
@@ -171,6 +173,36 @@ class LayerDropoutSchedule(pl.Callback):
         return gathered.reshape(trainer.world_size, 3).cpu().tolist()
 
 
+# ------------------------------------------------------------------------- early exit
+
+
+class EarlyExitLosses(pl.Callback):
+    """Logs ``early_exit/loss_K`` for every exit the early-exit loss ran at this step, and
+    keeps the last logged values for the summary; installed by the module when the loss is on."""
+
+    def __init__(self) -> None:
+        self._sums: dict[int, torch.Tensor] = {}
+        self._counts: dict[int, int] = {}
+        self.last: dict[int, float] = {}
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        stats = micro_batch_stats(outputs)
+        if stats is None:
+            return
+        for exit, loss in stats.exit_losses.items():  # tensors: no device sync until logged
+            self._sums[exit] = self._sums[exit] + loss if exit in self._sums else loss
+            self._counts[exit] = self._counts.get(exit, 0) + 1
+        if not optimizer_step_finished(trainer, stats):
+            return
+        step = trainer.global_step - 1
+        if (step + 1) % max(1, trainer.log_every_n_steps) == 0 and self._sums:
+            means = {exit: float(total) / self._counts[exit] for exit, total in sorted(self._sums.items())}
+            self.last.update(means)
+            log_step_metrics(trainer, {f"early_exit/loss_{exit}": value for exit, value in means.items()})
+        self._sums, self._counts = {}, {}
+
+
 # ------------------------------------------------------------------------- throughput
 
 
@@ -286,6 +318,7 @@ class RunSummary(pl.Callback):
             "dense_training_flops": report["dense_flops"],
             "flops_saved_pct": 100.0 * report["saved_fraction"],
             "mean_dropout_predicted": report["mean_dropout_predicted"],
+            **early_exit_summary(trainer),
             "tensorboard": trainer.logger.log_dir if trainer.logger is not None else None,
             "checkpoint": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None,
         }
@@ -298,6 +331,22 @@ class RunSummary(pl.Callback):
             return None
         path = Path(self.compare_to)
         return json.loads(path.read_text()) if path.is_file() else None
+
+
+def early_exit_summary(trainer: pl.Trainer) -> dict[str, Any]:
+    """The early-exit loss's part of the summary: the last validation loss at every
+    configured exit and the last logged training loss at each exit (empty when off)."""
+    losses = next((cb for cb in trainer.callbacks if isinstance(cb, EarlyExitLosses)), None)
+    if losses is None:
+        return {}
+    prefix = "val/early_exit/loss_"
+    val = {key.removeprefix(prefix): float(value) for key, value in trainer.callback_metrics.items()
+           if key.startswith(prefix)}
+    return {"early_exit_loss": {
+        "scale": trainer.lightning_module.exit_cfg.scale,
+        "val_loss": dict(sorted(val.items(), key=lambda item: int(item[0]))),
+        "train_loss": {str(k): v for k, v in sorted(losses.last.items())},
+    }}
 
 
 def format_summary(summary: dict[str, Any], twin: dict[str, Any] | None = None) -> str:
@@ -316,6 +365,12 @@ def format_summary(summary: dict[str, Any], twin: dict[str, Any] | None = None) 
     if twin is not None and twin.get("val_loss") is not None and val is not None:
         lines.append(f"dense twin       val loss {twin['val_loss']:.4f} ({val - twin['val_loss']:+.4f} here), "
                      f"{twin['training_flops']:.3g} vs {summary['training_flops']:.3g} training FLOPs")
+    exits = summary.get("early_exit_loss")
+    if exits:
+        losses = exits["val_loss"] or exits["train_loss"]
+        where = "val" if exits["val_loss"] else "train"
+        lines.append(f"exit losses      ({where}) " + ", ".join(f"{k}: {v:.4f}" for k, v in losses.items())
+                     + f"; scale {exits['scale']:g}")
     lines += [f"TensorBoard      tensorboard --logdir {summary['tensorboard']}",
               f"checkpoint       {summary['checkpoint']}", ""]
     return "\n".join(lines)
@@ -325,6 +380,7 @@ __all__ = [
     "micro_batch_stats",
     "optimizer_step_finished",
     "LayerDropoutSchedule",
+    "EarlyExitLosses",
     "Throughput",
     "RunSummary",
     "format_summary",

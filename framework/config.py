@@ -20,6 +20,7 @@ import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Any, Callable, Literal, Union
 
+from framework.early_exit_loss import CURRICULA, SCALE_FUNCTIONS
 from framework.layer_dropout import MASK_MODES
 from framework.schedules import DISTRIBUTIONS, TIME_SCHEDULES
 
@@ -57,6 +58,9 @@ Fraction = Annotated[float, Rule(lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
 DistributionName = Literal[tuple(DISTRIBUTIONS)]  # type: ignore[valid-type]
 ScheduleName = Literal[tuple(TIME_SCHEDULES)]  # type: ignore[valid-type]
 MaskMode = Literal[tuple(MASK_MODES)]  # type: ignore[valid-type]
+ScaleFunctionName = Literal[tuple(SCALE_FUNCTIONS)]  # type: ignore[valid-type]
+CurriculumName = Literal[tuple(CURRICULA)]  # type: ignore[valid-type]
+NonNegativeFloat = Annotated[float, Rule(lambda v: v >= 0, "must be >= 0")]
 
 
 def validate(config: Any) -> None:
@@ -165,6 +169,18 @@ class ModelConfig:
     init_std: PositiveFloat = 0.02
     logit_multiplier: PositiveFloat = 1.0
     residual_multiplier: PositiveFloat = 1.0
+    # The block family (framework/families): "llama" is RMSNorm, RoPE, SwiGLU and
+    # grouped-query attention without biases; the fields below belong to it alone.
+    family: Literal["celerity", "llama"] = "celerity"
+    n_kv_heads: PositiveInt | None = None  # None: n_heads (no grouping)
+    ffn_hidden: PositiveInt | None = None  # None: ffn_mult · d_model (HF's intermediate_size)
+    tie_embeddings: bool = False
+    rope_theta: PositiveFloat = 10_000.0
+    rope_type: Literal["default", "llama3"] = "default"  # llama3: Llama-3.1's frequency scaling
+    rope_factor: PositiveFloat = 8.0
+    rope_low_freq_factor: PositiveFloat = 1.0
+    rope_high_freq_factor: PositiveFloat = 4.0
+    rope_original_max_seq_len: PositiveInt = 8192
 
     def __post_init__(self) -> None:
         validate(self)
@@ -173,14 +189,49 @@ class ModelConfig:
                 raise ValueError(f"n_heads={self.n_heads!r} is invalid: must divide d_model={self.d_model} "
                                  "when head_dim is not given")
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)  # resolved once, here
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads!r} is invalid: must divide n_heads={self.n_heads}")
+        if self.family == "celerity":
+            self._refuse_llama_fields()
+        elif self.bias:
+            raise ValueError("bias=True is invalid for family='llama': Llama blocks have no biases; set bias: false")
+        elif self.attention == "flex":  # FlexAttention here is ALiBi's kernel; Llama runs SDPA (flash on CUDA)
+            raise ValueError("attention='flex' is invalid for family='llama': allowed: auto, sdpa")
+        if self.rope_type == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
+            raise ValueError(f"rope_high_freq_factor={self.rope_high_freq_factor!r} is invalid: must be > "
+                             f"rope_low_freq_factor={self.rope_low_freq_factor!r}")
+
+    def _refuse_llama_fields(self) -> None:
+        """A Celerity decoder would ignore these: refused rather than silently dropped."""
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in ("ffn_hidden", "tie_embeddings", "rope_theta", "rope_type", "rope_factor",
+                     "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_seq_len"):
+            if getattr(self, name) != defaults[name]:
+                raise ValueError(f"{name}={getattr(self, name)!r} is invalid for family='celerity': "
+                                 "it is a field of family='llama'")
+        if self.n_kv_heads != self.n_heads:
+            raise ValueError(f"n_kv_heads={self.n_kv_heads!r} is invalid for family='celerity': "
+                             "grouped-query attention is a field of family='llama'")
 
     @property
     def attn_dim(self) -> int:
         return self.n_heads * self.head_dim
 
     @property
+    def qkv_dim(self) -> int:
+        """Output width of the fused query/key/value projection (fewer K/V heads under GQA)."""
+        return (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+
+    @property
     def ffn_dim(self) -> int:
-        return self.ffn_mult * self.d_model
+        return self.ffn_hidden or self.ffn_mult * self.d_model
+
+    @property
+    def ffn_matrices(self) -> int:
+        """Weight matrices of the FFN: up and down (squared ReLU), gate, up and down (SwiGLU)."""
+        return 3 if self.family == "llama" else 2
 
     @classmethod
     def paper(cls, name: str, **overrides: Any) -> "ModelConfig":
@@ -228,6 +279,45 @@ class LayerDropoutConfig:
 
 
 @dataclass(frozen=True)
+class EarlyExitLossConfig:
+    """LayerSkip's early-exit loss (framework/early_exit_loss.py): off by default.
+
+    ``scale`` is the exit losses' total weight beside the final layer's (0: off);
+    ``exits`` "all" takes every ``every``-th exit below L, or a list of exits in 1..L-1
+    (exit K runs blocks 0..K-1); ``weighting`` spreads ``scale`` over the step's exits;
+    ``curriculum`` picks the step's exits (``rotation`` for "rotational", ``ramp``, the
+    fraction of the run over which "gradual" switches them on, for "gradual"). A field
+    that would change nothing (any field with ``scale`` 0, ``every`` beside a list, a
+    curriculum's knob under another curriculum) is refused, not ignored.
+    """
+
+    scale: NonNegativeFloat = 0.0
+    exits: Literal["all"] | tuple[PositiveInt, ...] = "all"
+    every: PositiveInt = 1
+    weighting: ScaleFunctionName = "uniform"
+    curriculum: CurriculumName = "none"
+    rotation: Annotated[int, Rule(lambda v: v >= 2, "must be >= 2")] = 2
+    ramp: Annotated[float, Rule(lambda v: 0.0 < v <= 1.0, "must be in (0, 1]")] = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.exits, list):  # Python callers may pass a list
+            object.__setattr__(self, "exits", tuple(self.exits))
+        validate(self)
+        if isinstance(self.exits, tuple) and (not self.exits or len(set(self.exits)) != len(self.exits)):
+            raise ValueError(f"early_exit_loss.exits={list(self.exits)!r} is invalid: need distinct exits, "
+                             "at least one")
+        defaults = EarlyExitLossConfig.__dataclass_fields__
+        unused = {"every": isinstance(self.exits, tuple), "rotation": self.curriculum != "rotational",
+                  "ramp": self.curriculum != "gradual"}
+        for name in ("exits", "every", "weighting", "curriculum", "rotation", "ramp"):
+            value = getattr(self, name)
+            if value != defaults[name].default and (self.scale == 0 or unused.get(name, False)):
+                why = "the early-exit loss is off (scale=0)" if self.scale == 0 else \
+                    ("exits is a list" if name == "every" else f"curriculum={self.curriculum!r}")
+                raise ValueError(f"early_exit_loss.{name}={value!r} is invalid: it changes nothing when {why}")
+
+
+@dataclass(frozen=True)
 class ParametrizationConfig:
     """Table A.2: µP + CompleteP + layer density, transferred from a base model.
 
@@ -256,6 +346,7 @@ class ParametrizationConfig:
 __all__ = [
     "ModelConfig",
     "LayerDropoutConfig",
+    "EarlyExitLossConfig",
     "ParametrizationConfig",
     "PAPER_SIZES",
     "LLAMA3_VOCAB_SIZE",
@@ -265,6 +356,7 @@ __all__ = [
     "PositiveInt",
     "PositiveFloat",
     "NonNegativeInt",
+    "NonNegativeFloat",
     "Rate",
     "Fraction",
 ]

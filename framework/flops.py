@@ -2,11 +2,12 @@
 
 Counted: matrix multiplies, at 2 FLOPs per multiply-add.
 
-    per token, forward     attention: 2·d·3a (qkv) + 2·a·d (proj) + 2·a·k (QKᵀ) + 2·a·k (AV)
-                           FFN:       2·d·f (up) + 2·f·d (down)
+    per token, forward     attention: 2·d·(a + 2·a_kv) (qkv) + 2·a·d (proj) + 2·a·k (QKᵀ) + 2·a·k (AV)
+                           FFN:       2·d·f (up) + 2·f·d (down), and 2·d·f (gate) in SwiGLU
                            head:      2·d·V (unembedding; the embedding is a lookup: 0)
 
-with a = heads·head_dim, f = ffn_mult·d, and k the keys a query attends to. Training
+with a = heads·head_dim, a_kv = kv_heads·head_dim (= a without grouped-query
+attention), f the FFN width (ffn_mult·d, or the Llama family's ffn_hidden), and k the keys a query attends to. Training
 is 3× forward (the backward computes input and weight gradients, 2× forward each).
 Not counted: LayerNorms, biases, softmax, squared ReLU, the residual adds — O(d) per
 token against O(d²), well under 1% at the paper's sizes.
@@ -21,7 +22,8 @@ with the rows it runs on; under "sublayer" structure the realised fraction weigh
 two sublayers differently, though its expectation is 1 - mean(p) either way.
 
 A dropped layer runs on its kept rows only (framework/layer_dropout.py), so executed
-FLOPs are counted per layer and sublayer from the rows each one ran on.
+FLOPs are counted per layer and sublayer from the rows each one ran on. Each exit head
+of the early-exit loss (framework/early_exit_loss.py) is one more head on every token.
 """
 
 from __future__ import annotations
@@ -66,8 +68,8 @@ def block_flops_per_token(model_cfg: ModelConfig, seq_len: int, *, causal: bool 
     """FLOPs one block spends per token, attention and FFN separately."""
     d, a, f = model_cfg.d_model, model_cfg.attn_dim, model_cfg.ffn_dim
     keys = attended_keys(seq_len, causal)
-    attention = 2 * d * 3 * a + 2 * a * d + 2 * 2 * a * keys
-    ffn = 2 * 2 * d * f
+    attention = 2 * d * model_cfg.qkv_dim + 2 * a * d + 2 * 2 * a * keys
+    ffn = 2 * model_cfg.ffn_matrices * d * f
     passes = _passes(training)
     return Flops(attention=passes * attention, ffn=passes * ffn)
 
@@ -78,26 +80,38 @@ def head_flops_per_token(model_cfg: ModelConfig, *, training: bool = True) -> fl
 
 
 def dense_step_flops(model_cfg: ModelConfig, batch_size: int, seq_len: int, *,
-                     causal: bool = True, training: bool = True) -> Flops:
+                     causal: bool = True, training: bool = True, exit_heads: int = 0) -> Flops:
     """FLOPs of a step (micro-batch) in which every block runs on every sequence."""
     kept = [(batch_size, batch_size)] * model_cfg.n_layers
     return executed_step_flops(model_cfg, kept, seq_len, batch_size=batch_size,
-                               causal=causal, training=training)
+                               causal=causal, training=training, exit_heads=exit_heads)
 
 
 def executed_step_flops(model_cfg: ModelConfig, kept_counts: Sequence[tuple[int, int]], seq_len: int, *,
-                        batch_size: int, causal: bool = True, training: bool = True) -> Flops:
+                        batch_size: int, causal: bool = True, training: bool = True,
+                        exit_heads: int = 0) -> Flops:
     """FLOPs a step actually runs: each layer's sublayers on their kept rows only.
 
     ``kept_counts`` holds (attention rows, FFN rows) per layer, as
-    ``DropPlan.kept_counts()`` gives them; the head runs on all ``batch_size`` rows.
+    ``DropPlan.kept_counts()`` gives them; the head runs on all ``batch_size`` rows,
+    once for the final layer and once per early-exit loss head (``exit_heads``).
     """
     per_token = block_flops_per_token(model_cfg, seq_len, causal=causal, training=training)
     attention_rows = sum(a for a, _ in kept_counts)
     ffn_rows = sum(f for _, f in kept_counts)
     return Flops(attention=attention_rows * seq_len * per_token.attention,
                  ffn=ffn_rows * seq_len * per_token.ffn,
-                 head=batch_size * seq_len * head_flops_per_token(model_cfg, training=training))
+                 head=(1 + exit_heads) * batch_size * seq_len * head_flops_per_token(model_cfg, training=training))
+
+
+def expected_training_flops_per_token(model_cfg: ModelConfig, seq_len: int, *, mean_dropout: float = 0.0,
+                                      exit_heads: float = 0.0) -> Flops:
+    """A training token's FLOPs in expectation over a run: the blocks at 1 - P̄ of their
+    dense cost, the final head, and ``exit_heads`` early-exit heads on average a step."""
+    per_token = block_flops_per_token(model_cfg, seq_len)
+    kept = model_cfg.n_layers * (1.0 - mean_dropout)
+    return Flops(attention=kept * per_token.attention, ffn=kept * per_token.ffn,
+                 head=(1.0 + exit_heads) * head_flops_per_token(model_cfg))
 
 
 def saved_fraction(executed: Flops, dense: Flops, *, include_head: bool = False) -> float:
@@ -121,6 +135,7 @@ __all__ = [
     "head_flops_per_token",
     "dense_step_flops",
     "executed_step_flops",
+    "expected_training_flops_per_token",
     "saved_fraction",
     "expected_executed_fraction",
 ]

@@ -5,7 +5,7 @@ One shared ``length`` for all layers: a forward writes positions
 once the forward is done. A layer that the forward skipped keeps stale entries at
 those positions; self-speculative decoding relies on the verify pass, which runs
 every layer from the pre-draft length, to overwrite them, and on ``crop`` to drop
-rejected draft positions.
+rejected draft positions (``crop_rows`` when each row keeps its own number of them).
 
 Batches of prompts of different lengths are left-padded: ``padding`` marks, per row,
 the positions that hold no token, and the attention bias keeps every query away from
@@ -70,6 +70,35 @@ class KVCache:
             raise ValueError(f"crop length={length} is invalid: must be in [0, {self.length}]")
         self.padding[:, length:] = False  # a position written again holds a token unless marked
         self.length = length
+
+    def crop_rows(self, lengths: list[int]) -> None:
+        """Row r keeps its first ``lengths[r]`` positions (each row its own accepted
+        draft prefix). The rows stay one block: a shorter row moves right so that every
+        row ends at the longest one's end, the positions it leaves becoming left padding
+        (ALiBi sees distances only, which moving a whole row leaves alone), and the
+        padding every row has at its left is dropped, so the length is what the longest
+        row needs."""
+        if len(lengths) != self.batch_size or not all(0 <= n <= self.length for n in lengths):
+            raise ValueError(f"crop lengths {lengths} are invalid: one per row ({self.batch_size}), each in "
+                             f"[0, {self.length}]")
+        end = max(lengths)
+        device = self.padding.device
+        shift = end - torch.tensor(lengths, device=device)
+        lead = self.padding[:, :end].int().cumprod(1).sum(1)  # each row's left padding now
+        drop = int((shift + torch.minimum(lead, torch.tensor(lengths, device=device))).min())
+        if not bool(shift.any()) and drop == 0:
+            self.crop(end)
+            return
+        source = torch.arange(drop, end, device=device)[None, :] - shift[:, None]  # [B, end - drop]
+        vacated = source < 0
+        source = source.clamp_min(0)
+        for store in (self.keys, self.values):
+            for layer, tensor in enumerate(store):
+                index = source[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
+                store[layer][:, :, :end - drop] = tensor.gather(2, index)
+        self.padding[:, :end - drop] = self.padding.gather(1, source) | vacated
+        self.padded = self.padded or bool(vacated.any())
+        self.crop(end - drop)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (indices, in the order given): finished sequences leave the batch."""

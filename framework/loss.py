@@ -15,7 +15,7 @@ A micro-batch that fits in one chunk takes the plain path (no recomputation).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,17 @@ def chunked_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor,
     return total / count
 
 
+def exit_cross_entropies(states: Sequence[torch.Tensor], targets: torch.Tensor,
+                         logits_fn: Callable[[torch.Tensor], torch.Tensor], exits: Iterable[int], *,
+                         chunk_tokens: int = 4096) -> dict[int, torch.Tensor]:
+    """{K: mean cross-entropy at exit K} (training): ``states[K-1]`` is the stream after
+    block K-1, ``logits_fn`` the shared final norm and head. Every row reaches every
+    exit: under layer dropout a block a row dropped passed its input on, which is the
+    state the exit sees."""
+    return {exit: chunked_cross_entropy(states[exit - 1], targets, logits_fn, chunk_tokens=chunk_tokens)
+            for exit in exits}
+
+
 def summed_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor,
                          logits_fn: Callable[[torch.Tensor], torch.Tensor], *, chunk_tokens: int,
                          ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
@@ -74,6 +85,22 @@ def summed_cross_entropy(hidden: torch.Tensor, targets: torch.Tensor,
     rows, labels = _flat(hidden, targets)
     return chunked_sum(lambda h, y: _summed_cross_entropy(logits_fn(h), y, ignore_index).double(),
                        rows, labels.to(rows.device), chunk_tokens=chunk_tokens)
+
+
+class LogitWatch:
+    """Wraps a ``logits_fn`` to keep the largest logit it produced (detached, on its
+    device: no host synchronisation until someone reads ``max``). Training health
+    (framework/training_health.py) watches the loss's logits on its logging steps; a
+    chunk recomputed in backward yields the same maximum again."""
+
+    def __init__(self, logits_fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.logits_fn, self.max = logits_fn, None
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.logits_fn(hidden)
+        top = logits.detach().amax()
+        self.max = top if self.max is None else torch.maximum(self.max, top)
+        return logits
 
 
 def inference_chunk_tokens(vocab_size: int, d_model: int, on_gpu: bool) -> int:
@@ -100,5 +127,6 @@ def _summed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, ignore_ind
     return F.cross_entropy(logits.float(), labels, ignore_index=ignore_index, reduction="sum")
 
 
-__all__ = ["chunked_sum", "chunked_cross_entropy", "summed_cross_entropy", "inference_chunk_tokens",
+__all__ = ["chunked_sum", "LogitWatch", "chunked_cross_entropy", "exit_cross_entropies", "summed_cross_entropy",
+           "inference_chunk_tokens",
            "counted_tokens", "IGNORE_INDEX"]

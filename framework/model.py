@@ -7,7 +7,7 @@ and compilation are applied from outside (framework/strategies.py).
 from __future__ import annotations
 
 import numbers
-from typing import Iterable
+from typing import Callable, Iterable, Mapping, NamedTuple
 
 import torch
 import torch.nn as nn
@@ -60,12 +60,25 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
         super().__init__()
-        self.attn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.attn = Attention(cfg, layer_index)
-        self.ffn_norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.ffn = FeedForward(cfg)
+        self.attn_norm = self.new_norm(cfg)
+        self.attn = self.new_attention(cfg, layer_index)
+        self.ffn_norm = self.new_norm(cfg)
+        self.ffn = self.new_ffn(cfg)
         # CompleteP's 1/m_L; the layer-density part (1/ρ) comes with the drop plan.
         self.residual_multiplier = cfg.residual_multiplier
+
+    # The parts a model family (framework/families) replaces; the residual logic stays.
+    @staticmethod
+    def new_norm(cfg: ModelConfig) -> nn.Module:
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+
+    @staticmethod
+    def new_attention(cfg: ModelConfig, layer_index: int) -> nn.Module:
+        return Attention(cfg, layer_index)
+
+    @staticmethod
+    def new_ffn(cfg: ModelConfig) -> nn.Module:
+        return FeedForward(cfg)
 
     def forward(self, h: torch.Tensor, bias: torch.Tensor | None, drop: LayerDrop | None = None,
                 cache: KVCache | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
@@ -86,13 +99,35 @@ class Block(nn.Module):
         return residual_update(h, lambda x: self.ffn(self.ffn_norm(x)), rows, scale)
 
 
+# leave(exit K, running rows [R], what their exit head reads [R, T, d]) -> [R] bool: stop at K
+LeaveRule = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class StepOutput(NamedTuple):
+    """What ``Decoder.step`` computed: the stream after its last block [B, T, d] (rows
+    that left early keep their exit state), what each requested exit's head reads, and
+    the rows still running at the end (None: all of them)."""
+
+    hidden: torch.Tensor
+    reads: dict[int, torch.Tensor]
+    running: torch.Tensor | None
+
+
 class Decoder(nn.Module):
+    """The Celerity decoder; other families subclass it (``framework.families.build_decoder``)."""
+
+    family = "celerity"
+    block_class = Block
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
+        if cfg.family != self.family:
+            raise ValueError(f"family={cfg.family!r} is invalid for {type(self).__name__}: "
+                             "build the decoder with framework.families.build_decoder")
         self.config = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.blocks = nn.ModuleList(self.block_class(cfg, i) for i in range(cfg.n_layers))
+        self.norm = self.block_class.new_norm(cfg)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.init_weights()
 
@@ -168,6 +203,50 @@ class Decoder(nn.Module):
             if states is not None:
                 states.append(h)
         return h
+
+    def step(self, inputs: torch.Tensor, cache: KVCache, *, layers: Iterable[int] | None = None,
+             padding: torch.Tensor | None = None, exits: Mapping[int, nn.Module | None] | None = None,
+             leave: LeaveRule | None = None, advance: bool = True) -> StepOutput:
+        """One decoding forward of T new positions through ``cache``: the sequence every
+        decoding route goes through (mark padding -> attention bias -> embed -> blocks ->
+        exit reads -> cache advance), whatever family the blocks belong to.
+
+        ``inputs``: token ids [B, T], or a residual stream [B, T, d] to resume from
+        (verification above a draft's exit). ``layers``: the blocks to run, in order
+        (default: all). ``padding`` [B, T] marks positions holding no token.
+        ``exits`` {K: adapter or None}: after the blocks below K have run, the state
+        exit K's head reads (through its adapter block, which writes its own K/V) goes
+        to ``StepOutput.reads[K]``. ``leave(K, rows, read)`` may then return which of
+        the still-running ``rows`` stop there: later blocks update only the others,
+        while every row writes their K/V from its current state (CALM's state
+        propagation, see ``run_blocks``). ``advance=False`` leaves the cache length
+        alone (a forward whose positions are rewritten next).
+        """
+        if padding is not None:
+            cache.mark_padding(padding)
+        h = self.embed(inputs) if inputs.dim() == 2 else inputs
+        bias = self.attention_bias(h.shape[1], cache)
+        layers = list(range(len(self.blocks)) if layers is None else layers)
+        reads: dict[int, torch.Tensor] = {}
+        running: torch.Tensor | None = None  # rows still updated (None: all)
+        done = 0
+        for exit_layer in sorted(exits or {}):
+            below = [i for i in layers[done:] if i < exit_layer]
+            h = self.run_blocks(h, below, bias=bias, cache=cache, rows=running)
+            done += len(below)
+            adapter = (exits or {})[exit_layer]
+            read = h if adapter is None else (adapter(h, bias, None, cache) if running is None
+                                              else adapter(h, bias, None, cache, running))
+            reads[exit_layer] = read
+            if leave is not None:
+                rows = torch.arange(h.shape[0], device=h.device) if running is None else running
+                if rows.numel():
+                    stays = ~leave(exit_layer, rows, read[rows])
+                    running = None if bool(stays.all()) and running is None else rows[stays]
+        h = self.run_blocks(h, layers[done:], bias=bias, cache=cache, rows=running)
+        if advance:
+            cache.advance(h.shape[1])
+        return StepOutput(h, reads, running)
 
     def check_plan(self, plan: DropPlan, batch_size: int, cache: KVCache | None) -> None:
         if len(plan) != len(self.blocks):

@@ -76,10 +76,15 @@ def model_multipliers(pcfg: ParametrizationConfig, model_cfg: ModelConfig) -> di
     return {"logit_multiplier": 1.0 / m_d, "residual_multiplier": 1.0 / m_l}
 
 
+def plain_name(name: str) -> str:
+    """A Decoder parameter name without the segments wrappers insert."""
+    plain = _WRAPPER_SEGMENT.sub("", name)
+    return plain[1:] if plain.startswith(".") else plain
+
+
 def group_of(name: str) -> str:
     """The parameter group of a Decoder parameter name; unknown names raise."""
-    plain = _WRAPPER_SEGMENT.sub("", name)
-    plain = plain[1:] if plain.startswith(".") else plain
+    plain = plain_name(name)
     for pattern, group in _GROUP_PATTERNS:
         if pattern.fullmatch(plain):
             return group
@@ -203,6 +208,7 @@ __all__ = [
     "width_depth_multipliers",
     "model_multipliers",
     "group_of",
+    "plain_name",
     "init_stds",
     "optimizer_hyperparameters",
     "weight_decay",

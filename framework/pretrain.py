@@ -69,6 +69,8 @@ class PretrainCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config
+        if config.model.init_from is not None:
+            start_from(config)
         check_trainer(config.trainer)
         check_seq_len(config)
         folder = checkpoint_dir(config)
@@ -168,6 +170,25 @@ def checkpoint_dir(config: Any) -> Path:
     if dirpath:
         return Path(dirpath)
     return Path(config.trainer.default_root_dir or ".") / "checkpoints"
+
+
+def start_from(config: Any) -> None:
+    """``model.init_from``: the decoder section becomes the checkpoint's model, its own
+    parametrization base (framework/init_from.py); said in one line."""
+    from framework.config import ModelConfig, ParametrizationConfig
+    from framework.init_from import initial_config, own_base
+
+    path = config.model.init_from
+    decoder = initial_config(path, _as_dict(config.model.decoder))
+    pcfg = own_base(ParametrizationConfig(**_as_dict(config.model.parametrization)), ModelConfig(**decoder))
+    for key, value in decoder.items():
+        setattr(config.model.decoder, key, value)
+    config.model.parametrization.d_base, config.model.parametrization.n_layers_base = pcfg.d_base, pcfg.n_layers_base
+    config.data.model_vocab_size = decoder["vocab_size"]
+    if rank_zero_only.rank == 0:
+        print(f"model.init_from={path}: a {decoder['family']} decoder (d = {decoder['d_model']}, L = "
+              f"{decoder['n_layers']}, vocabulary {decoder['vocab_size']}), its own parametrization base "
+              "(m_d = m_L = 1)", flush=True)
 
 
 def check_trainer(trainer: Any) -> None:

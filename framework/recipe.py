@@ -66,7 +66,9 @@ from typing import Any
 
 import yaml
 
-from framework.config import PAPER_SIZES, LayerDropoutConfig, ModelConfig, ParametrizationConfig
+from framework.config import PAPER_SIZES, EarlyExitLossConfig, LayerDropoutConfig, ModelConfig, ParametrizationConfig
+from framework.early_exit_loss import check_exits, mean_exit_heads
+from framework.flops import expected_training_flops_per_token
 from framework.parametrization import (
     EMBEDDING,
     HIDDEN,
@@ -183,10 +185,10 @@ def parameter_count(cfg: ModelConfig) -> int:
     """Exact, from the Decoder itself (built on the meta device: no memory)."""
     import torch
 
-    from framework.model import Decoder
+    from framework.families import build_decoder
 
     with torch.device("meta"):
-        return Decoder(cfg).num_parameters()
+        return build_decoder(cfg).num_parameters()
 
 
 # ---------------------------------------------------------------------- the memory model
@@ -289,6 +291,11 @@ def derive(args: argparse.Namespace) -> Recipe:
     m_d, m_l = width_depth_multipliers(pcfg, model.d_model, model.n_layers)
     hyper = optimizer_hyperparameters(pcfg, model, total_tokens=float(steps), batch_tokens=1.0)
     p_bar = mean_dropout(dropout, model.n_layers, steps)
+    exits = EarlyExitLossConfig(**recipe["model"].get("early_exit_loss", {}))  # the base's, at the new depth:
+    check_exits(exits, model.n_layers)
+    exit_heads = mean_exit_heads(exits, model.n_layers, steps)
+    dense = expected_training_flops_per_token(model, seq)
+    per_token = expected_training_flops_per_token(model, seq, mean_dropout=p_bar, exit_heads=exit_heads)
     chunk = recipe["model"].get("loss_chunk_tokens", 4096)
     mixed = "bf16" in str(recipe["trainer"].get("precision", ""))
     try:
@@ -351,6 +358,9 @@ def derive(args: argparse.Namespace) -> Recipe:
         f"  B     = B_base · m_D^0.4 = {rule:.1f} sequences -> {batch} = {args.nodes} node(s) × {args.devices} "
         f"devices × {per_device} ({100 * (batch / rule - 1):+.1f}%)",
         f"  steps = ceil(D / (B · S)) = {steps:,}",
+        f"  FLOPs = D · (blocks · (1 - P̄) + head · (1 + Ē)) = {tokens:.4g} · ({dense.blocks:.4g} · {1 - p_bar:.4g}"
+        f" + {dense.head:.4g} · {1 + exit_heads:.4g}) = {tokens * per_token.total:.4g}",
+        f"          (training FLOPs: P̄ = {p_bar:.4g} layer dropout, Ē = {exit_heads:.4g} early-exit heads a step)",
         f"  memory per device (GB) = {memory} = {needed / 1e9:.1f} of {usable / 1e9:.1f} usable "
         f"({plan.strategy}, micro-batch {plan.micro_batch}"
         f"{', activation checkpointing' if plan.checkpointing else ''})",

@@ -62,11 +62,12 @@ def feed_forward(x: torch.Tensor, params: dict[str, torch.Tensor], prefix: str) 
 def reference_hidden(decoder: torch.nn.Module, tokens: torch.Tensor,
                      attn_masks: Sequence[torch.Tensor] | None = None,
                      ffn_masks: Sequence[torch.Tensor] | None = None,
-                     scales: Sequence[float] | None = None) -> torch.Tensor:
-    """The residual stream before the final norm; no masks = every block on every row."""
+                     scales: Sequence[float] | None = None, layers: int | None = None) -> torch.Tensor:
+    """The residual stream before the final norm (after the first ``layers`` blocks, all by
+    default: an early exit); no masks = every block on every row."""
     cfg = decoder.config
     params = dict(decoder.named_parameters())
-    n = cfg.n_layers
+    n = cfg.n_layers if layers is None else layers
     ones = torch.ones(tokens.shape[0], dtype=torch.bool)
     attn_masks = attn_masks if attn_masks is not None else [ones] * n
     ffn_masks = ffn_masks if ffn_masks is not None else attn_masks

@@ -12,12 +12,14 @@ import torch
 
 from framework.config import (
     LLAMA3_VOCAB_SIZE,
+    EarlyExitLossConfig,
     LayerDropoutConfig,
     ModelConfig,
     ParametrizationConfig,
     PositiveInt,
     check,
 )
+from framework.early_exit_loss import CURRICULA, SCALE_FUNCTIONS
 from framework.layer_dropout import MASK_MODES
 from framework.lr_schedule import LRScheduleConfig
 from framework.model import Decoder
@@ -83,7 +85,8 @@ def test_model_config_dict_round_trip_and_unknown_keys():
         ModelConfig.from_dict({**cfg.to_dict(), "dim": 3})
 
 
-@pytest.mark.parametrize("config", [ModelConfig(), LayerDropoutConfig(), ParametrizationConfig(), LRScheduleConfig()])
+@pytest.mark.parametrize("config", [ModelConfig(), LayerDropoutConfig(), ParametrizationConfig(), LRScheduleConfig(),
+                                    EarlyExitLossConfig()])
 def test_configs_are_frozen_once_validated(config):
     name = fields(config)[0].name
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -124,6 +127,33 @@ def test_config_names_come_from_the_registries():
     assert distribution_names == tuple(DISTRIBUTIONS)
     assert typing.get_args(hints["schedule"]) == tuple(TIME_SCHEDULES)
     assert typing.get_args(hints["mask"]) == tuple(MASK_MODES)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(scale=-0.5), r"^scale=-0.5 is invalid: must be >= 0$"),
+    (dict(scale=1.0, exits="some"), r"^exits='some' is invalid: allowed: all or a list"),
+    (dict(scale=1.0, exits=[0, 2]), r"^exits=\(0, 2\) is invalid: every item must be > 0$"),
+    (dict(scale=1.0, exits=[2, 2]), r"^early_exit_loss.exits=\[2, 2\] is invalid: need distinct exits"),
+    (dict(scale=1.0, every=0), r"^every=0 is invalid: must be > 0$"),
+    (dict(scale=1.0, weighting="log"), f"^weighting='log' is invalid: allowed: {', '.join(SCALE_FUNCTIONS)}$"),
+    (dict(scale=1.0, curriculum="random"), f"^curriculum='random' is invalid: allowed: {', '.join(CURRICULA)}$"),
+    (dict(scale=1.0, curriculum="rotational", rotation=1), r"^rotation=1 is invalid: must be >= 2$"),
+    (dict(scale=1.0, curriculum="gradual", ramp=0.0), r"^ramp=0.0 is invalid: must be in \(0, 1\]$"),
+    # options that would change nothing are refused, not ignored
+    (dict(weighting="sum"), r"^early_exit_loss.weighting='sum' is invalid: it changes nothing when the early-exit"
+                            r" loss is off \(scale=0\)$"),
+    (dict(scale=1.0, exits=[1, 3], every=2), r"^early_exit_loss.every=2 .*changes nothing when exits is a list$"),
+    (dict(scale=1.0, rotation=3), r"^early_exit_loss.rotation=3 .*changes nothing when curriculum='none'$"),
+    (dict(scale=1.0, curriculum="rotational", ramp=0.5), r"^early_exit_loss.ramp=0.5 .*curriculum='rotational'$"),
+])
+def test_early_exit_loss_config_rejects_bad_values_in_one_line(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EarlyExitLossConfig(**kwargs)
+
+
+def test_early_exit_loss_is_off_by_default_and_takes_a_list_of_exits():
+    assert EarlyExitLossConfig().scale == 0.0
+    assert EarlyExitLossConfig(scale=0.5, exits=[4, 2]).exits == (4, 2)
 
 
 @pytest.mark.parametrize("field, value", [

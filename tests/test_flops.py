@@ -180,3 +180,21 @@ def test_real_plans_save_mean_dropout(mask, structure, draws):
     # Sublayer masks are independent draws for attention and FFN, which both weigh in.
     assert fraction == pytest.approx(1 - mean_dropout(layer_cfg, LAYERS, STEPS),
                                      abs=tolerance(draws))
+
+
+def test_exit_heads_of_the_early_exit_loss_equal_torch_flop_counter(decoder):
+    """Each exit of the early-exit loss is one more head, forward and backward, on every token."""
+    from framework.loss import chunked_cross_entropy, exit_cross_entropies
+
+    tokens, targets = torch.randint(0, 96, (2, 4, SEQ))
+    keep = [torch.tensor([1, 0, 1, 1]).bool(), torch.ones(4).bool(), torch.tensor([0, 0, 1, 0]).bool()]
+    drop_plan = DropPlan.from_masks(keep, [1.0, 1.0, 1.0])
+    with FlopCounterMode(display=False) as counter:
+        states = decoder.hidden(tokens, plan=drop_plan, all_layers=True)
+        loss = chunked_cross_entropy(states[-1], targets, decoder.logits)
+        exits = exit_cross_entropies(states, targets, decoder.logits, [1, 2])
+        (loss + exits[1] + exits[2]).backward()
+    executed = executed_step_flops(CFG, drop_plan.kept_counts(), SEQ, batch_size=4, causal=False, exit_heads=2)
+    assert counter.get_total_flops() == executed.total
+    assert executed.head == 3 * executed_step_flops(CFG, drop_plan.kept_counts(), SEQ, batch_size=4).head
+    assert dense_step_flops(CFG, 4, SEQ, exit_heads=2).head == executed.head

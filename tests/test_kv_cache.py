@@ -158,3 +158,25 @@ def test_extra_layers_hold_adapter_slots():
     decoder = make_decoder()
     cache = decoder.new_cache(2, extra_layers=2)
     assert len(cache.keys) == decoder.config.n_layers + 2
+
+
+def test_rows_cropped_to_their_own_lengths_stay_right_aligned():
+    """Row r keeps positions [0, lengths[r]); shorter rows move right (left padding), and
+    the padding all rows share at the left is dropped."""
+    cache = KVCache(n_layers=2, batch_size=3, n_heads=1, head_dim=1, max_len=8)
+    cache.mark_padding(torch.tensor([[True, True, False, False, False, False],
+                                     [False] * 6,
+                                     [True, False, False, False, False, False]]))
+    cache.advance(6)
+    for store in (cache.keys, cache.values):
+        for tensor in store:
+            tensor[:, 0, :6, 0] = torch.arange(6.0) + 10 * torch.arange(3.0)[:, None]
+    cache.crop_rows([6, 3, 5])
+    assert cache.length == 4  # row 1 keeps 3 tokens and moves 3 right; every row had >= 2 padding
+    assert cache.key_padding(4).tolist() == [[False] * 4, [True, False, False, False], [False] * 4]
+    assert cache.keys[1][:, 0, :4, 0].tolist() == [[2, 3, 4, 5], [10, 10, 11, 12], [21, 22, 23, 24]]
+    assert torch.equal(cache.values[0][:, 0, :4, 0], cache.keys[1][:, 0, :4, 0])
+    cache.crop_rows([4, 3, 4])  # nothing moves but row 1 (and nothing is dropped: row 0 has none)
+    assert cache.length == 4 and cache.keys[0][1, 0, :4, 0].tolist() == [10, 10, 10, 11]
+    with pytest.raises(ValueError, match=r"crop lengths \[5, 1\] are invalid: one per row \(3\)"):
+        cache.crop_rows([5, 1])

@@ -184,3 +184,59 @@ def test_updating_some_rows_keeps_the_others_and_writes_every_rows_k_v():
     torch.testing.assert_close(updated[rows], full[rows], rtol=0, atol=1e-12)
     assert torch.equal(updated[1], h[1])
     assert torch.equal(cache.keys[1][:, :, :1], reference_cache.keys[1][:, :, :1])
+
+
+def step_decoder() -> Decoder:
+    torch.manual_seed(0)
+    return Decoder(ModelConfig(vocab_size=50, d_model=16, n_layers=4, n_heads=2, max_seq_len=16,
+                               attention="sdpa")).double().eval()
+
+
+def test_step_through_the_cache_is_the_forward():
+    """A prefill then one-token steps give the logits of one forward over the whole
+    sequence; a padded row gives its unpadded logits."""
+    decoder = step_decoder()
+    tokens = torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        whole = decoder(tokens)
+        cache = decoder.new_cache(2, 8)
+        parts = [decoder.step(tokens[:, :4], cache).hidden]
+        parts += [decoder.step(tokens[:, i:i + 1], cache).hidden for i in range(4, 7)]
+        assert cache.length == 7
+        torch.testing.assert_close(decoder.logits(torch.cat(parts, 1)), whole, rtol=0, atol=1e-10)
+        padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), tokens[:1, :5]], 1)
+        padding = torch.tensor([[True, True] + [False] * 5])
+        out = decoder.step(padded, decoder.new_cache(1, 8), padding=padding)
+        torch.testing.assert_close(decoder.logits(out.hidden[:, 2:]), whole[:1, :5], rtol=0, atol=1e-10)
+
+
+def test_step_resumes_from_a_stream_and_reads_exits():
+    """Blocks 0..1 then 2..3 resumed from their stream (advance=False in between) are
+    the whole step; exit 2 reads the stream after blocks 0..1."""
+    decoder = step_decoder()
+    tokens = torch.randint(0, 50, (2, 5))
+    with torch.no_grad():
+        full = decoder.step(tokens, decoder.new_cache(2, 8), exits={2: None})
+        cache = decoder.new_cache(2, 8)
+        lower = decoder.step(tokens, cache, layers=range(2), advance=False)
+        assert cache.length == 0
+        upper = decoder.step(lower.hidden, cache, layers=range(2, 4))
+        assert cache.length == 5 and full.running is None
+    torch.testing.assert_close(upper.hidden, full.hidden, rtol=0, atol=1e-12)
+    torch.testing.assert_close(full.reads[2], lower.hidden, rtol=0, atol=1e-12)
+
+
+def test_rows_that_leave_at_an_exit_keep_their_state_and_write_later_k_v_from_it():
+    decoder = step_decoder()
+    tokens = torch.randint(0, 50, (3, 1))
+    with torch.no_grad():
+        cache = decoder.new_cache(3, 4)
+        out = decoder.step(tokens, cache, exits={1: None}, leave=lambda k, rows, read: rows == 1)
+        assert out.running.tolist() == [0, 2]
+        assert torch.equal(out.hidden[1], out.reads[1][1])  # row 1 left at exit 1
+        full = decoder.step(tokens, decoder.new_cache(3, 4))
+        torch.testing.assert_close(out.hidden[[0, 2]], full.hidden[[0, 2]], rtol=0, atol=1e-12)
+        reference = decoder.new_cache(3, 4)
+        decoder.blocks[3].attn(decoder.blocks[3].attn_norm(out.reads[1]), decoder.attention_bias(1, reference),
+                               reference)
+        torch.testing.assert_close(cache.keys[3][1, :, :1], reference.keys[3][1, :, :1], rtol=0, atol=1e-12)

@@ -13,9 +13,11 @@ import pytest
 import torch
 import yaml
 
-from framework.config import ModelConfig
+from framework.config import LayerDropoutConfig, ModelConfig
+from framework.flops import block_flops_per_token, head_flops_per_token
 from framework.model import Decoder
 from framework.recipe import build, device_memory, main, parameter_count, read_base
+from framework.schedules import mean_dropout
 from framework.strategies import checkpoint_block
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,3 +203,32 @@ def test_out_is_written_and_never_overwritten_unasked(in_repo, capsys, tmp_path)
     code, _, err = run(capsys, *argv)
     assert code == 2 and "exists (add --overwrite" in err and out.read_text() == "mine"
     assert run(capsys, *argv, "--overwrite")[0] == 0 and out.read_text() == written
+
+
+def test_the_flop_prediction_counts_layer_dropout_and_the_early_exit_heads(in_repo, capsys, tmp_path):
+    """D · (blocks·(1 - P̄) + head·(1 + Ē)), with Ē the early-exit heads a step of the base
+    recipe's curriculum at the new depth; the section itself is carried over."""
+    base = yaml.safe_load((RECIPES / "base.yaml").read_text())
+    base["model"]["early_exit_loss"] = {"scale": 0.3, "every": 4, "curriculum": "rotational", "rotation": 3}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    argv = ["--size", "271M", "--tokens", "1B", "--devices", "8", "--memory", "141GB", "--p-max", "0.4"]
+    code, out, err = run(capsys, "--base", str(tmp_path / "base.yaml"), *argv)
+    assert code == 0, err
+    recipe = yaml.safe_load(out)
+    assert recipe["model"]["early_exit_loss"] == base["model"]["early_exit_loss"]
+    model, steps = ModelConfig(**recipe["model"]["decoder"]), recipe["trainer"]["max_steps"]
+    exits = [4, 8, 12]  # 13 layers; rotation 3: one exit a step
+    assert model.n_layers == 13
+    p_bar = mean_dropout(LayerDropoutConfig(**recipe["model"]["layer_dropout"]), 13, steps)
+    blocks = 13 * block_flops_per_token(model, 2048).blocks
+    expected = 1e9 * (blocks * (1 - p_bar) + head_flops_per_token(model) * (1 + len(exits) / 3))
+    line = next(line for line in out.splitlines() if line.startswith("#   FLOPs = "))
+    assert float(line.rsplit("= ", 1)[1]) == pytest.approx(expected, rel=1e-3)
+    assert "Ē = 1 early-exit heads a step" in out
+    code, out, err = run(capsys, *BASE, *argv)
+    assert "Ē = 0 early-exit heads a step" in out
+
+    base["model"]["early_exit_loss"] = {"scale": 0.3, "exits": [6, 20]}
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
+    code, _, err = run(capsys, "--base", str(tmp_path / "base.yaml"), *argv)
+    assert code == 2 and "early_exit_loss.exits=[6, 20] is invalid: exits must be in 1..12" in err

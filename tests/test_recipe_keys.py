@@ -24,6 +24,7 @@ from framework.callbacks import RunSummary, Throughput
 from framework.checkpoint.saving import PeriodicCheckpoint
 from framework.nonfinite import NonFiniteLossGuard
 from framework.pretrain import PretrainCLI, build_cli
+from framework.early_exit_loss import exit_weights
 from framework.schedules import dropout_rates
 from tiny_training import tiny_cli_args
 
@@ -48,14 +49,17 @@ SECOND: dict[str, Any] = {
     "model.parametrization.kind": "standard", "model.parametrization.betas": "[0.8, 0.9]",
     "model.lr_schedule.decay": "cosine", "model.lr_schedule.min_lr_ratio": "0.5",
     "model.lr_schedule.warmup_fraction": "0.25", "model.loss_chunk_tokens": "16",
+    "model.early_exit_loss.exits": "[1]", "model.early_exit_loss.weighting": "linear",
+    "model.early_exit_loss.curriculum": "gradual",
     "data.data_dir": "/no/such/folder", "data.storage_options": json.dumps({"anon": True}), "data.seq_len": "16",
     "resume": "/no/such/last.ckpt",
 }
 # Set from another key, not settable: the data's vocabulary check uses the model's.
 LINKED = {"data.model_vocab_size"}
 # Keys that must be refused: their second value would be meaningless with the rest.
+# (The curricula's knobs under the base's curriculum "none".)
 REFUSED = {"model.decoder.logit_multiplier", "model.decoder.residual_multiplier", "model.lr_schedule.warmup_fraction",
-           "data.data_dir", "resume"}
+           "model.early_exit_loss.rotation", "model.early_exit_loss.ramp", "data.data_dir", "resume"}
 
 
 class Captured(Exception):
@@ -123,8 +127,8 @@ def resolved(cli) -> dict[str, Any]:
 
 def module_behaviour(module, max_steps: int) -> tuple:
     """Parameters after init, which kernel and cache the model has, drop plans at two
-    steps, losses with and without a plan, tensors kept for backward, the optimizer's
-    groups and the LR factor of every step."""
+    steps, losses with and without a plan (and the step's early-exit loss), tensors kept
+    for backward, the optimizer's groups and the LR factor of every step."""
     module.configure_model()
     model, cfg = module.model, module.model_cfg
     params = [(name, tuple(p.shape), float(p.detach().double().square().sum())) for name, p in model.named_parameters()]
@@ -150,7 +154,8 @@ def module_behaviour(module, max_steps: int) -> tuple:
         if not compiled and not model.use_flex(None):
             sizes = []
             with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
-                losses.append(float(module.loss(inputs, targets, drop)))
+                exits = exit_weights(module.exit_cfg, cfg.n_layers, step, max_steps)
+                losses.append(float(module.loss(inputs, targets, drop, exits)))
             saved.append((len(sizes), max(sizes)))
     return (params, compiled, model.use_flex(None), model.new_cache(1).max_len, model.config.logit_multiplier,
             model.config.residual_multiplier, groups, [factor(t) for t in range(max_steps)], plans, losses, saved)
@@ -214,8 +219,10 @@ def build(monkeypatch, prepared_tokens, tmp_path):
     monkeypatch.setattr(CapturingCLI, "parser_cache", None)
     # The tiny recipe, shrunk, on a width and depth other than the base's (m_d = m_L = 2),
     # so that every parametrization key has something to scale.
+    # The early-exit loss is on, so that its keys have something to change.
     base = tiny_cli_args(prepared_tokens, tmp_path / "run") + [
-        "--model.parametrization.d_base", "16", "--model.parametrization.n_layers_base", "1"]
+        "--model.parametrization.d_base", "16", "--model.parametrization.n_layers_base", "1",
+        "--model.early_exit_loss.scale", "0.5"]
 
     def make(*extra: str):
         return build_cli([*base, *extra])

@@ -4,6 +4,7 @@ finds, resumes, proves harmless and exports them.
     base.py             names, the one error (CheckpointError), Pieces, the Form protocol
     forms.py            the registry of forms, in matching order:
       lightning_file.py   a single .ckpt file (single device, DDP)
+      hf_folder.py        a Hugging Face folder (Llama; also written by export --format hf)
       exported.py         model.safetensors + config.json (+ tokenizer.json)
       dcp.py              an FSDP2 folder (torch.distributed.checkpoint)
       zero.py             a DeepSpeed ZeRO-2/3 folder
@@ -24,9 +25,9 @@ group: `layerdrop generate` and the eval commands load a checkpoint without eith
 from framework.checkpoint.base import CKPT_KEY, CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, Pieces
 from framework.checkpoint.export import export_decoder
 from framework.checkpoint.forms import FORM_NAMES, FORMS
-from framework.checkpoint.loader import (Checkpoint, checkpoint_form, find_tokenizer, load_decoder, read_metadata,
-                                         read_model_config, tokenizer_record)
+from framework.checkpoint.loader import (Checkpoint, checkpoint_form, checkpoint_tensors, find_tokenizer, load_decoder,
+                                         read_metadata, read_model_config, tokenizer_record)
 
-__all__ = ["CheckpointError", "Checkpoint", "checkpoint_form", "load_decoder", "read_model_config", "read_metadata",
+__all__ = ["CheckpointError", "Checkpoint", "checkpoint_form", "checkpoint_tensors", "load_decoder", "read_model_config", "read_metadata",
            "find_tokenizer", "tokenizer_record", "export_decoder", "FORMS", "FORM_NAMES", "Pieces", "CKPT_KEY",
            "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_FILE"]

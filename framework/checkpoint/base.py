@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from framework.config import ModelConfig
+
 if TYPE_CHECKING:  # annotations only: a form fills a Decoder, it never builds one
     from framework.model import Decoder
 
@@ -65,19 +67,36 @@ class Form(Protocol):
         """The non-tensor entries (Lightning's checkpoint dict without the weights and
         optimizer state; an export's config.json), read by weights-only rules."""
 
-    def model_config_entry(self, metadata: dict[str, Any]) -> Any:
-        """The ModelConfig as a plain dict, from ``metadata`` (None when absent)."""
+    def model_config(self, path: Path, metadata: dict[str, Any]) -> ModelConfig:
+        """The checkpoint's ModelConfig, from its ``metadata`` (CheckpointError when
+        there is none or it is invalid)."""
 
     def load_into(self, decoder: Decoder, path: Path) -> None:
         """Fill every tensor of ``decoder`` from the checkpoint (names and shapes
         checked), one tensor at a time."""
 
+    # Optional, where the form can: ``tensors(path, cfg)``, the (name, tensor or
+    # Pieces) pairs one at a time (framework.checkpoint.checkpoint_tensors); and
+    # ``shapes(path)``, every stored tensor's shape without reading one, which the
+    # loader checks the config against before it builds anything.
 
-def training_config_entry(metadata: dict[str, Any]) -> Any:
-    """Where a training checkpoint (Lightning file, DCP or ZeRO folder) keeps its
-    ModelConfig: ``checkpoint["layerdrop"]["model_config"]``."""
+
+def training_model_config(path: Path, metadata: dict[str, Any]) -> ModelConfig:
+    """The ModelConfig a training checkpoint (Lightning file, DCP or ZeRO folder) keeps
+    under ``checkpoint["layerdrop"]["model_config"]``."""
     entry = metadata.get(CKPT_KEY)
-    return entry.get("model_config") if isinstance(entry, dict) else None
+    entry = entry.get("model_config") if isinstance(entry, dict) else None
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"checkpoint {str(path)!r} is not a layerdrop checkpoint "
+                              f"(no {CKPT_KEY}.model_config entry)")
+    return model_config_from(entry, path)
+
+
+def model_config_from(entry: dict[str, Any], path: Path) -> ModelConfig:
+    try:
+        return ModelConfig.from_dict(entry)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{str(path)!r}: {err}") from None
 
 
 def metadata_of(entries: Any, path: Path) -> dict[str, Any]:
@@ -155,5 +174,5 @@ def check_names(path: Path, missing: list[str], unexpected: list[str]) -> None:
 
 
 __all__ = ["CKPT_KEY", "MODEL_PREFIX", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_FILE", "CheckpointError", "Pieces",
-           "Form", "TENSOR_ENTRIES", "metadata_of", "archive_reason", "training_config_entry", "read_json", "first_line",
-           "copy_into", "check_shape", "check_names"]
+           "Form", "TENSOR_ENTRIES", "metadata_of", "archive_reason", "training_model_config", "model_config_from",
+           "read_json", "first_line", "copy_into", "check_shape", "check_names"]

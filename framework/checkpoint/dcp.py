@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from framework.checkpoint.base import archive_reason, metadata_of, training_config_entry
+from framework.checkpoint.base import archive_reason, metadata_of, training_model_config
 from framework.checkpoint.safety import (DCP_METADATA_FILE, load_dcp_metadata, load_torch_file,
                                          prove_checkpoint_harmless)
 
@@ -40,8 +40,8 @@ class DcpFolder:
         meta = path / LIGHTNING_META
         return metadata_of(load_torch_file(meta) if meta.is_file() else None, path)
 
-    def model_config_entry(self, metadata: dict[str, Any]) -> Any:
-        return training_config_entry(metadata)
+    def model_config(self, path: Path, metadata: dict[str, Any]) -> Any:
+        return training_model_config(path, metadata)
 
     def shapes(self, path: Path) -> dict[str, Any]:
         from framework.checkpoint.dcp_reader import stored_shapes  # torch.distributed.checkpoint: seconds

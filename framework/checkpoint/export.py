@@ -2,6 +2,10 @@
 
     layerdrop export --ckpt runs/x/checkpoints/last.ckpt --out exports/x
     layerdrop export --ckpt runs/x/checkpoints/step-00001000.ckpt --out exports/x-1000 --no-tokenizer
+    layerdrop export --ckpt runs/llama/export --out hf/llama --format hf    # LlamaForCausalLM
+
+``--format hf`` writes a Hugging Face folder (framework/checkpoint/hf_folder.py) that
+transformers loads as ``LlamaForCausalLM``; only the Llama family has one.
 
 ``--ckpt`` takes every form framework/checkpoint/forms.py lists (a .ckpt file, an FSDP2
 or DeepSpeed folder, an export). The tokenizer is found as
@@ -33,18 +37,22 @@ from typing import Any
 from framework.atomic_write import copy_file, write_text
 from framework.checkpoint.base import CKPT_KEY, CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
 from framework.checkpoint.folder import finish_replacement, publish, remove_path, staging_path
+from framework.checkpoint.hf_folder import INDEX_FILE, write_hf_folder
 from framework.checkpoint.loader import Checkpoint
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.checkpoint.tokenizer_record import sha256_of
+from framework.families.llama_hf import HFConfigError, to_hf_config
 
 EXPORT_FOLDER = "export"
 EXPORT_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE)
+# What --format hf writes besides those (and an earlier sharded export's index).
+HF_FILES = ("generation_config.json", "tokenizer_config.json", INDEX_FILE)
 
 
 def is_export(folder: Path) -> bool:
     """A folder holding an export and nothing else (hidden leftovers aside)."""
     names = {entry.name for entry in folder.iterdir() if not entry.name.startswith(".")}
-    return bool(names & {WEIGHTS_FILE, CONFIG_FILE}) and names <= set(EXPORT_FILES)
+    return bool(names & {WEIGHTS_FILE, CONFIG_FILE}) and names <= set(EXPORT_FILES + HF_FILES)
 
 
 def check_export_target(out: Path, overwrite: bool) -> None:
@@ -111,6 +119,8 @@ def write_config(folder: Path, config: dict[str, Any]) -> None:
 def training_record(ckpt: Checkpoint) -> dict[str, Any]:
     """What config.json keeps of the training run that wrote the checkpoint ``ckpt``."""
     metadata = ckpt.metadata
+    if ckpt.form.name == "hf":  # what an HF config says of its tokens
+        return {k: metadata[k] for k in ("bos_token_id", "eos_token_id") if metadata.get(k) is not None}
     if ckpt.form.self_contained:
         return {k: v for k, v in metadata.items() if k != "model"}
     entry = metadata.get(CKPT_KEY) or {}
@@ -135,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="the folder to write: new, empty, or an earlier export")
     parser.add_argument("--overwrite", action="store_true", help="replace an export already in --out (nothing "
                                                                  "else is ever replaced)")
+    parser.add_argument("--format", choices=("layerdrop", "hf"), default="layerdrop",
+                        help="layerdrop: model.safetensors + config.json (every family); hf: a Hugging Face "
+                             "LlamaForCausalLM folder (family llama)")
     tokenizer = parser.add_mutually_exclusive_group()
     tokenizer.add_argument("--tokenizer", default=None, help="the tokenizer.json to include (default: the run's)")
     tokenizer.add_argument("--no-tokenizer", action="store_true", help="export the weights without a tokenizer")
@@ -145,9 +158,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.tokenizer is not None and not Path(args.tokenizer).is_file():
             raise CheckpointError(f"--tokenizer {args.tokenizer!r} does not exist")
         ckpt = Checkpoint.open(args.ckpt)
+        if args.format == "hf":
+            try:  # a Celerity model is refused before any weight is read
+                to_hf_config(ckpt.model_config)
+            except HFConfigError as err:
+                raise CheckpointError(str(err)) from None
         tokenizer_file = _tokenizer_for(args, ckpt)
         decoder, _ = ckpt.load_decoder()
         record = training_record(ckpt)
+        if args.format == "hf":
+            return _export_hf(args, decoder, record, tokenizer_file)
         if tokenizer_file is not None:
             record["tokenizer"] = {**record.get("tokenizer", {}), "file": TOKENIZER_FILE,
                                    "sha256": sha256_of(tokenizer_file)}
@@ -157,6 +177,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"exported {args.ckpt} -> {out}/{WEIGHTS_FILE} + {CONFIG_FILE}"
           + (f" + {TOKENIZER_FILE}" if tokenizer_file is not None else " (no tokenizer: --no-tokenizer)"))
+    return 0
+
+
+def _export_hf(args: argparse.Namespace, decoder: Any, record: dict[str, Any], tokenizer: Path | None) -> int:
+    source_config = record.get("tokenizer") or {}
+    eos_id = source_config.get("eos_id", record.get("eos_token_id"))
+    write_hf_folder(decoder, args.out, tokenizer=tokenizer, eos_id=eos_id, bos_id=record.get("bos_token_id"),
+                    overwrite=args.overwrite)
+    print(f"exported {args.ckpt} -> {args.out} (Hugging Face LlamaForCausalLM: model.safetensors, config.json, "
+          "generation_config.json" + (", tokenizer.json" if tokenizer is not None else "; no tokenizer") + ")")
     return 0
 
 

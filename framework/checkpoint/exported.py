@@ -16,7 +16,8 @@ from typing import Any
 
 import torch
 
-from framework.checkpoint.base import CONFIG_FILE, WEIGHTS_FILE, CheckpointError, copy_into, first_line, read_json
+from framework.checkpoint.base import (CONFIG_FILE, WEIGHTS_FILE, CheckpointError, copy_into, first_line,
+                                       model_config_from, read_json)
 from framework.checkpoint.safety import prove_checkpoint_harmless
 
 
@@ -38,13 +39,18 @@ class ExportedFolder:
     def metadata(self, path: Path) -> dict[str, Any]:
         return read_json(path / CONFIG_FILE)
 
-    def model_config_entry(self, metadata: dict[str, Any]) -> Any:
-        return metadata.get("model")
+    def model_config(self, path: Path, metadata: dict[str, Any]) -> Any:
+        if not isinstance(metadata.get("model"), dict):
+            raise CheckpointError(f"{str(path)!r}: config has no 'model' section")
+        return model_config_from(metadata["model"], path)
 
     def shapes(self, path: Path) -> dict[str, tuple[int, ...]]:
         """Every tensor's shape from the safetensors header (no tensor is read)."""
         with _opened(path) as handle:
             return {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
+
+    def tensors(self, path: Path, cfg: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        return _tensors(path)
 
     def load_into(self, decoder: Any, path: Path) -> None:
         copy_into(decoder, _tensors(path), path)

@@ -13,12 +13,14 @@ from pathlib import Path
 from framework.checkpoint.base import CheckpointError, Form
 from framework.checkpoint.dcp import DcpFolder
 from framework.checkpoint.exported import ExportedFolder
+from framework.checkpoint.hf_folder import HfFolder
 from framework.checkpoint.lightning_file import LightningFile
 from framework.checkpoint.zero import ZeroFolder
 
-# A file is a Lightning checkpoint; a folder is an export if it holds the export's
-# files, else a training folder of a sharded strategy.
-FORMS: tuple[Form, ...] = (LightningFile(), ExportedFolder(), DcpFolder(), ZeroFolder())
+# A file is a Lightning checkpoint; a folder is a Hugging Face one if its config.json
+# says so, an export if it holds the export's files, else a training folder of a
+# sharded strategy.
+FORMS: tuple[Form, ...] = (LightningFile(), HfFolder(), ExportedFolder(), DcpFolder(), ZeroFolder())
 FORM_NAMES = tuple(form.name for form in FORMS)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from framework.atomic_write import AtomicFile, copy_file
+from framework.atomic_write import copy_file, replacing
 from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE
 from framework.checkpoint.tokenizer_record import is_url, record_for, sha256_of
 
@@ -73,7 +73,8 @@ class KeepTokenizer(pl.Callback):
         if is_url(self.source):
             import fsspec
 
-            with fsspec.open(self.source, "rb") as source, AtomicFile(self.kept, "wb") as target:
+            with replacing(self.kept) as partial, fsspec.open(self.source, "rb") as source, \
+                    open(partial, "wb") as target:
                 shutil.copyfileobj(source, target)
         else:
             copy_file(self.source, self.kept)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from framework.checkpoint.base import MODEL_PREFIX, archive_reason, copy_into, metadata_of, training_config_entry
+from framework.checkpoint.base import MODEL_PREFIX, archive_reason, copy_into, metadata_of, training_model_config
 from framework.checkpoint.safety import load_torch_file, prove_checkpoint_harmless
 
 
@@ -33,12 +33,15 @@ class LightningFile:
     def metadata(self, path: Path) -> dict[str, Any]:
         return metadata_of(load_torch_file(path), path)
 
-    def model_config_entry(self, metadata: dict[str, Any]) -> Any:
-        return training_config_entry(metadata)
+    def model_config(self, path: Path, metadata: dict[str, Any]) -> Any:
+        return training_model_config(path, metadata)
 
     def shapes(self, path: Path) -> dict[str, tuple[int, ...]]:
         """Every model tensor's shape (the file is mapped: no tensor is read)."""
         return {name: tuple(tensor.shape) for name, tensor in _model_tensors(path)}
+
+    def tensors(self, path: Path, cfg: Any) -> list[tuple[str, Any]]:
+        return _model_tensors(path)
 
     def load_into(self, decoder: Any, path: Path) -> None:
         copy_into(decoder, _model_tensors(path), path)

@@ -26,16 +26,18 @@ import itertools
 import os
 import re
 from functools import cached_property
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from framework.checkpoint.base import CKPT_KEY, CheckpointError, Form, check_names, check_shape
+from framework.checkpoint.base import CheckpointError, Form, check_names, check_shape
 from framework.checkpoint.forms import form_of
 from framework.checkpoint.tokenizer_record import find_tokenizer_of, record_of
 from framework.config import ModelConfig
+from framework.families import build_decoder
 from framework.model import Decoder
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
@@ -58,16 +60,7 @@ class Checkpoint:
 
     @cached_property
     def model_config(self) -> ModelConfig:
-        entry = self.form.model_config_entry(self.metadata)
-        if not isinstance(entry, dict):
-            if self.form.self_contained:
-                raise CheckpointError(f"{str(self.path)!r}: config has no 'model' section")
-            raise CheckpointError(f"checkpoint {str(self.path)!r} is not a layerdrop checkpoint "
-                                  f"(no {CKPT_KEY}.model_config entry)")
-        try:
-            return ModelConfig.from_dict(entry)
-        except (TypeError, ValueError) as err:
-            raise CheckpointError(f"{str(self.path)!r}: {err}") from None
+        return self.form.model_config(self.path, self.metadata)
 
     def tokenizer_record(self) -> dict[str, Any]:
         """The recorded tokenizer entry ({file, sha256, vocab_size, eos_token, eos_id}), or {}."""
@@ -101,9 +94,11 @@ def check_config_against(cfg: ModelConfig, stored: dict[str, Any], path: Path) -
         missing = (f"blocks.{i}.{suffix}" for i in range(len(blocks), cfg.n_layers) for suffix in suffixes)
         unexpected = [name for name in stored if (m := _BLOCK.match(name)) and int(m[1]) >= cfg.n_layers]
         check_names(path, list(itertools.islice(missing, 5)), unexpected)
-    # Shapes depend on n_heads only through n_heads * head_dim: one head keeps the
-    # stand-in cheap however many heads the config names.
-    one = dataclasses.replace(cfg, n_layers=1, n_heads=1, head_dim=cfg.attn_dim)
+    # A Celerity block's shapes depend on n_heads only through n_heads * head_dim: one
+    # head keeps the stand-in cheap (ALiBi slopes are computed per head) however many
+    # the config names.
+    heads = dict(n_heads=1, n_kv_heads=1, head_dim=cfg.attn_dim) if cfg.family == "celerity" else {}
+    one = dataclasses.replace(cfg, n_layers=1, **heads)
     standin = meta_decoder(one).state_dict()
     expected = {}
     for name, tensor in standin.items():
@@ -131,9 +126,10 @@ class _NoRandomInitOnMeta(TorchFunctionMode):
 
 
 def meta_decoder(cfg: ModelConfig) -> Decoder:
-    """A Decoder with every tensor on the meta device: shapes and names, no storage."""
+    """The config's decoder (its family's) with every tensor on the meta device: shapes
+    and names, no storage."""
     with torch.device("meta"), _NoRandomInitOnMeta():
-        return Decoder(cfg)
+        return build_decoder(cfg)
 
 
 def refuse_non_finite(decoder: Decoder, path: Path) -> None:
@@ -183,6 +179,22 @@ def find_tokenizer(path: str | os.PathLike | Checkpoint) -> Path:
     return _opened_lightly(path).find_tokenizer()
 
 
+def checkpoint_tensors(path: str | os.PathLike | Checkpoint) -> Iterator[tuple[str, Any]]:
+    """(name, tensor or Pieces) of a checkpoint's decoder, one at a time, after the
+    checks ``load_decoder`` makes (every form but FSDP2's DCP folders, which torch's
+    reader loads into a model directly)."""
+    ckpt = Checkpoint.open(path)
+    tensors = getattr(ckpt.form, "tensors", None)
+    if tensors is None:
+        raise CheckpointError(f"{str(ckpt.path)!r} is an FSDP2 checkpoint folder: export it first "
+                              "(layerdrop export --ckpt ... --out DIR) and start from DIR")
+    cfg = ckpt.model_config
+    shapes = getattr(ckpt.form, "shapes", None)
+    if shapes is not None:
+        check_config_against(cfg, shapes(ckpt.path), ckpt.path)
+    return tensors(ckpt.path, cfg)
+
+
 def tokenizer_record(path: str | os.PathLike | Checkpoint) -> dict[str, Any]:
     """The recorded tokenizer entry of a checkpoint (any form), or {}."""
     try:
@@ -200,4 +212,4 @@ def _opened_lightly(path: str | os.PathLike | Checkpoint) -> Checkpoint:
 
 
 __all__ = ["Checkpoint", "check_config_against", "meta_decoder", "refuse_non_finite", "checkpoint_form", "load_decoder",
-           "read_model_config", "read_metadata", "find_tokenizer", "tokenizer_record"]
+           "read_model_config", "read_metadata", "find_tokenizer", "tokenizer_record", "checkpoint_tensors"]

@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
-from framework.atomic_write import AtomicFile
+from contextlib import ExitStack
+
+from framework.atomic_write import replacing
 from framework.checkpoint.base import CheckpointError
 
 _DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -34,7 +36,8 @@ class SafetensorsWriter:
         self.path = Path(path)
         self.specs = list(specs)
         self._next = 0
-        self._file: AtomicFile | None = None
+        self._stack = ExitStack()
+        self._handle: Any = None
 
     def __enter__(self) -> SafetensorsWriter:
         header, offset = {}, 0
@@ -47,8 +50,9 @@ class SafetensorsWriter:
         header["__metadata__"] = {"format": "pt"}
         encoded = json.dumps(header, separators=(",", ":")).encode()
         encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as the library writes it
-        self._file = AtomicFile(self.path, "wb")
-        self._file.handle.write(struct.pack("<Q", len(encoded)) + encoded)
+        partial = self._stack.enter_context(replacing(self.path))
+        self._handle = self._stack.enter_context(open(partial, "wb"))
+        self._handle.write(struct.pack("<Q", len(encoded)) + encoded)
         return self
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
@@ -57,7 +61,7 @@ class SafetensorsWriter:
             raise CheckpointError(f"safetensors writer: got {name} {tensor.dtype} {list(tensor.shape)}, "
                                   f"expected {expected} {dtype} {list(shape)}")
         data = tensor.detach().to("cpu").contiguous().reshape(-1)
-        self._file.handle.write(memoryview(data.view(torch.uint8).numpy()))
+        self._handle.write(memoryview(data.view(torch.uint8).numpy()))
         self._next += 1
 
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
@@ -65,9 +69,9 @@ class SafetensorsWriter:
             kind = CheckpointError
             error = CheckpointError(f"safetensors writer: {len(self.specs) - self._next} tensors were not written")
         if kind is None:
-            self._file.commit()
+            self._stack.close()  # the file closed, fsynced and renamed into place
             return
-        self._file.abort()
+        self._stack.__exit__(kind, error, traceback)  # the partial file removed
         if isinstance(error, CheckpointError):
             raise error
 

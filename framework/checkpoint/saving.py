@@ -14,7 +14,7 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
-from framework.atomic_write import AtomicFile
+from framework.atomic_write import fsync_dir, replacing
 from framework.checkpoint.export import EXPORT_FOLDER
 from framework.checkpoint.folder import (LAST, clean_leftovers, point_last, publish, remove_path, retire, staging_path,
                                          step_checkpoints)
@@ -174,9 +174,9 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with AtomicFile(target, "wb") as handle:
+        with replacing(target) as partial, open(partial, "wb") as handle:
             torch.save(checkpoint, handle)
+        fsync_dir(target.parent)
 
 
 def use_atomic_checkpoint_io(trainer: pl.Trainer) -> None:

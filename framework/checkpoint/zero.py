@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from framework.checkpoint.base import (MODEL_PREFIX, CheckpointError, Pieces, archive_reason, copy_into, metadata_of,
-                                       training_config_entry)
+                                       training_model_config)
 from framework.checkpoint.safety import LibraryObject, load_torch_file, prove_checkpoint_harmless
 
 _OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
@@ -70,8 +70,11 @@ class ZeroFolder:
     def metadata(self, path: Path) -> dict[str, Any]:
         return metadata_of(load_torch_file(model_states_file(path), deepspeed=True), path)
 
-    def model_config_entry(self, metadata: dict[str, Any]) -> Any:
-        return training_config_entry(metadata)
+    def model_config(self, path: Path, metadata: dict[str, Any]) -> Any:
+        return training_model_config(path, metadata)
+
+    def tensors(self, path: Path, cfg: Any) -> Iterator[tuple[str, torch.Tensor | Pieces]]:
+        return read_zero_tensors(path)
 
     def load_into(self, decoder: Any, path: Path) -> None:
         copy_into(decoder, read_zero_tensors(path), path)

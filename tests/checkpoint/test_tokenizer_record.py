@@ -38,7 +38,7 @@ def test_found_from_another_working_directory(run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     checkpoint = run / "run" / "checkpoints" / "last.ckpt"
     assert find_tokenizer(checkpoint) == (run / "run" / "checkpoints" / "tokenizer.json").resolve()
-    from eval.lm_eval_adapter import find_tokenizer as eval_find_tokenizer
+    from eval.downstream.lm_eval_adapter import find_tokenizer as eval_find_tokenizer
 
     path, eos_id = eval_find_tokenizer(checkpoint)
     assert path == find_tokenizer(checkpoint) and eos_id == tokenizer_record(checkpoint)["eos_id"]

@@ -28,7 +28,8 @@ def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps:
                 num_nodes: int = 1, p_max: float = 0.99, distribution: str = "uniform",
                 schedule: str = "constant", probe_dir: Path | None = None, save_parameters: bool = False,
                 activation_checkpointing: bool = False, every_n_steps: int = 1000,
-                val_check_interval: int | None = None, record_collectives: bool = False) -> Path:
+                val_check_interval: int | None = None, record_collectives: bool = False,
+                early_exit_loss: dict[str, Any] | None = None) -> Path:
     """A recipe for the tiny model (d=32, L=4, vocab 512, seq 32, micro-batch 4), written to ``path``."""
     trainer: dict[str, Any] = {
         "accelerator": "cpu", "devices": devices, "num_nodes": num_nodes, "strategy": strategy,
@@ -48,6 +49,7 @@ def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps:
                         "attention": "sdpa"},
             "layer_dropout": {"p_max": p_max, "distribution": distribution, "schedule": schedule, "seed": 0},
             "activation_checkpointing": activation_checkpointing,
+            **({"early_exit_loss": early_exit_loss} if early_exit_loss else {}),
         },
         "data": {"data_dir": str(data_dir), "seq_len": SEQ_LEN, "batch_size": MICRO_BATCH, "num_workers": 0,
                  "val_batches": 2},

@@ -62,7 +62,7 @@ def _arguments(backbone: Path, data: Path, seq_len: int, out: Path, *extra: str)
 
 
 def test_ddp_adapters_equal_a_single_process_run_at_the_same_global_batch(backbone, eight_sequences, tmp_path):
-    from eval.adapters import fit_main
+    from eval.adapters.fit import fit_main
 
     data, seq_len = eight_sequences
     # Lightning starts the second rank by running the same command again: a real CLI process.

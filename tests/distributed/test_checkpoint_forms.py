@@ -346,7 +346,7 @@ class WouldTrain(RuntimeError):
 @pytest.mark.parametrize("form,relative", PLANTED, ids=[f"{f}:{r.rsplit('/', 1)[-1]}" for f, r in PLANTED])
 def test_a_payload_in_any_pickled_file_is_refused_by_every_command(runs, chain, tiny_data, form, relative,
                                                                    tmp_path, capsys, monkeypatch):
-    from eval.lm_eval_adapter import LayerDropLM
+    from eval.downstream.lm_eval_adapter import LayerDropLM
     from framework.checkpoint import CheckpointError
     from framework.cli import main as cli
 

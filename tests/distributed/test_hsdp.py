@@ -106,7 +106,7 @@ def test_hsdp_resumes_exactly_from_its_sharded_checkpoint_and_eval_commands_load
 
 
 def _eval_commands_load(ckpt: Path, reference: dict[str, torch.Tensor], data: Path, tmp_path: Path) -> None:
-    from eval.exits import exits_main
+    from eval.measurements.exits import exits_main
     from framework.checkpoint import load_decoder
     from framework.checkpoint.export import main as export_main
 

@@ -1,0 +1,158 @@
+"""Per-token confident early exit (`layerdrop generate --mode dynamic`).
+
+Each generated token runs the blocks up to a candidate exit K, reads its prediction
+there with the exit head (the shared final norm + unembedding, or the trained Balcony
+adapter at K), and leaves at the first candidate where the head is confident enough;
+otherwise it runs the whole model. This follows CALM (Schuster et al., 2022):
+
+- confidence: the "softmax response", the gap between the two largest probabilities
+  of the exit head's distribution, in [0, 1]; a token exits when it is >= the
+  threshold. Threshold 0: every token exits at the first candidate; threshold 1:
+  none exits early, the output is the full model's.
+- the skipped layers' K/V: a token that exits at K still writes K/V at every later
+  layer, computed from the state it exited with (each skipped layer's own norm and
+  K/V projection applied to that state): CALM's "state propagation". Later tokens
+  then find a K/V entry at every layer, at the price of the K/V projections of the
+  skipped layers (about 3/20 of a block's weights here: 3d² of q/k/v, d² out, 16d² FFN,
+  and only k/v are used) instead of whole blocks. Computing the skipped layers for real
+  at the next step would keep the K/V exact but run every layer at every step (for the
+  previous token), which takes back the time exiting saved; state propagation is
+  what the CALM authors found to cost little quality.
+- candidates: every exit of the given adapters, or ``exits`` (default: about a
+  quarter, half and three quarters of the depth). Each candidate a token passes costs
+  one evaluation of the head, which with a large vocabulary weighs more than a block:
+  few candidates, not all L - 1.
+
+``dynamic_forward`` computes the same decisions teacher-forced over whole sequences in
+one pass (the reference the incremental decoder is tested against, and how the
+validation loss of the tokens "as decoded" is measured).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from framework.kv_cache import KVCache
+from framework.model import Decoder
+
+
+def default_candidates(num_layers: int) -> list[int]:
+    """About a quarter, half and three quarters of the depth (as the adapters' exits)."""
+    return sorted({min(num_layers - 1, max(1, round(num_layers * f))) for f in (0.25, 0.5, 0.75)})
+
+
+def check_threshold(threshold: float) -> float:
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"threshold={threshold!r} is invalid: must be in [0, 1] (0: every token exits at the "
+                         "first candidate; 1: none exits early)")
+    return float(threshold)
+
+
+def confidence(logits: torch.Tensor) -> torch.Tensor:
+    """CALM's softmax response: top-1 minus top-2 probability, [R] in [0, 1]."""
+    top = torch.softmax(logits.float(), dim=-1).topk(2, dim=-1).values
+    return top[..., 0] - top[..., 1]
+
+
+class DynamicExit:
+    """The decoding route of per-token confident early exit (see the module docstring)."""
+
+    def __init__(self, model: Decoder, *, threshold: float = 0.9, exits: Sequence[int] | None = None,
+                 adapters=None) -> None:
+        num_layers = len(model.blocks)
+        self.threshold = check_threshold(threshold)
+        if adapters is not None:
+            chosen = list(adapters.exits) if exits is None else sorted(set(exits))
+            missing = [e for e in chosen if e not in adapters.exits]
+            if missing:
+                raise ValueError(f"exits={chosen} is invalid: the adapters have exits {adapters.exits} only")
+        else:
+            chosen = default_candidates(num_layers) if exits is None else sorted(set(exits))
+        bad = [e for e in chosen if isinstance(e, bool) or not isinstance(e, int) or not 1 <= e <= num_layers - 1]
+        if bad or not chosen:
+            raise ValueError(f"exits={list(chosen)} is invalid: candidate exits must be in 1..{num_layers - 1} "
+                             f"(exit K runs blocks 0..K-1; the model has {num_layers} layers)")
+        self.candidates, self.adapters, self.num_layers = chosen, adapters, num_layers
+        self.extra_layers = len(adapters.exits) if adapters is not None else 0
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        pass  # no state between steps: everything lives in the cache
+
+    def _adapter(self, exit_layer: int):
+        return None if self.adapters is None else self.adapters.blocks[str(exit_layer)]
+
+    def _leaves(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.threshold >= 1.0:
+            return torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+        return confidence(logits) >= self.threshold
+
+    def prefill(self, model: Decoder, tokens: torch.Tensor, cache: KVCache, padding: torch.Tensor) -> None:
+        """The prompt runs every layer (its K/V is exact), and every adapter on its exit."""
+        model.step(tokens, cache, padding=padding, exits=self._adapter_exits())
+
+    def step(self, model: Decoder, tokens: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [B, V] of the next token after ``tokens`` [B, 1], and the blocks each
+        row ran (its exit K, plus the adapter blocks it went through)."""
+        rows = tokens.shape[0]
+        if self.threshold >= 1.0:  # no token may leave early: the full model, no head before the last
+            out = model.step(tokens, cache)
+            return model.logits(out.hidden[:, -1]), torch.full((rows,), self.num_layers, dtype=torch.long)
+        logits: list[torch.Tensor | None] = [None] * rows
+        blocks = torch.full((rows,), self.num_layers + (len(self.candidates) if self.adapters else 0),
+                            dtype=torch.long)
+        passed = {e: number for number, e in enumerate(self.candidates, start=1)}
+
+        def leave(exit_layer: int, running: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+            head = model.logits(read[:, -1])
+            leaving = self._leaves(head)
+            for row, row_logits in zip(running[leaving].tolist(), head[leaving]):
+                logits[row] = row_logits
+                blocks[row] = exit_layer + (passed[exit_layer] if self.adapters else 0)
+            return leaving
+
+        out = model.step(tokens, cache, exits={e: self._adapter(e) for e in self.candidates}, leave=leave)
+        if out.running is None or out.running.numel():
+            still = torch.arange(rows, device=tokens.device) if out.running is None else out.running
+            for row, row_logits in zip(still.tolist(), model.logits(out.hidden[still, -1])):
+                logits[row] = row_logits
+        return torch.stack(logits), blocks  # type: ignore[arg-type]
+
+    def _adapter_exits(self) -> dict:
+        return {e: self._adapter(e) for e in self.adapters.exits} if self.adapters is not None else {}
+
+
+@torch.inference_mode()
+def dynamic_forward(model: Decoder, route: DynamicExit, tokens: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced: for every position of ``tokens`` [B, S], the hidden state its
+    exit head reads (pre-norm, [B, S, d]) and its exit K [B, S], decided exactly as
+    incremental decoding with ``route`` decides them (same confidence, same propagated
+    K/V), but for all positions in one pass (without a prefill: every position decides)."""
+    bias = model.attention_bias(tokens.shape[1])
+    h = model.embed(tokens)
+    active = torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
+    out = torch.zeros_like(h)
+    exits = torch.full(tokens.shape, route.num_layers, dtype=torch.long, device=tokens.device)
+    start = 0
+    for e in [*route.candidates, route.num_layers]:
+        for index in range(start, e):  # an exited position keeps its state; its K/V come from it
+            h = torch.where(active[..., None], model.blocks[index](h, bias), h)
+        start = e
+        adapter = route._adapter(e) if e < route.num_layers else None
+        read = h if adapter is None else adapter(h, bias)
+        if e == route.num_layers:
+            out[active] = read[active]
+            break
+        picked = read[active]
+        leave = route._leaves(model.logits(picked))
+        where = active.nonzero(as_tuple=True)
+        leaving = tuple(w[leave] for w in where)
+        out[leaving] = picked[leave]
+        exits[leaving] = e
+        active[leaving] = False
+    return out, exits
+
+
+__all__ = ["DynamicExit", "dynamic_forward", "confidence", "check_threshold", "default_candidates"]

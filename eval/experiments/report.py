@@ -1,0 +1,242 @@
+"""`layerdrop report SWEEP_DIR`: the paper's tables and plots from a sweep, with verdicts.
+
+    layerdrop report sweeps/paper-cpu --out docs/reproduction
+
+writes into ``--out``:
+
+    README.md        the report: how it was run, the findings with a verdict each, the
+                     Table 2/3 form, the noise, the plots, the Table 4 form, every run
+    report.json      every number in README.md and the plots, and how it was computed
+    images/*.png     pareto, exits, skip, degradation, heatmaps
+    runs/<run>/      the small files of every run (config, summary, status, evals, curve):
+                     `layerdrop report <out>` rebuilds the same report from them alone
+
+Runs are labelled by configuration (eval/experiments/sweep_results.py), numbers come from
+eval/experiments/report_tables.py, verdicts from eval/experiments/findings.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+from eval.experiments.findings import all_findings
+from eval.experiments.hyperparameter_curves import curves_figure, hyperparameter_report
+from eval.experiments.report_markdown import markdown
+from eval.experiments.report_tables import configuration_table, correlation, elasticity_points, group, speculative_table
+from eval.experiments.sweep_results import RunResult, copy_results, load_results, with_aliases
+from eval.measurements import plots
+from framework.config import LayerDropoutConfig
+from framework.schedules import dropout_rates
+
+PROG = "layerdrop report"
+HEATMAP_COLUMNS = 100
+
+
+def exit_curves(configurations) -> list[dict]:
+    """Mean exit loss over a configuration's seeds, at the exits every seed has."""
+    curves = []
+    for configuration in configurations:
+        per_run = [r.exit_loss for r in configuration.runs if r.exit_loss]
+        if not per_run:
+            continue
+        common = sorted(set.intersection(*(set(e) for e in per_run)))
+        curves.append({"label": configuration.label, "seeds": len(per_run),
+                       "exit_loss": {str(k): statistics.fmean(e[k] for e in per_run) for k in common}})
+    return curves
+
+
+def skip_curves(configurations) -> list[dict]:
+    """Mean loss of each skip set over a configuration's seeds."""
+    curves = []
+    for configuration in configurations:
+        reports = [r.eval_with("results") for r in configuration.runs]
+        reports = [r for r in reports if r is not None]
+        if not reports:
+            continue
+        sets: dict[tuple, list[dict]] = {}
+        for report in reports:
+            for row in report["results"]:
+                sets.setdefault(tuple(row["skip_layers"]), []).append(row)
+        results = [{**rows[0], "loss": statistics.fmean(r["loss"] for r in rows), "seeds": len(rows)}
+                   for rows in sets.values()]
+        curves.append({"label": configuration.label, "num_layers": reports[0].get("num_layers"),
+                       "results": sorted(results, key=lambda r: r["params_kept"])})
+    return curves
+
+
+def heatmaps(configurations) -> list[dict]:
+    """p(ℓ, t) for each distinct distribution × schedule (at its largest p_max in the sweep)."""
+    chosen: dict[tuple, RunResult] = {}
+    for configuration in configurations:
+        run = configuration.first
+        dropout = run.layer_dropout
+        if run.dense:
+            continue
+        key = (str(dropout.get("distribution")), str(dropout.get("schedule")))
+        if key not in chosen or float(dropout.get("p_max", 0)) > float(chosen[key].layer_dropout.get("p_max", 0)):
+            chosen[key] = run
+    maps = []
+    for (distribution, schedule), run in chosen.items():
+        cfg = LayerDropoutConfig(**{k: v for k, v in run.layer_dropout.items()})
+        steps = int(run.config["trainer"]["max_steps"])
+        columns = sorted({round(i * (steps - 1) / (HEATMAP_COLUMNS - 1)) for i in range(HEATMAP_COLUMNS)})
+        per_step = [dropout_rates(cfg, run.num_layers, t, steps) for t in columns]
+        maps.append({"title": f"{distribution} × {schedule} (p_max={cfg.p_max:g})", "distribution": distribution,
+                     "schedule": schedule, "p_max": cfg.p_max, "steps": steps, "columns": columns,
+                     "rates": [[row[layer] for row in per_step] for layer in range(run.num_layers)]})
+    return maps
+
+
+def model_summary(results: list[RunResult]) -> dict:
+    """The model and budget of the sweep's runs (each distinct shape once, with its run count)."""
+    from eval.experiments.sweep_spec import non_embedding_parameters
+    from framework.config import ModelConfig
+
+    shapes: dict[str, dict] = {}
+    for run in results:
+        decoder = {k: v for k, v in run.config["model"]["decoder"].items()
+                   if k not in ("logit_multiplier", "residual_multiplier")}
+        try:
+            model = ModelConfig(**decoder)  # the resolved config's values, defaults filled in
+        except (TypeError, ValueError):  # a hand-made config that is not a decoder's
+            continue
+        params = non_embedding_parameters(model)
+        data = run.config.get("data", {})
+        shape = {"d_model": model.d_model, "n_layers": model.n_layers, "n_heads": model.n_heads,
+                 "vocab_size": model.vocab_size,
+                 "non_embedding_params": params, "tokens": run.summary["tokens"], "steps": run.summary["steps"],
+                 "batch_size": data.get("batch_size"), "seq_len": data.get("seq_len"),
+                 "tokens_per_parameter": run.summary["tokens"] / params}
+        key = json.dumps(shape, sort_keys=True)
+        shapes.setdefault(key, {**shape, "runs": 0})["runs"] += 1
+    return {"shapes": list(shapes.values())}
+
+
+def build_report(root: Path) -> tuple[dict, list[RunResult]]:
+    results, skipped = load_results(root)
+    if not results:
+        raise ValueError(f"no finished run in {str(root)!r} (a finished run has summary.json): "
+                         + ("; ".join(skipped) if skipped else "runs/ is empty"))
+    configurations = group(results)
+    table, noise = configuration_table(configurations)
+    points = elasticity_points(results)
+    correlations = {k: correlation(points, k) for k in ("exit_degradation", "skip_degradation")}
+    machine = json.loads((root / "machine.json").read_text()) if (root / "machine.json").is_file() else {}
+    sweep_file = root / "sweep.yaml" if (root / "sweep.yaml").is_file() else root / "tune.yaml"  # layerdrop tune's
+    prepare = (yaml.safe_load(sweep_file.read_text()).get("data") or {}).get("prepare") if sweep_file.is_file() else None
+    report = {
+        "sweep": str(root), "machine": machine, "skipped_runs": skipped, "model": model_summary(results),
+        "prepare": [str(a) for a in prepare] if prepare else None,
+        "noise": noise, "configurations": table,
+        "findings": all_findings(configurations, results, points),
+        "elasticity": {"points": points, "correlations": correlations},
+        "speculative": speculative_table(configurations),
+        "exit_curves": exit_curves(configurations), "skip_curves": skip_curves(configurations),
+        "heatmaps": heatmaps(configurations),
+        "hyperparameters": hyperparameter_report(results),
+        "runs": [run_row(r) for r in results],
+        "curves": [{"run": r.name, "label": r.label, **{k: r.curve.get(k, []) for k in
+                                                        ("step", "training_flops", "val_loss")}} for r in results],
+    }
+    return report, results
+
+
+def run_row(run: RunResult) -> dict:
+    heldout = run.eval_with("groups")
+    data = run.config.get("data", {})
+    batches = min(b for b in (data.get("val_batches"), run.config.get("trainer", {}).get("limit_val_batches"))
+                  if isinstance(b, int)) if isinstance(data.get("val_batches"), int) else None
+    return {"run": run.name, "configuration": run.label, "seed": run.seed, "val_loss": run.val_loss,
+            "heldout_tokens": heldout["tokens"] if heldout else None,
+            "heldout_slices": len(heldout["groups"]["tokens"]) if heldout else None,
+            "training_val_tokens": batches * data["batch_size"] * data["seq_len"] if batches else None,
+            "heldout_standard_error": heldout["standard_error"][str(run.num_layers)] if heldout else None,
+            "end_of_training_val_loss": run.summary.get("val_loss"),
+            "mean_dropout_predicted": run.summary["mean_dropout_predicted"],
+            "mean_dropout_achieved": run.summary["flops_saved_pct"] / 100,
+            "training_flops": run.summary["training_flops"], "tokens": run.summary["tokens"],
+            "steps": run.summary["steps"], "cpu_seconds": run.cpu_seconds,
+            "stages": {k: round(v.get("cpu_seconds", 0.0), 1) for k, v in run.status.get("stages", {}).items()}}
+
+
+def write_images(report: dict, out: Path) -> dict[str, str]:
+    images = out / "images"
+    colour_of = plots.colours([c["configuration"] for c in report["configurations"]])
+    written = {"pareto": plots.save(plots.pareto_figure, images / "pareto.png", report["curves"], colour_of)}
+    if report["exit_curves"]:
+        written["exits"] = plots.save(plots.exits_figure, images / "exits.png", report["exit_curves"],
+                                      title="Early exit (mean over seeds)", colour_of=colour_of)
+    if report["skip_curves"]:
+        written["skip"] = plots.save(plots.skip_figure, images / "skip.png", report["skip_curves"],
+                                     colour_of=colour_of)
+    if any(p["exit_degradation"] is not None for p in report["elasticity"]["points"]):
+        written["degradation"] = plots.save(plots.degradation_figure, images / "degradation.png",
+                                            report["elasticity"]["points"], colour_of,
+                                            report["elasticity"]["correlations"])
+    if report["heatmaps"]:
+        written["heatmaps"] = plots.save(plots.heatmap_figure, images / "heatmaps.png", report["heatmaps"])
+    for key, found in report["hyperparameters"]["curves"].items():
+        name = f"loss_vs_{key.split('.')[-1]}"
+        written[name] = plots.save(curves_figure, images / f"{name}.png", found, key)
+    return {name: str(path.relative_to(out)) for name, path in written.items()}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="The paper's tables, plots and verdicts from a "
+                                     "sweep folder: Markdown + PNG + the JSON behind every number.")
+    parser.add_argument("sweep_dir", metavar="SWEEP_DIR", help="a folder made by `layerdrop sweep` (or by this "
+                        "command's --out: it holds a copy of the runs' small files)")
+    parser.add_argument("--out", default=None, metavar="DIR", help="where README.md, report.json, images/ and "
+                        "runs/ go (default: SWEEP_DIR/report)")
+    parser.add_argument("--title", default="Reproducing the paper", help="the report's heading")
+    parser.add_argument("--path-alias", action="append", default=[], metavar="PATH=ALIAS",
+                        help="write ALIAS for PATH in everything the report writes (repeatable), e.g. "
+                             "/scratch/me/sweeps/paper-cpu=sweeps/paper-cpu, to commit a report without "
+                             "machine-specific paths")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    root = Path(args.sweep_dir)
+    out = Path(args.out) if args.out else root / "report"
+    aliases = {}
+    for item in args.path_alias:
+        path, _, alias = item.partition("=")
+        if not path or not alias:
+            parser.error(f"--path-alias {item!r} is invalid: expected PATH=ALIAS")
+        aliases[path] = alias
+    try:
+        report, results = build_report(root)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    copy_results(results, out, root / "sweep.yaml", aliases)
+    if (root / "machine.json").is_file() and (root / "machine.json").resolve() != (out / "machine.json").resolve():
+        (out / "machine.json").write_text(with_aliases((root / "machine.json").read_text(), aliases))
+    report["images"] = write_images(report, out)
+    report["report_command"] = shlex.join(["layerdrop", "report", *(sys.argv[1:] if argv is None else argv)])
+    if aliases:  # the command as it reads once the paths are aliased (its --path-alias words dropped)
+        words = (sys.argv[1:] if argv is None else argv)
+        kept = [w for i, w in enumerate(words) if w != "--path-alias" and not (i and words[i - 1] == "--path-alias")
+                and not w.startswith("--path-alias=")]
+        report["report_command"] = shlex.join(["layerdrop", "report", *kept])
+    (out / "report.json").write_text(with_aliases(json.dumps(report, indent=1, default=str), aliases) + "\n")
+    (out / "README.md").write_text(with_aliases(markdown(report, title=args.title), aliases))
+    verdicts = ", ".join(f"{f['id']}: {f['verdict']}" for f in report["findings"])
+    print(f"{len(results)} runs in {len(report['configurations'])} configurations ({verdicts})")
+    print(f"wrote {out / 'README.md'}, {out / 'report.json'} and {len(report['images'])} images")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

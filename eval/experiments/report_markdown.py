@@ -1,0 +1,241 @@
+"""The Markdown of `layerdrop report`, rendered from report.json's content alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _f(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _flops(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3g}"
+
+
+def _comparison(c: dict) -> str:
+    se = f" ± {c['se']:.4f}" if c.get("se") is not None else ""
+    return f"{c['a']} vs {c['b']}: {c['diff']:+.4f} ({c['pct']:+.2f}%){se} → {c['verdict']}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _how_it_was_run(report: dict) -> list[str]:
+    machine = report.get("machine") or {}
+    runs = report["runs"]
+    lines = ["## How it was run", ""]
+    commands = []
+    if report.get("prepare"):
+        commands.append("# the data (the sweep prepares it when its folder is missing):")
+        commands.append(" ".join(["layerdrop", "prepare", *report["prepare"], "--out", "DATA_DIR"]))
+    commands += machine.get("commands", [])
+    if report.get("report_command"):
+        commands.append(report["report_command"])
+    if commands:
+        lines += ["```bash", *commands, "```", ""]
+    if machine.get("host"):
+        host = machine["host"]
+        gpus = f", GPUs: {', '.join(host['gpus'])}" if host.get("gpus") else ", no GPU"
+        lines.append(f"Machine: {host.get('cpu', '?')}, {host.get('cores', '?')} cores, "
+                     f"{host.get('memory_gb', '?')} GiB{gpus}; Python {machine.get('python', '?')}, "
+                     f"torch {machine.get('torch', '?')}; {machine.get('jobs', '?')} runs at a time, "
+                     f"{machine.get('threads_per_job', '?')} thread(s) each.")
+        lines.append("")
+    for shape in (report.get("model") or {}).get("shapes", []):
+        lines.append(f"Model: d = {shape['d_model']}, L = {shape['n_layers']}, {shape['n_heads']} heads, vocabulary "
+                     f"{shape['vocab_size']:,}; {shape['non_embedding_params']:,} non-embedding parameters; "
+                     f"{shape['steps']:,} steps × {shape['batch_size']} sequences × {shape['seq_len']} tokens = "
+                     f"{shape['tokens']:,} tokens = **{shape['tokens_per_parameter']:.1f} tokens per "
+                     f"non-embedding parameter** ({shape['runs']} runs).")
+        lines.append("")
+    cpu = sum(r["cpu_seconds"] for r in runs)
+    lines.append(f"{len(runs)} runs; {cpu / 3600:.2f} CPU-hours in all for training and evaluations, measured "
+                 f"as each subprocess's CPU time (= {cpu / 7200:.2f} hours of a 2-core machine; wall time "
+                 "depends on what else runs).")
+    if report.get("skipped_runs"):
+        lines += ["", "Runs not in this report (unfinished or failed): " + "; ".join(report["skipped_runs"])]
+    return lines + [""]
+
+
+def _findings(report: dict) -> list[str]:
+    lines = ["## The paper's findings at this scale", "",
+             "Verdicts (report_tables.py, findings.py): a difference counts when it exceeds 2 standard errors "
+             "of seed noise and evaluation noise combined, and is left undecided (\"no noise estimate\") until some "
+             "configuration has run with two seeds or more; **reproduced**: every comparison goes the paper's way; "
+             "**not reproduced**: one goes the other way; **within noise**: neither.", ""]
+    rows = []
+    for f in report["findings"]:
+        numbers = "<br>".join(_comparison(c) for c in f["comparisons"])
+        if f.get("correlations"):
+            numbers = "<br>".join(f"{k.replace('_', ' ')}: ρ = {v['spearman']:+.2f}, p = {v['p_value']:.3f} "
+                                  f"({v['runs']} runs)" for k, v in f["correlations"].items())
+        rows.append([f["claim"], f["test"], f"**{f['verdict']}**", numbers or "–"])
+    return lines + _table(["paper", "tested here as", "verdict", "numbers (a − b in loss, ± 1 SE)"], rows) + [""]
+
+
+def _configurations(report: dict) -> list[str]:
+    noise = report["noise"]
+    lines = ["## Configurations (Table 2/3 form)", "",
+             f"Validation loss: `eval heldout` on the held-out split (mean ± std over seeds); %Δ vs "
+             f"{noise.get('baseline') or 'dense'}; verdict against seed + evaluation noise (2 SE).", ""]
+    rows = []
+    for row in report["configurations"]:
+        vs = row.get("vs_dense")
+        std = f" ± {row['val_loss_std']:.4f}" if row["val_loss_std"] is not None else ""
+        rows.append([row["configuration"], str(row["seeds"]), _f(row["mean_dropout_predicted"], 3),
+                     _f(row["mean_dropout_achieved"], 3), _flops(row["training_flops"]),
+                     f"{row['training_flops_saved_pct']:.1f}%", f"{_f(row['val_loss_mean'])}{std}",
+                     f"{vs['pct']:+.2f}%" if vs else "–", vs["verdict"] if vs else "baseline"])
+    lines += _table(["configuration", "seeds", "P̄ predicted", "P̄ achieved", "training FLOPs", "FLOPs saved",
+                     "val loss", "%Δ", "vs dense"], rows)
+    return lines + [""]
+
+
+def _noise(report: dict) -> list[str]:
+    noise = report["noise"]
+    runs = [r for r in report["runs"] if r["heldout_standard_error"] is not None]
+    lines = ["## Noise", ""]
+    if noise.get("seed_std") is not None:
+        lines.append(f"- Seed noise: σ = {noise['seed_std']:.4f} nats (pooled std over seeds of the configurations "
+                     f"run with several seeds, {noise['seed_dof']} degrees of freedom).")
+    if runs:
+        tokens = sorted({r["heldout_tokens"] for r in runs})
+        errors = [r["heldout_standard_error"] for r in runs]
+        slices = sorted({r["heldout_slices"] for r in runs})
+        lines.append(f"- Evaluation noise: the held-out loss of a run is measured on {', '.join(f'{t:,}' for t in tokens)} "
+                     f"tokens with a standard error of {min(errors):.4f}–{max(errors):.4f} nats (from "
+                     f"{', '.join(map(str, slices))} consecutive slices); the "
+                     f"difference between two runs on the same tokens is much less noisy: its paired standard "
+                     f"error has median {_f(noise.get('evaluation_se_median'))} nats over the comparisons with dense.")
+    diffs = [abs(r["val_loss"] - r["end_of_training_val_loss"]) for r in report["runs"]
+             if r["val_loss"] is not None and r["end_of_training_val_loss"] is not None]
+    sizes = sorted({r["training_val_tokens"] for r in report["runs"] if r.get("training_val_tokens")})
+    if diffs:
+        size = f"{', '.join(f'{t:,}' for t in sizes)} tokens spread over the split" if sizes else "its val set"
+        lines.append(f"- The end-of-training validation ({size}) differs from the "
+                     f"held-out loss by {min(diffs):.4f}–{max(diffs):.4f} nats across runs; comparisons use the "
+                     "held-out loss.")
+    return lines + [""]
+
+
+def _images(report: dict) -> list[str]:
+    captions = {
+        "pareto": "Validation loss vs non-embedding training FLOPs executed, every run (Fig. 9's view); "
+                  "a marker ends each run.",
+        "exits": "Early-exit loss of every configuration, mean over its seeds (Figs 5, A.2).",
+        "skip": "Layer skipping (Fig. A.3): several middle layers by parameters kept (left; diamonds: "
+                "alternate layers), and every single layer (right).",
+        "degradation": "The third claim: early-exit and skip degradation vs P̄, one point per run.",
+        "heatmaps": "p(ℓ, t) of each distribution × schedule in the sweep.",
+    }
+    lines = ["## Plots", ""]
+    for name, path in report.get("images", {}).items():
+        if name.startswith("loss_vs_"):  # shown with their tables
+            continue
+        lines += [f"![{name}]({path})", "", captions.get(name, ""), ""]
+    return lines
+
+
+SYMBOLS = {"model.parametrization.lr": "η", "model.decoder.init_std": "σ", "model.parametrization.tau_ema": "τ_EMA"}
+
+
+def _point(point: dict, best: bool) -> str:
+    if point["mean"] == float("inf"):
+        return "diverged"
+    text = f"{point['mean']:.4f}" + (f" ± {point['std']:.4f}" if point.get("std") is not None else "")
+    text += f" ({point['seeds']})"
+    return f"**{text}**" if best else text
+
+
+def _hyperparameters(report: dict) -> list[str]:
+    """Loss vs η, σ, τ_EMA per series; the µTransfer drift; Fig. 3's verdict; rising validation."""
+    section = report.get("hyperparameters") or {}
+    lines: list[str] = []
+    for key, curves in (section.get("curves") or {}).items():
+        symbol = SYMBOLS.get(key, key)
+        values = sorted({p["value"] for c in curves for p in c["points"]})
+        lines += [f"## Loss vs {symbol} (`{key}`)", "",
+                  "Mean held-out loss over seeds ± their std (number of seeds); **bold**: each series' optimum.", ""]
+        rows = []
+        for value in values:
+            row = [f"{value:g}" if isinstance(value, (int, float)) else str(value)]
+            for curve in curves:
+                point = next((p for p in curve["points"] if p["value"] == value), None)
+                row.append(_point(point, point is curve["points"][curve["optimum_index"]]) if point else "")
+            rows.append(row)
+        lines += _table([symbol, *(c["label"] for c in curves)], rows) + [""]
+        edges = [c["label"] for c in curves if c["at_edge"]]
+        if edges:
+            lines += [f"Optimum at the edge of the grid (the true one may lie beyond): {'; '.join(edges)}.", ""]
+        image = report.get("images", {}).get(f"loss_vs_{key.split('.')[-1]}")
+        if image:
+            lines += [f"![loss vs {symbol}]({image})", ""]
+    if section.get("transfer"):
+        lines += ["## µTransfer: the optimal η_base per shape", "",
+                  "Drift: log₂ of the optimum over the smallest shape's, per parametrization (0: the optimum "
+                  "stays put; ±1: one factor of 2).", ""]
+        rows = [[str(r["parametrization"]), _f(r["d_model"]), _f(r["n_layers"]), f"{r['optimal_lr']:g}",
+                 _f(r["loss"]), f"{r['drift_log2']:+.2f}" + (" (edge)" if r["at_edge"] else "")]
+                for r in section["transfer"]]
+        lines += _table(["parametrization", "d_model", "n_layers", "optimal η", "loss", "drift (log₂)"], rows) + [""]
+        for verdict in section.get("transfer_verdicts") or []:
+            edge = " (an optimum at the grid's edge)" if verdict["edge"] else ""
+            lines.append(f"- {verdict['parametrization']}: {verdict['verdict']}{edge}")
+        lines.append("")
+    if section.get("figure3"):
+        lines += ["## Fig. 3: does the optimum stay put across p_max?", ""]
+        rows = [[SYMBOLS.get(f["key"], f["key"]), f["r_train"],
+                 "; ".join(f"p_max={o['p_max']}: {o['optimum']:g}" for o in f["optima"]), f["verdict"]]
+                for f in section["figure3"]]
+        lines += _table(["curve", "r_train", "optimum per p_max", "verdict"], rows) + [""]
+    rising = section.get("rising_validation") or []
+    lines += ["## Instability: validation loss that rose during training", ""]
+    if rising:
+        lines += [f"- {r['run']}: " + "; ".join(f"step {x['from_step']} → {x['to_step']}: {x['from']:.4f} → "
+                                                  f"{x['to']:.4f}" for x in r["rises"]) for r in rising]
+    else:
+        lines.append("None: every run's validation loss fell (or held) from each evaluation to the next.")
+    return lines + [""]
+
+
+def _speculative(report: dict) -> list[str]:
+    if not report["speculative"]:
+        return []
+    lines = ["## Self-speculative decoding (Table 4 form)", "",
+             "The best draft found by `speculate search` (Bayesian optimisation, genetic, hill climbing, "
+             "simulated annealing); speedup, acceptance α and draft/target time measured by real greedy "
+             "decoding on this CPU (timings on a shared machine: treat them as rough).", ""]
+    rows = [[r["configuration"], str(len(r["runs"])), " / ".join(f"{s:.2f}×" for s in r["speedup_per_seed"]),
+             f"{r['acceptance_rate_mean']:.0%}", f"{r['draft_time_ratio_mean']:.2f}",
+             "; ".join(",".join(map(str, s or [])) for s in r["skip_layers"]), str(r["identical_to_greedy"])]
+            for r in report["speculative"]]
+    return lines + _table(["configuration", "seeds", "speedup", "α", "T_draft/T_target", "skipped layers",
+                           "identical to greedy"], rows) + [""]
+
+
+def _runs(report: dict) -> list[str]:
+    rows = [[r["run"], r["configuration"], str(r["seed"]), _f(r["val_loss"]), _f(r["end_of_training_val_loss"]),
+             _f(r["mean_dropout_achieved"], 3), _flops(r["training_flops"]), f"{r['cpu_seconds']:.0f}"]
+            for r in report["runs"]]
+    return ["## Every run", ""] + _table(["run", "configuration", "seed", "held-out loss", "end-of-training val",
+                                          "P̄ achieved", "training FLOPs", "CPU s"], rows) + [""]
+
+
+def markdown(report: dict, *, title: str) -> str:
+    lines = [f"# {title}", "",
+             "Written by `layerdrop report` from a `layerdrop sweep` folder; every number is in report.json "
+             "beside this file, and runs/ holds each run's config, summary and evaluations, from which "
+             "`layerdrop report` rebuilds this page.", ""]
+    for part in (_how_it_was_run, _findings, _configurations, _noise, _hyperparameters, _images, _speculative, _runs):
+        lines += part(report)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+__all__ = ["markdown"]

@@ -1,0 +1,242 @@
+"""What a sweep folder holds, read back: one record per run, and its configuration's label.
+
+A run folder (written by `layerdrop sweep`) holds config.yaml, summary.json, status.json,
+evals/*.json and the TensorBoard logs of training. ``load_results`` reads every run into
+a ``RunResult``; the validation curve (val/loss against the training FLOPs executed up to
+that step) comes from the TensorBoard events, or from curve.json in a copied folder.
+``copy_results`` writes the small files (no checkpoint, no event file) to another folder
+with the same layout, so a report can be rebuilt from a committed copy alone.
+
+Configurations are labelled by what they are, not by run or file names: the layer
+dropout in the paper's words (``dense``, ``ILD+DTS p_max=0.4``, ``uniform p_max=0.2``,
+``ILD+DTS p_max=0.8, sublayer``), plus any other setting that differs between the
+sweep's configurations (``lr=0.006``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from eval.experiments.sweep_spec import DEFAULT_SEED_KEYS, get_dotted
+
+SMALL_FILES = ("config.yaml", "recipe.yaml", "summary.json", "status.json", "curve.json")
+IGNORED_KEYS = (*DEFAULT_SEED_KEYS, "trainer.default_root_dir", "data.data_dir", "summary.compare_to",
+                "resume", "trainer.enable_progress_bar")
+DISTRIBUTION_NAMES = {"uniform": "uniform", "increasing": "ILD", "alternating": "ALD"}
+SCHEDULE_NAMES = {"constant": "", "increasing": "+ITS", "decreasing": "+DTS"}
+
+
+@dataclass
+class RunResult:
+    name: str
+    folder: Path
+    config: dict
+    summary: dict
+    status: dict
+    evals: dict[str, dict] = field(default_factory=dict)
+    curve: dict[str, list[float]] = field(default_factory=dict)  # step, flops, val_loss
+    label: str = ""
+    seed: int | None = None
+
+    @property
+    def layer_dropout(self) -> dict:
+        return dict(get_dotted(self.config, "model.layer_dropout") or {})
+
+    @property
+    def num_layers(self) -> int:
+        return int(get_dotted(self.config, "model.decoder.n_layers"))
+
+    @property
+    def dense(self) -> bool:
+        dropout = self.layer_dropout
+        if isinstance(dropout.get("distribution"), list):
+            return not any(p > 0 for p in dropout["distribution"])
+        return float(dropout.get("p_max", 0.0)) == 0.0
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(stage.get("cpu_seconds", 0.0) for stage in self.status.get("stages", {}).values())
+
+    def eval_with(self, key: str) -> dict | None:
+        """The first evaluation report holding ``key`` (heldout before exits: more tokens)."""
+        for name in sorted(self.evals, key=lambda n: (n != "heldout", n)):
+            if key in self.evals[name]:
+                return self.evals[name]
+        return None
+
+    @property
+    def val_loss(self) -> float | None:
+        """The comparison loss: the held-out evaluation's when the sweep ran one, else the
+        end-of-training validation."""
+        heldout = self.eval_with("loss")
+        if heldout is not None and "groups" in heldout:
+            return float(heldout["loss"])
+        value = self.summary.get("val_loss")
+        return None if value is None else float(value)
+
+    @property
+    def exit_loss(self) -> dict[int, float] | None:
+        report = self.eval_with("exit_loss")
+        return None if report is None else {int(k): float(v) for k, v in report["exit_loss"].items()}
+
+
+# --------------------------------------------------------------------------- loading
+def run_folders(root: Path) -> list[Path]:
+    runs = root / "runs"
+    if not runs.is_dir():
+        raise FileNotFoundError(f"{str(root)!r} is not a sweep folder: it has no runs/ (made by `layerdrop sweep`)")
+    return sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def load_results(root: Path) -> tuple[list[RunResult], list[str]]:
+    """Every finished run (one with summary.json), and a line for each folder left out."""
+    results, skipped = [], []
+    for folder in run_folders(root):
+        config_file = folder / "config.yaml"
+        if not (folder / "summary.json").is_file() or not config_file.is_file():
+            status = _json(folder / "status.json") or {}
+            skipped.append(f"{folder.name}: {status.get('state', 'not started')}"
+                           + (f" ({status['error']})" if status.get("error") else ""))
+            continue
+        evals = {p.stem: _json(p) for p in sorted((folder / "evals").glob("*.json"))}
+        result = RunResult(name=folder.name, folder=folder, config=yaml.safe_load(config_file.read_text()),
+                           summary=_json(folder / "summary.json"), status=_json(folder / "status.json") or {},
+                           evals={k: v for k, v in evals.items() if isinstance(v, dict)})
+        result.seed = get_dotted(result.config, "seed_everything")
+        result.curve = _json(folder / "curve.json") or tensorboard_curve(folder)
+        results.append(result)
+    label_configurations(results)
+    return results, skipped
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def tensorboard_curve(folder: Path) -> dict[str, list[float]]:
+    """val/loss at each validation against the non-embedding training FLOPs executed up to
+    that step (from the cumulative flops/saved_pct and the constant flops/dense_step).
+    A resumed run logs into several version folders; later ones win for a step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    series: dict[str, dict[int, float]] = {"val/loss": {}, "flops/saved_pct": {}, "flops/dense_step": {}}
+    versions = sorted((folder / "lightning_logs").glob("version_*"), key=lambda p: int(p.name.split("_")[-1]))
+    for version in versions:
+        events = EventAccumulator(str(version), size_guidance={"scalars": 0})
+        events.Reload()
+        tags = set(events.Tags().get("scalars", []))
+        for tag, values in series.items():
+            if tag in tags:
+                values.update({e.step: float(e.value) for e in events.Scalars(tag)})
+    dense = series["flops/dense_step"]
+    saved = sorted(series["flops/saved_pct"].items())
+    if not dense or not saved:
+        return {}
+    per_step = next(iter(dense.values()))
+    steps, flops, losses = [], [], []
+    for step, loss in sorted(series["val/loss"].items()):
+        pct = _interpolate(saved, step)
+        steps.append(step + 1)  # logged at step t = optimizer steps done - 1
+        flops.append(per_step * (step + 1) * (1 - pct / 100))
+        losses.append(loss)
+    return {"step": steps, "training_flops": flops, "val_loss": losses}
+
+
+def _interpolate(points: list[tuple[int, float]], x: int) -> float:
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
+    return points[-1][1]
+
+
+# --------------------------------------------------------------------------- labels
+def dropout_label(dropout: dict) -> str:
+    """The layer dropout in the paper's words."""
+    distribution = dropout.get("distribution", "increasing")
+    p_max = float(dropout.get("p_max", 0.0))
+    if isinstance(distribution, list):
+        base = "per-layer [" + ", ".join(f"{p:g}" for p in distribution) + "]"
+        if not any(p > 0 for p in distribution):
+            return "dense"
+    elif p_max == 0.0:
+        return "dense"
+    else:
+        base = f"{DISTRIBUTION_NAMES.get(distribution, distribution)}" \
+               f"{SCHEDULE_NAMES.get(dropout.get('schedule', 'decreasing'), '+' + str(dropout.get('schedule')))}" \
+               f" p_max={p_max:g}"
+    extras = []
+    if dropout.get("structure", "layer") != "layer":
+        extras.append(str(dropout["structure"]))
+    if dropout.get("mask", "sequence") != "sequence":
+        extras.append("per-batch" if dropout["mask"] == "batch" else f"mask={dropout['mask']}")
+    if dropout.get("r_train", "inverse_density") != "inverse_density":
+        extras.append("r_train=1" if dropout["r_train"] == "one" else f"r_train={dropout['r_train']}")
+    return ", ".join([base, *extras])
+
+
+def flatten(config: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(config, dict):
+        return {prefix: config}
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def configuration_key(config: dict) -> str:
+    """What identifies a configuration: every setting but the seeds and the run's paths."""
+    flat = flatten(config)
+    return json.dumps({k: v for k, v in sorted(flat.items()) if k not in IGNORED_KEYS}, sort_keys=True, default=str)
+
+
+def label_configurations(results: list[RunResult]) -> None:
+    """Label each run by its layer dropout, plus the other settings that vary in the sweep."""
+    flats = [flatten(r.config) for r in results]
+    keys = sorted({k for flat in flats for k in flat})
+    varying = [k for k in keys if k not in IGNORED_KEYS and not k.startswith("model.layer_dropout.")
+               and len({json.dumps(flat.get(k), default=str) for flat in flats}) > 1]
+    for result, flat in zip(results, flats):
+        extras = [f"{k.split('.')[-1]}={flat.get(k)}" for k in varying]
+        result.label = ", ".join([dropout_label(result.layer_dropout), *extras])
+
+
+# --------------------------------------------------------------------------- copying
+def copy_results(results: list[RunResult], destination: Path, sweep_file: Path | None,
+                 aliases: dict[str, str] | None = None) -> None:
+    """The small files of every run (+ curve.json and the sweep file) under ``destination``,
+    with each path in ``aliases`` written as its alias (a committed copy names no machine's
+    folders)."""
+    def copy(source: Path, target: Path) -> None:
+        target.write_text(with_aliases(source.read_text(), aliases))
+
+    for result in results:
+        target = destination / "runs" / result.name
+        if target.resolve() == result.folder.resolve():
+            continue
+        (target / "evals").mkdir(parents=True, exist_ok=True)
+        for name in SMALL_FILES:
+            if (result.folder / name).is_file():
+                copy(result.folder / name, target / name)
+        for path in (result.folder / "evals").glob("*.json"):
+            copy(path, target / "evals" / path.name)
+        (target / "curve.json").write_text(json.dumps(result.curve, indent=1) + "\n")
+    if sweep_file is not None and sweep_file.is_file() and sweep_file.resolve() != (destination / "sweep.yaml").resolve():
+        copy(sweep_file, destination / "sweep.yaml")
+
+
+def with_aliases(text: str, aliases: dict[str, str] | None) -> str:
+    """``text`` with every path of ``aliases`` replaced by its alias (longest paths first)."""
+    for path in sorted(aliases or {}, key=len, reverse=True):
+        text = text.replace(path, aliases[path])
+    return text
+
+
+__all__ = ["RunResult", "load_results", "tensorboard_curve", "dropout_label", "label_configurations",
+           "configuration_key", "copy_results", "with_aliases", "flatten"]

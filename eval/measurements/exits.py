@@ -1,0 +1,300 @@
+"""Early-exit and layer-skip validation losses: `layerdrop eval exits` / `eval skip`.
+
+Early exit at layer k runs blocks 0..k-1, then the final norm and unembedding (paper
+§8.1.1). All L exits come from ONE pass over the data: the blocks run once, and the
+residual stream after every block goes through the shared norm + head. The head is the
+expensive part with a big vocabulary (128,256 × d per token), so it runs a chunk of
+tokens at a time and only the summed cross-entropy survives each chunk.
+
+Layer skipping removes a set of blocks (the residual passes through). A set's forward
+equals the full model's up to its first skipped block, so each batch runs the full
+model once, keeping every block's output, and each set resumes from the state just
+before its first skipped block.
+
+Reports (keys fixed in DESIGN.md; one checkpoint -> these keys at the top level,
+several -> the first model's keys at the top level and every model under "models"):
+    exits: {"num_layers": L, "exit_loss": {"1": …, "L": …}, "tokens": n}
+    skip:  {"results": [{"skip_layers": [...], "loss": …, "params_kept": …}, ...]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+from framework.atomic_write import write_json
+from eval import options
+from eval import skip_sets as sets
+from eval.inputs import Batch, ContextLimit, ValidationData
+from framework.checkpoint import Checkpoint, CheckpointError
+from framework.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
+from framework.model import Decoder
+from framework.progress import Advancing, progress
+
+# `eval skip` without --sets/--sweep: the full model, the paper's "skip alternate layers"
+# (the odd ones, which ALD trains to be skippable) and the middle-out loss-vs-memory curve.
+DEFAULT_SETS = ("none", "alternate-odd")
+DEFAULT_SWEEPS = ("middle",)
+
+
+# --------------------------------------------------------------------------- losses
+def default_chunk_tokens(decoder: Decoder) -> int:
+    cfg = decoder.config
+    return inference_chunk_tokens(cfg.vocab_size, cfg.d_model, decoder.embed.weight.is_cuda)
+
+
+def _summed_loss(decoder: Decoder, hidden: torch.Tensor, targets: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
+    return summed_cross_entropy(hidden, targets, decoder.logits, chunk_tokens=chunk_tokens)
+
+
+@torch.inference_mode()
+def exit_losses(decoder: Decoder, batches: Iterable[Batch], *, chunk_tokens: int | None = None,
+                exits: Sequence[int] | None = None) -> dict:
+    """Mean validation loss at every exit layer 1..L (or only at ``exits``), from one
+    pass over ``batches``; the blocks run up to the deepest exit asked for."""
+    chunk_tokens = chunk_tokens or default_chunk_tokens(decoder)
+    device = decoder.embed.weight.device
+    num_layers = len(decoder.blocks)
+    exits = sorted(set(range(1, num_layers + 1) if exits is None else exits))
+    for k in exits:
+        decoder.active_layers(k)  # validates 1..L before any work
+    sums = torch.zeros(len(exits), dtype=torch.float64, device=device)
+    tokens = 0
+    for inputs, targets in batches:
+        states = decoder.hidden(inputs.to(device), exit_layer=exits[-1], all_layers=True)
+        for index, k in enumerate(exits):
+            sums[index] += _summed_loss(decoder, states[k - 1], targets, chunk_tokens)
+        tokens += counted_tokens(targets)
+    _require_tokens(tokens)
+    return {"num_layers": num_layers,
+            "exit_loss": {str(k): float(sums[i] / tokens) for i, k in enumerate(exits)},
+            "tokens": tokens}
+
+
+@torch.inference_mode()
+def skip_losses(decoder: Decoder, batches: Iterable[Batch], skips: Sequence[Sequence[int]], *,
+                chunk_tokens: int | None = None) -> dict:
+    """Mean validation loss of the model with each skip set removed, one pass over the data."""
+    chunk_tokens = chunk_tokens or default_chunk_tokens(decoder)
+    device = decoder.embed.weight.device
+    num_layers = len(decoder.blocks)
+    skips = [tuple(sorted(s)) for s in skips]
+    for skip in skips:
+        decoder.active_layers(None, skip)  # validates before any work
+    sums = torch.zeros(len(skips), dtype=torch.float64, device=device)
+    tokens = 0
+    for inputs, targets in batches:
+        embedded = decoder.embed(inputs.to(device))
+        prefix = [embedded] + decoder.hidden(inputs.to(device), all_layers=True)
+        for index, skip in enumerate(skips):
+            first = skip[0] if skip else num_layers
+            rest = [i for i in range(first, num_layers) if i not in skip]
+            final = decoder.run_blocks(prefix[first], rest)
+            sums[index] += _summed_loss(decoder, final, targets, chunk_tokens)
+        tokens += counted_tokens(targets)
+    _require_tokens(tokens)
+    results = [{"skip_layers": list(skip), "loss": float(sums[i] / tokens),
+                "params_kept": sets.params_kept(decoder, skip),
+                "layers_kept": num_layers - len(skip),
+                "name": sets.describe(skip, num_layers)} for i, skip in enumerate(skips)]
+    return {"num_layers": num_layers, "params_total": decoder.num_parameters(),
+            "results": sets.order_by_params_kept(results), "tokens": tokens}
+
+
+def _require_tokens(tokens: int) -> None:
+    if tokens == 0:
+        raise ValueError("the evaluation data yielded no tokens: check --data, --batches and --max-tokens")
+
+
+# --------------------------------------------------------------------------- CLI
+def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=f"{description} Layer numbering: {options.LAYERS}.")
+    options.add_checkpoint(parser, several=True)
+    parser.add_argument("--label", nargs="+", action="extend", default=None, metavar="NAME",
+                        help="plot/report label per checkpoint (default: the run's name, runs/x/checkpoints/"
+                             "last.ckpt -> x)")
+    parser.add_argument("--data", required=True, metavar="DIR",
+                        help="a folder made by `layerdrop prepare`; its validation split is used")
+    parser.add_argument("--seq-len", type=int, default=None,
+                        help="tokens per sequence (default and most: the models' max_seq_len)")
+    parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="stop after this many target tokens (default: the whole split)")
+    parser.add_argument("--batches", type=int, default=None, help="stop after this many batches")
+    parser.add_argument("--chunk-tokens", type=int, default=None,
+                        help="tokens per unembedding chunk (default: 2^26/vocab on GPU; "
+                             "max(d_model, 2^21/vocab) on CPU)")
+    options.add_device(parser)
+    options.add_output(parser, plot=True)
+    return parser
+
+
+def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    options.check_positive(parser, args, ("seq_len", "batch_size", "max_tokens", "batches", "chunk_tokens"))
+    args.labels = args.label or default_labels(args.ckpt)
+    if len(args.labels) != len(args.ckpt):
+        parser.error(f"--label has {len(args.labels)} names for {len(args.ckpt)} checkpoints: give one per --ckpt")
+    if len(set(args.labels)) != len(args.labels):
+        parser.error(f"--label {args.labels} is invalid: labels must be distinct")
+    args.plot = args.plot or str(Path(args.out).with_suffix(".png"))
+    options.refuse_existing(parser, [args.out, args.plot], args.overwrite)
+    if "://" not in args.data and not Path(args.data).is_dir():  # URLs are litdata's to check
+        parser.error(f"--data {args.data!r} is not a folder: expected one made by `layerdrop prepare`")
+    for path in args.ckpt:
+        if not Path(path).exists():
+            parser.error(f"checkpoint {path!r} does not exist")
+    try:  # each checkpoint opened (proven harmless, metadata read) once for the command
+        args.checkpoints = [Checkpoint.open(p) for p in args.ckpt]
+        args.configs = [ckpt.model_config for ckpt in args.checkpoints]
+    except (CheckpointError, FileNotFoundError) as err:
+        parser.error(str(err))
+    args.device = options.resolve_device(parser, args.device)
+    window = min(c.max_seq_len for c in args.configs)
+    args.seq_len = ContextLimit(window, "sequence").fit_length(args.seq_len or args.configs[0].max_seq_len,
+                                                              "--seq-len")
+
+
+def default_labels(paths: Sequence[str]) -> list[str]:
+    """Short distinct names: the run's name (runs/x/checkpoints/last.ckpt -> x; an
+    exported folder's or a loose file's own name), else run/name (x/step-100), else the
+    whole path."""
+    def run(path: Path) -> str:
+        if path.suffix == ".ckpt":
+            return path.parent.parent.name if path.parent.name == "checkpoints" else path.stem
+        return path.name
+
+    def run_and_name(path: Path) -> str:
+        folder = path.parent.parent if path.parent.name == "checkpoints" else path.parent
+        return f"{folder.name}/{path.stem if path.suffix == '.ckpt' else path.name}"
+
+    for naming in (run, run_and_name, str):
+        labels = [naming(Path(p)) for p in paths]
+        if len(set(labels)) == len(labels) and all(labels):
+            return labels
+    return [str(p) for p in paths]
+
+
+def _read_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ValidationData:
+    try:
+        return ValidationData(args.data, seq_len=args.seq_len, batch_size=args.batch_size,
+                              max_tokens=args.max_tokens, max_batches=args.batches,
+                              model_vocab_size=min(c.vocab_size for c in args.configs))
+    except (ValueError, FileNotFoundError) as err:
+        parser.error(f"--data {args.data!r}: {err}")
+
+
+def _combined(reports: list[dict]) -> dict:
+    if len(reports) == 1:
+        return reports[0]
+    return {**reports[0], "models": reports}
+
+
+def _evaluate_each(parser: argparse.ArgumentParser, args: argparse.Namespace, data: ValidationData, evaluate,
+                   what: str) -> list[dict]:
+    """``evaluate(decoder, batches)`` for every checkpoint, with one progress display;
+    a checkpoint whose weights cannot be loaded (NaN, a damaged file) stops in one line."""
+    reports = []
+    with progress(len(data) * len(args.ckpt), f"{what}: batches") as bar:
+        for path, ckpt, label in zip(args.ckpt, args.checkpoints, args.labels):
+            try:
+                decoder, _ = ckpt.load_decoder(args.device)
+            except CheckpointError as err:
+                parser.error(str(err))
+            reports.append({"label": label, "ckpt": str(path), **evaluate(decoder, Advancing(data, bar))})
+            del decoder
+    return reports
+
+
+def parse_exit_layers(spec: str, num_layers: int) -> list[int]:
+    """"4,8,12" or "2-6" (or both, comma separated) -> sorted exits, each in 1..L."""
+    exits: set[int] = set()
+    for part in (p.strip() for p in spec.split(",")):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match:
+            raise ValueError(f"exit layers {spec!r} are invalid: give exits in 1..{num_layers} like 2,4 or 2-6")
+        start, end = int(match.group(1)), int(match.group(2) or match.group(1))
+        exits.update(range(start, end + 1))
+    bad = sorted(k for k in exits if not 1 <= k <= num_layers)
+    if bad or not exits:
+        raise ValueError(f"exit layers {spec!r} are invalid: {bad} outside 1..{num_layers} "
+                         f"(the model has {num_layers} layers)")
+    return sorted(exits)
+
+
+def _exit_layers(parser: argparse.ArgumentParser, spec: str | None, num_layers: int) -> list[int] | None:
+    if spec is None:
+        return None
+    try:
+        return parse_exit_layers(spec, num_layers)
+    except ValueError as err:
+        parser.error(str(err))
+
+
+def exits_main(argv: list[str] | None = None) -> int:
+    parser = _common_parser("layerdrop eval exits",
+                            "Validation loss at every early-exit layer 1..L, in one pass over the data.")
+    parser.add_argument("--exit-layers", default=None, metavar="SPEC",
+                        help="only these exits, e.g. 4,8,12 or 2-6 (default: all, 1..L); each costs one "
+                             "head + cross-entropy over the data")
+    args = parser.parse_args(argv)
+    _check_common(parser, args)
+    exits = [_exit_layers(parser, args.exit_layers, cfg.n_layers) for cfg in args.configs]
+    data = _read_data(parser, args)
+    queue = iter(exits)
+    reports = _evaluate_each(parser, args, data, lambda d, b: exit_losses(d, b, chunk_tokens=args.chunk_tokens,
+                                                                  exits=next(queue)), "eval exits")
+    report = _combined(reports)
+    report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
+    write_json(args.out, report)
+    from eval.measurements.plots import plot_exits
+
+    plot_exits(reports, args.plot)
+    for r in reports:
+        losses = "  ".join(f"{k}:{v:.4f}" for k, v in r["exit_loss"].items())
+        print(f"{r['label']}: exit loss ({r['tokens']} tokens)  {losses}")
+    print(f"wrote {args.out} and {args.plot}")
+    return 0
+
+
+def skip_main(argv: list[str] | None = None) -> int:
+    parser = _common_parser("layerdrop eval skip",
+                            "Validation loss vs parameters kept when skipping sets of layers.")
+    parser.add_argument("--sets", nargs="+", action="extend", default=None, metavar="SPEC",
+                        help="skip sets: none, alternate-odd, alternate-even, a range a-b, or a list "
+                             "i,j,k (default: none alternate-odd, plus --sweep middle)")
+    parser.add_argument("--sweep", nargs="+", action="extend", default=None, choices=sets.SWEEPS,
+                        help="families of sets: alternate, single, middle (k middle layers, k=1..L-2), "
+                             "contiguous (every range)")
+    args = parser.parse_args(argv)
+    _check_common(parser, args)
+    if args.sets is None and args.sweep is None:
+        args.sets, args.sweep = list(DEFAULT_SETS), list(DEFAULT_SWEEPS)
+    try:
+        skips = [sets.resolve_sets(args.sets or [], args.sweep or [], cfg.n_layers) for cfg in args.configs]
+    except ValueError as err:
+        parser.error(str(err))
+    data = _read_data(parser, args)
+    queue = iter(skips)
+    reports = _evaluate_each(parser, args, data,
+                             lambda d, b: skip_losses(d, b, next(queue), chunk_tokens=args.chunk_tokens), "eval skip")
+    report = _combined(reports)
+    report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
+    write_json(args.out, report)
+    from eval.measurements.plots import plot_skip
+
+    plot_skip(reports, args.plot)
+    for r in reports:
+        print(f"{r['label']}: {len(r['results'])} skip sets ({r['tokens']} tokens)")
+        for row in r["results"]:
+            print(f"  {row['name']:>16}  params kept {row['params_kept']:>12,}  loss {row['loss']:.4f}")
+    print(f"wrote {args.out} and {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(exits_main())

@@ -1,0 +1,223 @@
+"""`layerdrop generate`: text in every mode, stop strings, EOS, files, and bad input.
+
+The model is the random tiny decoder of the lm-eval tests with its BPE tokenizer
+beside it (tests/eval/tiny_lm.py); exit adapters for it are random too (the modes only
+need their shapes).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from eval.adapters.exit_adapters import ExitAdapters, save_adapters
+from eval.decoding import modes
+from eval.decoding.generate import Streamer, main
+from eval.decoding.batch import BatchGenerator
+from eval.decoding.static_route import StaticRoute
+from eval.tokenizer import TextCodec
+from framework.checkpoint import load_decoder
+from tiny_lm import export_tiny_model
+
+PROMPT = "The sun rises in the"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = export_tiny_model(tmp_path_factory.mktemp("generate") / "model", seed=5)
+    backbone, _ = load_decoder(folder)
+    adapters = ExitAdapters(backbone.config, [1, 2])
+    adapters.initialise(backbone, "last")
+    save_adapters(adapters, folder.parent / "adapters", {"backbone": str(folder), "model": backbone.config.to_dict()})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """Full greedy decoding of PROMPT (the prompt starts a document: EOS first)."""
+    model, _ = load_decoder(model_dir)
+    codec = TextCodec.for_checkpoint(model_dir)
+    items, _ = BatchGenerator(model).generate([codec.encode_prompt(PROMPT)], 12, eos_id=codec.eos_id)
+    return codec, items[0]
+
+
+def run(argv, capsys, stdin: str | None = None, monkeypatch=None):
+    capsys.readouterr()
+    if stdin is not None:
+        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exit_:
+        code = exit_.code
+    return code, capsys.readouterr()
+
+
+@pytest.mark.parametrize("mode", ["full", "exit:2", "skip:1", "speculative", "dynamic", "exit:1+adapters",
+                                  "dynamic+adapters", "speculative+adapters"])
+def test_every_mode_prints_the_prompt_and_its_continuation(model_dir, reference, capsys, tmp_path, mode):
+    codec, full = reference
+    mode, _, with_adapters = mode.partition("+")
+    extra = ["--adapters", model_dir.parent / "adapters"] if with_adapters else []
+    stats = tmp_path / "stats.json"
+    code, out = run(["--ckpt", model_dir, "--prompt", PROMPT, "--mode", mode, "--max-new-tokens", 12,
+                     "--stats", stats, *extra], capsys)
+    assert code == 0, out.err
+    assert out.out.startswith(PROMPT) and out.out.endswith("\n")
+    summary = json.loads(stats.read_text())
+    assert summary["mode"] == mode and summary["tokens_per_s"] > 0 and f"[{mode}]" in out.err
+    if mode in ("full", "speculative"):  # speculative greedy decoding is lossless
+        assert out.out == PROMPT + codec.decode(full.tokens) + "\n"
+        assert summary["new_tokens"] == len(full.tokens)
+    if mode == "full":
+        assert summary["layers_per_token"] == 3
+    if mode == "speculative":
+        assert 0 <= summary["acceptance_rate"] <= 1 and "acceptance" in out.err
+
+
+def test_threshold_zero_exits_at_the_first_candidate_and_one_is_full(model_dir, reference, capsys, tmp_path):
+    codec, full = reference
+    stats = tmp_path / "stats.json"
+    code, out = run(["--ckpt", model_dir, "--prompt", PROMPT, "--mode", "dynamic", "--threshold", 1,
+                     "--max-new-tokens", 12, "--stats", stats, "--no-echo"], capsys)
+    assert code == 0 and out.out == codec.decode(full.tokens) + "\n"
+    code, out = run(["--ckpt", model_dir, "--prompt", PROMPT, "--mode", "dynamic", "--threshold", 0, "--exits", "2",
+                     "--max-new-tokens", 12, "--stats", stats, "--overwrite", "--ignore-eos"], capsys)
+    assert code == 0 and json.loads(stats.read_text())["layers_per_token"] == 2
+
+
+def test_a_stop_string_ends_the_text_before_it(model_dir, reference, capsys):
+    codec, full = reference
+    text = codec.decode(full.tokens)
+    stop = text[3:5]
+    code, out = run(["--ckpt", model_dir, "--prompt", PROMPT, "--stop", stop, "--max-new-tokens", 12, "--no-echo"],
+                    capsys)
+    assert code == 0 and out.out == text[:text.index(stop)] + "\n"
+
+
+def test_generation_ends_at_eos(model_dir, capsys, tmp_path):
+    """Name as EOS (--eot-token) a token the model writes after the prompt: the text
+    ends before it. The prompt starts with that EOS too, so the reference does."""
+    model, _ = load_decoder(model_dir)
+    codec = TextCodec.for_checkpoint(model_dir)
+    for candidate in range(codec.tokenizer.get_vocab_size()):
+        free, _ = BatchGenerator(model).generate([[candidate] + codec.encode(PROMPT)], 12)
+        if candidate in free[0].tokens[1:]:
+            break
+    tokens = free[0].tokens
+    cut = tokens.index(candidate)
+    stats = tmp_path / "stats.json"
+    code, out = run(["--ckpt", model_dir, "--prompt", PROMPT, "--eot-token", codec.tokenizer.id_to_token(candidate),
+                     "--max-new-tokens", 12, "--no-echo", "--stats", stats], capsys)
+    assert code == 0 and out.out == codec.decode(tokens[:cut]) + "\n"
+    assert json.loads(stats.read_text())["new_tokens"] == cut < 12
+
+
+def test_a_prompts_file_gives_jsonl_in_order(model_dir, capsys, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Snow is\n\nThe sun rises in the\nFish\n")
+    code, out = run(["--ckpt", model_dir, "--prompts", prompts, "--batch-size", 2, "--max-new-tokens", 5,
+                     "--temperature", 0.8, "--top-k", 20, "--seed", 1], capsys)
+    assert code == 0, out.err
+    rows = [json.loads(line) for line in out.out.splitlines()]
+    assert [r["prompt"] for r in rows] == ["Snow is", "The sun rises in the", "Fish"]
+    model, _ = load_decoder(model_dir)
+    codec = TextCodec.for_checkpoint(model_dir)
+    for number, row in enumerate(rows):  # each row as its prompt decoded alone, with its own seed
+        from eval.decoding.sampling import Sampling
+
+        alone = BatchGenerator(model, StaticRoute(model), sampling=Sampling(0.8, 20), seed=1)
+        items, _ = alone.generate([codec.encode_prompt(row["prompt"])], 5, eos_id=codec.eos_id, numbers=[number])
+        assert row["tokens"] == items[0].tokens and row["text"] == codec.decode(items[0].tokens)
+        assert row["finish_reason"] in ("eos", "length")
+
+
+def test_a_sampled_prompt_gives_the_same_text_alone_and_in_a_file(model_dir, capsys, tmp_path):
+    prompts = tmp_path / "two.txt"
+    prompts.write_text("def main(\nThe quick brown fox\n")
+    sampled = ["--temperature", 1, "--seed", 5, "--max-new-tokens", 12, "--ignore-eos"]
+    code, out = run(["--ckpt", model_dir, "--prompts", prompts, *sampled], capsys)
+    assert code == 0, out.err
+    in_file = [json.loads(line)["text"] for line in out.out.splitlines()][1]
+    code, out = run(["--ckpt", model_dir, "--prompt", "The quick brown fox", "--no-echo", *sampled], capsys)
+    assert code == 0 and out.out == in_file + "\n"
+    code, out = run(["--ckpt", model_dir, "--prompt", "The quick brown fox", "--no-echo", "--seed-by", "position",
+                     "--prompt", "The quick brown fox", *sampled], capsys)
+    assert code == 0 and len(set(out.out.split("\n\n"))) == 2  # by position, repeated prompts differ
+
+
+def test_stdin_is_the_prompt(model_dir, reference, capsys, monkeypatch):
+    codec, full = reference
+    code, out = run(["--ckpt", model_dir, "--max-new-tokens", 12], capsys, stdin=PROMPT, monkeypatch=monkeypatch)
+    assert code == 0 and out.out == PROMPT + codec.decode(full.tokens) + "\n"
+
+
+def test_several_prompts_print_in_order(model_dir, capsys):
+    code, out = run(["--ckpt", model_dir, "--prompt", "Snow is", "--prompt", "Fish", "--max-new-tokens", 4], capsys)
+    assert code == 0
+    blocks = out.out.split("\n\n")
+    assert blocks[0].startswith("Snow is") and blocks[1].startswith("Fish")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", ""], "prompt 1 is empty"),
+    (["--prompt", "x", "--mode", "fast"], "--mode 'fast' is invalid: allowed: full, exit:K, skip:SET"),
+    (["--prompt", "x", "--mode", "exit:0"], "--mode 'exit:0' is invalid: K must be in 1..3"),
+    (["--prompt", "x", "--mode", "exit:4"], "--mode 'exit:4' is invalid: K must be in 1..3"),
+    (["--prompt", "x", "--mode", "skip:3"], "layers [3] are outside 0..2"),
+    (["--prompt", "x", "--mode", "dynamic", "--threshold", "1.5"], "threshold=1.5 is invalid: must be in [0, 1]"),
+    (["--prompt", "x", "--mode", "dynamic", "--threshold", "-0.2"], "threshold=-0.2 is invalid"),
+    (["--prompt", "x", "--mode", "speculative", "--draft", "exit:3"], "the draft's exit must be in 1..2"),
+    (["--prompt", "x", "--mode", "speculative", "--draft", "adapter:1"], "needs --adapters DIR"),
+    (["--prompt", "x", "--mode", "exit:2", "--draft", "exit:1"], "--draft is for --mode speculative"),
+    (["--prompt", "x", "--max-new-tokens", "64"], "--max-new-tokens=64 is invalid: must be below"),
+    (["--prompt", "x", "--top-k", "5"], "give a temperature > 0"),
+    (["--prompt", "x", "--batch-size", "0"], "--batch-size=0 is invalid"),
+    (["--prompts", "/no/such/file.txt"], "--prompts '/no/such/file.txt' does not exist"),
+    (["--prompt", "x", "--eot-token", "<nope>"], "eot_token='<nope>' is not in the tokenizer's vocabulary"),
+])
+def test_bad_input_is_one_line_before_the_model_loads(model_dir, capsys, tmp_path, monkeypatch, args, message):
+    import framework.checkpoint
+
+    if "--draft" not in args:  # the draft is checked against the loaded model's layers
+        monkeypatch.setattr(framework.checkpoint.Checkpoint, "load_decoder", lambda *a, **k: pytest.fail("model loaded"))
+    code, out = run(["--ckpt", model_dir, *args], capsys)
+    assert code == 2
+    last = out.err.strip().splitlines()[-1]
+    assert "error:" in last and message in last, out.err
+
+
+def test_an_empty_prompts_file_names_the_flag_and_the_file(model_dir, capsys, tmp_path):
+    (tmp_path / "empty.txt").write_text("\n\n")
+    code, out = run(["--ckpt", model_dir, "--prompts", tmp_path / "empty.txt"], capsys)
+    assert code == 2 and f"--prompts '{tmp_path / 'empty.txt'}' is empty" in out.err
+
+
+def test_parse_mode():
+    def parsed(spec):
+        mode, value = modes.parse(spec, 4)
+        return mode.name, value
+
+    assert parsed("full") == ("full", None)
+    assert parsed("exit:4") == ("exit", 4)
+    assert parsed("skip:1-2") == ("skip", (1, 2))
+    assert parsed("skip:alternate-odd") == ("skip", (1, 3))
+
+
+def test_the_streamer_holds_back_a_possible_stop_string():
+    class Codec:
+        @staticmethod
+        def decode(ids):
+            return "".join(chr(i) for i in ids)
+
+    out = io.StringIO()
+    stream = Streamer(Codec(), ["END"], out)
+    stream(0, [ord(c) for c in "abcE"])
+    assert out.getvalue() == "abc"  # "E" may start "END"
+    stream(0, [ord("x")])
+    assert out.getvalue() == "abcEx"
+    stream(0, [ord(c) for c in "EN"])
+    assert out.getvalue() == "abcEx"
+    stream.finish("abcEx")
+    assert out.getvalue() == "abcEx\n"

@@ -1,0 +1,58 @@
+"""`layerdrop eval dynamic`: the curve's ends are known quantities."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eval.decoding.threshold_curve import agreement, main
+from eval.measurements.exits import exit_losses
+from eval.inputs import ValidationData
+from framework.checkpoint import export_decoder, load_decoder
+from tiny_lm import tiny_decoder
+
+
+def test_agreement_counts_positions_and_the_first_difference():
+    assert agreement([[1, 2, 3, 4]], [[1, 2, 9, 4]]) == (0.75, 0.5)
+    assert agreement([[1, 2], [5]], [[1, 2], [6]]) == (2 / 3, 2 / 3)
+
+
+def test_the_command_reports_the_full_model_and_the_first_exit_at_the_ends(prepared_tokens, tmp_path, capsys):
+    export_decoder(tiny_decoder(seed=3), tmp_path / "model")
+    out = tmp_path / "dynamic.json"
+    code = main(["--ckpt", str(tmp_path / "model"), "--data", str(prepared_tokens), "--thresholds", "0,0.02,1",
+                 "--exits", "1,2", "--num-prompts", "3", "--prompt-len", "8", "--max-new-tokens", "6",
+                 "--batches", "1", "--batch-size", "4", "--seq-len", "32", "--threads", "1", "--out", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    rows = {r["threshold"]: r for r in report["thresholds"]}
+    decoder, _ = load_decoder(tmp_path / "model")
+    data = list(ValidationData(str(prepared_tokens), seq_len=32, batch_size=4, max_tokens=None, max_batches=1,
+                               model_vocab_size=300))
+    exits = exit_losses(decoder, data)["exit_loss"]
+    # Threshold 1: the full model. Threshold 0: every token at exit 1, whose K/V (block 0's)
+    # are exact whatever the later layers hold, so its loss is plain early exit's.
+    assert rows[1.0]["agreement"] == rows[1.0]["prefix_agreement"] == 1.0
+    assert rows[1.0]["layers_per_token"] == rows[1.0]["loss_layers_per_token"] == 3
+    assert rows[1.0]["loss"] == pytest.approx(exits["3"], abs=1e-5)
+    assert rows[0.0]["layers_per_token"] == rows[0.0]["loss_layers_per_token"] == 1
+    assert rows[0.0]["loss"] == pytest.approx(exits["1"], abs=1e-5)
+    assert 1 <= rows[0.02]["loss_layers_per_token"] <= 3
+    assert report["candidates"] == [1, 2] and report["num_layers"] == 3
+    assert (tmp_path / "dynamic.png").read_bytes()[:4] == b"\x89PNG"
+    assert "threshold 1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--thresholds", "0.5,1.2"], r"threshold=1.2 is invalid: must be in [0, 1]"),
+    (["--thresholds", "high"], "--thresholds 'high' is invalid"),
+    (["--exits", "4"], "[4] outside 1..3"),
+    (["--max-new-tokens", "64"], "--max-new-tokens=64 is invalid"),
+])
+def test_bad_input_is_one_line(prepared_tokens, tmp_path, capsys, args, message):
+    export_decoder(tiny_decoder(seed=3), tmp_path / "model")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--ckpt", str(tmp_path / "model"), "--data", str(prepared_tokens), "--out", str(tmp_path / "r.json"),
+              *args])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -1,0 +1,183 @@
+"""layerdrop report: labels, statistics and verdicts recomputed from hand-made run folders."""
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eval.experiments.findings import verdict
+from eval.experiments.report import main
+from eval.experiments.report_tables import Comparison, compare, pooled_std, ranks, spearman
+from eval.experiments.sweep_results import dropout_label, label_configurations, load_results
+
+LAYERS, STEPS = 4, 100
+SLICES = 4
+
+
+def write_run(root: Path, name: str, seed: int, losses: list[float], *, exits: dict | None = None,
+              skip: list[dict] | None = None, speedup: float | None = None, **dropout) -> None:
+    """A finished run as `layerdrop sweep` leaves it: config, summary, status, evals."""
+    folder = root / "runs" / name
+    (folder / "evals").mkdir(parents=True)
+    layer_dropout = {"p_max": 0.0, "distribution": "increasing", "schedule": "decreasing", "structure": "layer",
+                     "mask": "sequence", "r_train": "inverse_density", "seed": seed, **dropout}
+    config = {"seed_everything": seed, "trainer": {"max_steps": STEPS, "default_root_dir": str(folder)},
+              "model": {"decoder": {"n_layers": LAYERS, "d_model": 32}, "layer_dropout": layer_dropout},
+              "data": {"seed": seed, "data_dir": "/data"}}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config))
+    p_bar = {"constant": 1.0, "increasing": 0.5, "decreasing": 0.5}[layer_dropout["schedule"]] * \
+        {"uniform": 1.0, "increasing": 0.5, "alternating": 0.5}[layer_dropout["distribution"]] * layer_dropout["p_max"]
+    (folder / "summary.json").write_text(json.dumps({
+        "steps": STEPS, "tokens": 1000, "val_loss": statistics.fmean(losses) + 0.01, "ln_vocab": 5.0,
+        "training_flops": 1e12 * (1 - p_bar), "dense_training_flops": 1e12, "flops_saved_pct": 100 * p_bar,
+        "mean_dropout_predicted": p_bar}))
+    (folder / "status.json").write_text(json.dumps({"state": "done", "stages": {"pretrain": {"cpu_seconds": 10.0}}}))
+    exits = exits or {str(k): statistics.fmean(losses) + (LAYERS - k) * 0.5 for k in range(1, LAYERS + 1)}
+    heldout = {"num_layers": LAYERS, "exit_loss": exits, "tokens": 4000, "loss": exits[str(LAYERS)],
+               "standard_error": {k: 0.01 for k in exits},
+               "groups": {"tokens": [1000] * SLICES, "exit_loss": {k: [v + d for d in losses_offsets(losses, v)]
+                                                                   for k, v in exits.items()}}}
+    heldout["exit_loss"][str(LAYERS)] = heldout["loss"] = statistics.fmean(losses)
+    heldout["groups"]["exit_loss"][str(LAYERS)] = losses
+    (folder / "evals" / "heldout.json").write_text(json.dumps(heldout))
+    if skip is not None:
+        (folder / "evals" / "skip.json").write_text(json.dumps({"num_layers": LAYERS, "results": skip}))
+    if speedup is not None:
+        (folder / "evals" / "speculate.json").write_text(json.dumps({"best": {
+            "speedup": speedup, "acceptance_rate": 0.5, "draft_time_ratio": 0.5, "skip_layers": [2],
+            "identical_to_greedy": True}}))
+
+
+def losses_offsets(losses: list[float], mean: float) -> list[float]:
+    return [x - statistics.fmean(losses) for x in losses]
+
+
+def slices(mean: float, spread: float = 0.002) -> list[float]:
+    return [mean - 1.5 * spread, mean - 0.5 * spread, mean + 0.5 * spread, mean + 1.5 * spread]
+
+
+def skip_rows(full: float, odd: float) -> list[dict]:
+    return [{"skip_layers": [], "loss": full, "params_kept": 100, "name": "none"},
+            {"skip_layers": [1, 3], "loss": odd, "params_kept": 60, "name": "alternate-odd"},
+            {"skip_layers": [2], "loss": full + 0.3, "params_kept": 80, "name": "2"}]
+
+
+@pytest.fixture()
+def sweep(tmp_path) -> Path:
+    root = tmp_path / "sweep"
+    for seed, mean in enumerate((3.00, 3.02, 3.01)):
+        write_run(root, f"dense,seed={seed}", seed, slices(mean), skip=skip_rows(mean, mean + 2.0), speedup=0.9)
+    for seed, mean in enumerate((2.90, 2.92)):  # clearly better than dense
+        write_run(root, f"good,seed={seed}", seed, slices(mean), p_max=0.4, skip=skip_rows(mean, mean + 1.0),
+                  speedup=1.2 + seed * 0.01)
+    write_run(root, "sub,seed=0", 0, slices(3.30), p_max=0.4, structure="sublayer")  # clearly worse
+    write_run(root, "alt,seed=0", 0, slices(3.005), p_max=0.4, distribution="alternating", schedule="constant",
+              skip=skip_rows(3.005, 3.1))
+    write_run(root, "ild,seed=0", 0, slices(3.01), p_max=0.4, schedule="constant", skip=skip_rows(3.01, 3.9))
+    write_run(root, "uni,seed=0", 0, slices(3.2), p_max=0.2, distribution="uniform", schedule="constant")
+    (root / "runs" / "unfinished,seed=0").mkdir()
+    return root
+
+
+def test_configurations_are_labelled_in_the_papers_words():
+    assert dropout_label({"p_max": 0.0}) == "dense"
+    assert dropout_label({"p_max": 0.4, "distribution": "increasing", "schedule": "decreasing"}) == "ILD+DTS p_max=0.4"
+    assert dropout_label({"p_max": 0.2, "distribution": "uniform", "schedule": "constant"}) == "uniform p_max=0.2"
+    assert dropout_label({"p_max": 0.8, "distribution": "increasing", "schedule": "increasing", "mask": "batch",
+                          "structure": "sublayer", "r_train": "one"}) == \
+        "ILD+ITS p_max=0.8, sublayer, per-batch, r_train=1"
+    assert dropout_label({"p_max": 0.4, "distribution": "alternating", "schedule": "constant"}) == "ALD p_max=0.4"
+
+
+def test_settings_that_vary_outside_layer_dropout_join_the_label(sweep):
+    results, skipped = load_results(sweep)
+    assert skipped == ["unfinished,seed=0: not started"]
+    by_name = {r.name: r for r in results}
+    by_name["dense,seed=0"].config["model"]["decoder"]["d_model"] = 64
+    label_configurations(results)
+    assert by_name["dense,seed=0"].label == "dense, d_model=64"
+    assert by_name["dense,seed=1"].label == "dense, d_model=32"
+    assert by_name["alt,seed=0"].label == "ALD p_max=0.4, d_model=32"
+
+
+def test_statistics_and_verdicts_by_hand():
+    assert pooled_std([[1.0, 3.0], [2.0, 2.0, 5.0]])[0] == pytest.approx(math.sqrt((2 + 6) / 3))
+    c = compare([2.0, 2.1], [3.0, 3.1], 0.1, 0.05)
+    assert c.se == pytest.approx(math.sqrt(0.1 ** 2 + 0.05 ** 2)) and c.verdict == "better"
+    assert compare([3.05], [3.0, 3.1], 0.1, None).verdict == "within noise"
+    assert compare([3.5], [3.0], 0.1, None).verdict == "worse"
+    # one seed each: a paired evaluation error alone (0.003) decides nothing
+    assert compare([4.81], [4.71], None, 0.003).verdict == "no noise estimate"
+    make = lambda v: Comparison("a", "b", 0, 0, 1, 1, None, v)  # noqa: E731
+    assert verdict([make("better"), make("better")]) == "reproduced"
+    assert verdict([make("better"), make("within noise")]) == "within noise"
+    assert verdict([make("better"), make("worse")]) == "not reproduced"
+    assert verdict([make("worse")], expected="worse") == "reproduced"
+    assert verdict([]) == "not tested"
+
+
+def test_spearman_matches_scipy_and_handles_ties():
+    assert ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+    x, y = [0.0, 0.1, 0.1, 0.2, 0.4, 0.3], [5.0, 4.0, 4.5, 2.0, 1.0, 1.5]
+    scipy_stats = pytest.importorskip("scipy.stats")
+    assert spearman(x, y) == pytest.approx(scipy_stats.spearmanr(x, y).statistic)
+    assert spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+
+
+def test_report_numbers_and_verdicts_from_the_run_folders(sweep, tmp_path):
+    out = tmp_path / "report"
+    assert main([str(sweep), "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    rows = {r["configuration"]: r for r in report["configurations"]}
+    dense_losses = [3.00, 3.02, 3.01]
+    assert rows["dense"]["val_loss_mean"] == pytest.approx(statistics.fmean(dense_losses))
+    assert rows["dense"]["val_loss_std"] == pytest.approx(statistics.stdev(dense_losses))
+    sigma = math.sqrt((2 * statistics.variance(dense_losses) + statistics.variance([2.90, 2.92])) / 3)
+    assert report["noise"]["seed_std"] == pytest.approx(sigma)
+    good = rows["ILD+DTS p_max=0.4"]
+    assert good["mean_dropout_achieved"] == pytest.approx(0.1) and good["training_flops_saved_pct"] == pytest.approx(10)
+    # the paired evaluation noise: slices of (good, seed 0) minus slices of (dense, seed 0)
+    diffs = [a - b for a, b in zip(slices(2.90), slices(3.00))]
+    assert good["vs_dense"]["eval_se"] == pytest.approx(statistics.stdev(diffs) / 2, abs=1e-12)
+    assert good["vs_dense"]["se"] == pytest.approx(sigma * math.sqrt(1 / 2 + 1 / 3))
+    assert good["vs_dense"]["diff"] == pytest.approx(2.91 - 3.01) and good["vs_dense"]["verdict"] == "better"
+    findings = {f["id"]: f for f in report["findings"]}
+    assert findings["headline"]["verdict"] == "reproduced"
+    assert findings["finding-1"]["verdict"] == "reproduced"  # sublayer clearly worse than layer
+    assert findings["finding-2"]["verdict"] == "not tested"
+    assert findings["finding-3"]["verdict"] == "reproduced"  # ILD and ALD (P̄ 0.2) beat uniform 0.2
+    assert len(findings["finding-3"]["comparisons"]) == 2
+    assert findings["skip-ald"]["verdict"] == "reproduced"  # ALD skips alternate layers best
+    assert findings["speculative"]["comparisons"][0]["diff"] == pytest.approx(1.205 - 0.9)
+    assert report["speculative"][0]["configuration"] == "dense"
+    points = {p["run"]: p for p in report["elasticity"]["points"]}
+    assert points["good,seed=0"]["skip_degradation"] == pytest.approx(((2.90 + 1.0) + (2.90 + 0.3)) / 2 - 2.90)
+    assert points["good,seed=0"]["exit_degradation"] == pytest.approx(statistics.fmean([1.5, 1.0, 0.5]))
+    text = (out / "README.md").read_text()
+    assert "ILD+DTS p_max=0.4" in text and "**reproduced**" in text and "unfinished,seed=0" in text
+    for image in report["images"].values():
+        assert (out / image).stat().st_size > 1000
+    # rebuilt from the copy alone
+    again = tmp_path / "again"
+    assert main([str(out), "--out", str(again)]) == 0
+    assert json.loads((again / "report.json").read_text())["configurations"] == report["configurations"]
+
+
+def test_a_folder_without_runs_is_a_one_line_error(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    assert "not a sweep folder" in capsys.readouterr().err
+
+
+def test_path_aliases_leave_no_machine_path_in_what_the_report_writes(sweep, tmp_path):
+    out = tmp_path / "report"
+    assert main([str(sweep), "--out", str(out), "--path-alias", f"{sweep}=sweeps/x"]) == 0
+    written = [p for p in out.rglob("*") if p.is_file() and p.suffix in (".md", ".json", ".yaml")]
+    assert len(written) > 10
+    assert not [p for p in written if str(sweep) in p.read_text()]
+    assert "sweeps/x/runs/dense,seed=0" in (out / "runs" / "dense,seed=0" / "config.yaml").read_text()
+    assert "layerdrop report sweeps/x --out" in (out / "README.md").read_text()
+    with pytest.raises(SystemExit):
+        main([str(sweep), "--out", str(out), "--path-alias", "nothing"])

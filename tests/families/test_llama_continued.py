@@ -1,0 +1,112 @@
+"""Continued pretraining from a Hugging Face folder (``--model.init_from``) with layer
+dropout: the run starts from the folder's weights and lowers their loss; what it ends
+with loads back into transformers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from framework.checkpoint import load_decoder
+from framework.pretrain import main
+from hf_llama import tiny_hf_llama
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "llama-continued.yaml"
+
+
+def cpu_args(hf_dir, data_dir, root, *, steps=12, p_max=0.4):
+    """recipes/llama-continued.yaml shrunk to seconds on a CPU."""
+    return ["--config", str(RECIPE), "--model.init_from", str(hf_dir), "--data.data_dir", str(data_dir),
+            "--trainer.default_root_dir", str(root), "--trainer.accelerator", "cpu", "--trainer.devices", "1",
+            "--trainer.strategy", "auto", "--trainer.precision", "32-true", "--trainer.max_steps", str(steps),
+            "--trainer.val_check_interval", str(steps), "--trainer.limit_val_batches", "2",
+            "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
+            "--trainer.enable_model_summary", "false", "--model.layer_dropout.p_max", str(p_max),
+            "--model.parametrization.lr", "3e-3", "--model.lr_schedule.warmup_steps", "1",
+            "--model.activation_checkpointing", "false", "--data.seq_len", "32", "--data.batch_size", "4",
+            "--data.num_workers", "0", "--data.val_batches", "2", "--checkpoint.every_n_steps", str(steps)]
+
+
+def heldout_tokens(data_dir: Path, rows: int = 8, width: int = 33) -> torch.Tensor:
+    """Real validation tokens, straight from the litdata chunks."""
+    from litdata import StreamingDataset, TokensLoader
+
+    data = StreamingDataset(str(data_dir / "val"), item_loader=TokensLoader(block_size=width))
+    return torch.stack([torch.as_tensor(np.asarray(data[i])).long() for i in range(rows)])
+
+
+def loss_of(logits: torch.Tensor, tokens: torch.Tensor) -> float:
+    return float(torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                   tokens[:, 1:].reshape(-1)))
+
+
+@pytest.fixture
+def hf_dir(tmp_path, prepared_tokens):
+    folder = tmp_path / "hf"
+    tiny_hf_llama(folder, vocab=300, tie=True, layers=3)
+    shutil.copy(prepared_tokens / "tokenizer.json", folder / "tokenizer.json")
+    return folder
+
+
+def test_continued_pretraining_from_an_hf_folder_lowers_its_loss(tmp_path, prepared_tokens, hf_dir):
+    root = tmp_path / "run"
+    assert main(cpu_args(hf_dir, prepared_tokens, root)) == 0
+    tokens = heldout_tokens(prepared_tokens)
+    original, _ = load_decoder(hf_dir)
+    trained, cfg = load_decoder(root / "export")
+    assert cfg.family == "llama" and cfg.tie_embeddings and cfg.logit_multiplier == cfg.residual_multiplier == 1.0
+    with torch.no_grad():
+        before, after = loss_of(original(tokens), tokens), loss_of(trained(tokens), tokens)
+        assert after < before - 0.3
+        # It started from the folder's weights, not from a fresh init.
+        cosine = torch.nn.functional.cosine_similarity(original.embed.weight.flatten(), trained.embed.weight.flatten(), 0)
+        assert cosine > 0.8
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary  # the run's record exists
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir)  # the input folder is untouched and still loads
+    assert hf.config.num_hidden_layers == 3
+
+
+def test_init_from_refuses_a_model_that_is_not_its_own_base(tmp_path, hf_dir):
+    from framework.config import ModelConfig, ParametrizationConfig
+    from framework.module import LayerDropModule
+
+    decoder, cfg = load_decoder(hf_dir)
+    with pytest.raises(ValueError, match="its own parametrization base"):
+        LayerDropModule(cfg, parametrization=ParametrizationConfig(d_base=32, n_layers_base=3), init_from=str(hf_dir))
+    other = ModelConfig(**{**cfg.to_dict(), "n_kv_heads": 4})
+    with pytest.raises(ValueError, match="holds another model than model.decoder"):
+        LayerDropModule(other, parametrization=ParametrizationConfig(d_base=64, n_layers_base=3), init_from=str(hf_dir))
+
+
+def test_the_recipe_builds_a_llama_3_2_1b_shape_with_multipliers_one(tmp_path):
+    """recipes/llama-continued.yaml on Llama-3.2-1B's config.json (the weights are not
+    read before fit: a placeholder file stands for them), built on the meta device."""
+    import sys
+
+    from transformers import LlamaConfig
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from test_recipes import instantiate, parameters_on_meta
+
+    folder = tmp_path / "Llama-3.2-1B"
+    LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+                rms_norm_eps=1e-5, tie_word_embeddings=True, rope_theta=500000.0,
+                rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                              "original_max_position_embeddings": 8192},
+                bos_token_id=128000, eos_token_id=128001).save_pretrained(folder)
+    (folder / "model.safetensors").write_bytes(b"")
+    cli = instantiate(RECIPE, "--model.init_from", str(folder))
+    cfg = cli.model.model_cfg
+    assert (cfg.family, cfg.n_kv_heads, cfg.rope_type, cfg.rope_factor, cfg.tie_embeddings) == \
+        ("llama", 8, "llama3", 32.0, True)
+    assert cfg.logit_multiplier == cfg.residual_multiplier == 1.0
+    assert cli.datamodule.model_vocab_size == 128256
+    assert parameters_on_meta(cli) == 1_235_814_400  # Llama-3.2-1B's published count
