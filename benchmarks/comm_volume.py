@@ -7,7 +7,7 @@ mixed-precision policy; written as JSON and a markdown table.
     python benchmarks/comm_volume.py --verify             # + a 4-process CPU run that
                                                           #   counts what really moves
 
-What FSDP2 does per micro-batch (framework/strategies.py: ``fully_shard`` per block,
+What FSDP2 does per micro-batch (framework/strategies/parallelize.py: ``fully_shard`` per block,
 then the root = embedding + final norm + head, the root kept gathered after forward):
 
     all-gather      each block twice (forward, and again in backward: blocks reshard

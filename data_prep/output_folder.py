@@ -1,5 +1,8 @@
 """The output folder: refuse to clobber data, build beside it, swap in at the very end.
 
+--overwrite replaces prepared data (a folder with its manifest.json) and nothing else:
+never a folder of other files, the working directory, or a folder holding an input.
+
 Everything is written into a hidden staging sibling (``.NAME.staging-PID``); only a
 run that finished moves it into place. A failed or interrupted run removes its own
 staging folder and leaves whatever was at ``--out`` untouched. With ``--overwrite``
@@ -14,19 +17,41 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from typing import Iterable, Mapping
 
 from data_prep.errors import PrepareError
+from framework.manifest import MANIFEST_FILE
 
 
-def check_output_folder(path: str, overwrite: bool) -> None:
-    """Refuse (before any work) a file in the way, or a folder holding data without --overwrite."""
+def check_output_folder(path: str, overwrite: bool, inputs: Mapping[str, Iterable[str]] = {}) -> None:
+    """Refuse (before any work) what --out must not replace: a file, the working directory
+    or a folder above it, a folder holding an input (``inputs``: flag -> the paths it
+    read), a folder holding data without --overwrite, and with --overwrite anything but
+    prepared data (a folder with its manifest.json)."""
     if "://" in path:
         raise PrepareError(f"--out {path!r}: give a local folder (copy it to object storage afterwards)")
     if os.path.exists(path) and not os.path.isdir(path):
         raise PrepareError(f"--out {path!r} is a file, not a folder")
-    if os.path.isdir(path) and os.listdir(path) and not overwrite:
-        raise PrepareError(f"--out {path!r} already holds data ({len(os.listdir(path))} entries); "
+    if _inside(os.getcwd(), path):
+        raise PrepareError(f"--out {path!r} is the working directory or holds it; name a folder of its own")
+    if not os.path.isdir(path) or not (entries := os.listdir(path)):
+        return
+    for flag, paths in inputs.items():
+        if (inside := next((p for p in paths if _inside(p, path)), None)) is not None:
+            raise PrepareError(f"--out {path!r} holds the input {flag} {inside!r}, which replacing it would "
+                               "delete; write the output elsewhere")
+    if not overwrite:
+        raise PrepareError(f"--out {path!r} already holds data ({len(entries)} entries); "
                            "pass --overwrite to replace it")
+    if not os.path.isfile(os.path.join(path, MANIFEST_FILE)):
+        raise PrepareError(f"--out {path!r} holds {len(entries)} entries but no {MANIFEST_FILE}: it is not "
+                           "data made by layerdrop prepare, the only thing --overwrite replaces; choose another --out")
+
+
+def _inside(path: str, folder: str) -> bool:
+    """``path`` is ``folder`` or below it (links resolved)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return os.path.commonpath([path, folder]) == folder
 
 
 def clean_leftovers(path: str) -> list[str]:

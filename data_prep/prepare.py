@@ -23,9 +23,10 @@ from typing import Iterator
 import numpy as np
 
 from data_prep.errors import PrepareError
-from data_prep.manifest import FORMAT, sha256_of_file, write_manifest
 from data_prep.sources import (Document, FileSource, JsonlSource, ParquetSource, Source, SourceStats,
                                check_every_record)
+from framework.command_parser import CommandParser
+from framework.manifest import MANIFEST_FORMAT, sha256_of, write_manifest
 
 # Bytes of text per token assumed when a --max-tokens cap decides how much text the
 # tokenizer trains on (byte-level BPE with an 8k-32k vocabulary: ~3.5-4.5 on code and
@@ -56,7 +57,7 @@ def _fraction(value: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="layerdrop prepare",
         description="Corpus -> tokenizer -> litdata TokensLoader chunks (train/ and val/) + manifest.json.",
         epilog="Example: layerdrop prepare --corpus builtin --tokenizer train --vocab-size 8192 --out data/builtin",
@@ -174,7 +175,7 @@ def _prepare_tokenizer(args, sources, loaded, staging) -> tuple[object, dict]:
         eos_id = tokenizer.token_to_id(eos_token)
         tokenizer.save(path)
         entry = {"origin": "trained", "trained_on": {"documents": seen.documents, "bytes": seen.bytes}}
-    entry.update(record_for(sha256=sha256_of_file(path), vocab_size=vocab_size_of(tokenizer), eos_token=eos_token,
+    entry.update(record_for(sha256=sha256_of(path), vocab_size=vocab_size_of(tokenizer), eos_token=eos_token,
                             eos_id=eos_id))
     return tokenizer, entry
 
@@ -213,7 +214,7 @@ def run(args: argparse.Namespace, argv: list[str], sources: list[Source], loaded
     shutil.rmtree(work)
     _say("done")
     return {
-        "format": FORMAT,
+        "format": MANIFEST_FORMAT,
         "command": shlex.join(["layerdrop", "prepare", *argv]),
         "seed": args.seed, "val_fraction": args.val_fraction, "max_tokens": args.max_tokens,
         "chunk_tokens": args.chunk_tokens, "dtype": dtype.name,
@@ -235,14 +236,27 @@ def _check_inputs(args: argparse.Namespace) -> tuple[list[Source], tuple | None]
     _check_tokenizer_args(args)
     if "://" not in args.out and (removed := clean_leftovers(args.out)):
         _say(f"removed {len(removed)} staging folder(s) of killed runs: {', '.join(removed)}")
-    check_output_folder(args.out, args.overwrite)
+    sources = _sources(args)  # resolved (paths, globs, columns), not read
+    check_output_folder(args.out, args.overwrite, inputs=_input_paths(args, sources))
     loaded = None
     if args.tokenizer != "train":
         from data_prep.tokenizer import find_eos, load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
         loaded = (tokenizer, *find_eos(tokenizer, args.eos_token, args.tokenizer))
-    return _sources(args), loaded
+    return sources, loaded
+
+
+def _input_paths(args: argparse.Namespace, sources: list[Source]) -> dict[str, list[str]]:
+    """flag -> the files it reads (a builtin corpus is read from system folders: not listed)."""
+    paths: dict[str, list[str]] = {flag: [] for flag in ("--files", "--jsonl", "--parquet")}
+    for source in sources:
+        kind = source.describe()["kind"]
+        if kind != "builtin":
+            paths[f"--{kind}"] += source.paths
+    if args.tokenizer != "train":
+        paths["--tokenizer"] = [args.tokenizer]
+    return paths
 
 
 def _summary(out: str, manifest: dict, seconds: float) -> str:

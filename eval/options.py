@@ -14,6 +14,8 @@ from typing import Sequence
 
 import torch
 
+from framework.output_path import exists_message, file_problem
+
 LAYERS = "blocks are numbered 0..L-1; exit K runs blocks 0..K-1 (K in 1..L)"
 EXIT_HELP = f"early exit K: run blocks 0..K-1 then the final norm + head ({LAYERS})"
 SKIP_HELP = (f"skip set: block indices i,j,k, a range a-b, alternate-odd, alternate-even or none "
@@ -100,15 +102,12 @@ def add_output(parser: argparse.ArgumentParser, *, plot: bool = False, required:
     parser.add_argument("--overwrite", action="store_true", help="replace existing output files")
 
 
-def exists_message(path: str | Path) -> str:
-    """The one wording of 'this output is already there' (commands and library alike)."""
-    return f"{str(path)!r} already exists; pass --overwrite to replace it"
-
-
 def refuse_existing(parser: argparse.ArgumentParser, paths: Sequence[str | Path | None], overwrite: bool) -> None:
+    """Before any work: each output file can be written (framework/output_path.py's rule:
+    never a folder, an existing file only with --overwrite, a writable folder to hold it)."""
     for path in paths:
-        if path is not None and Path(path).exists() and not overwrite:
-            parser.error(exists_message(path))
+        if path is not None and (problem := file_problem(path, overwrite)) is not None:
+            parser.error(problem)
 
 
 def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, names: Sequence[str], *,

@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from framework import __version__
+from framework.library_noise import quiet_library_noise
 
 # command -> (module:function, one-line help). Two-word commands are groups.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -40,12 +41,32 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _usage() -> str:
-    width = max(len(name) for name in COMMANDS)
     lines = [f"layerdrop {__version__}: LLM pretraining with layer dropout, and the inference it enables",
              "", "usage: layerdrop <command> [<subcommand>] [options]   (each command has --help)", "",
              "commands:"]
-    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    return "\n".join(lines)
+    return "\n".join(lines + _listing(COMMANDS))
+
+
+def _group_usage(group: str) -> str:
+    members = {name: entry for name, entry in COMMANDS.items() if name.startswith(group + " ")}
+    lines = [f"usage: layerdrop {group} <subcommand> [options]   (each subcommand has --help)", "",
+             "subcommands:"]
+    return "\n".join(lines + _listing(members))
+
+
+def _listing(commands: dict[str, tuple[str, str]]) -> list[str]:
+    width = max(len(name) for name in commands)
+    return [f"  {name:<{width}}  {help_}" for name, (_, help_) in commands.items()]
+
+
+def _refuse(message: str, where: str = "layerdrop") -> int:
+    print(f"error: {message}; see {where} --help", file=sys.stderr)
+    return 2
+
+
+def _groups() -> set[str]:
+    """Commands with subcommands (``eval``, ``adapters``, ``speculate``)."""
+    return {name.split()[0] for name in COMMANDS if " " in name}
 
 
 def _resolve(argv: list[str]) -> tuple[str, list[str]] | None:
@@ -64,18 +85,21 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in ("-V", "--version", "version"):
         print(f"layerdrop {__version__}")
         return 0
+    first = argv[0]
+    if first in _groups() and argv[1:2] in (["-h"], ["--help"], ["help"]):
+        print(_group_usage(first))
+        return 0
     resolved = _resolve(argv)
     if resolved is None:
-        groups = sorted({name.split()[0] for name in COMMANDS})
-        group = argv[0]
-        if group in groups:
-            subs = [name.split()[1] for name in COMMANDS if name.startswith(group + " ")]
-            given = argv[1] if len(argv) > 1 else "(none)"
-            print(f"layerdrop {group}: unknown subcommand {given!r}; allowed: {', '.join(subs)}", file=sys.stderr)
-        else:
-            print(f"layerdrop: unknown command {group!r}; allowed: {', '.join(groups)}", file=sys.stderr)
-        return 2
+        if first not in _groups():
+            names = sorted({name.split()[0] for name in COMMANDS})
+            return _refuse(f"unknown command {first!r}; allowed: {', '.join(names)}")
+        subs = [name.split()[1] for name in COMMANDS if name.startswith(first + " ")]
+        given = argv[1] if len(argv) > 1 else "(none)"
+        return _refuse(f"unknown subcommand {given!r}; allowed: {', '.join(subs)}",
+                       f"layerdrop {first}")
     name, rest = resolved
+    quiet_library_noise()
     target, _ = COMMANDS[name]
     module_name, func_name = target.split(":")
     func = getattr(importlib.import_module(module_name), func_name)

@@ -61,6 +61,14 @@ MaskMode = Literal[tuple(MASK_MODES)]  # type: ignore[valid-type]
 ScaleFunctionName = Literal[tuple(SCALE_FUNCTIONS)]  # type: ignore[valid-type]
 CurriculumName = Literal[tuple(CURRICULA)]  # type: ignore[valid-type]
 NonNegativeFloat = Annotated[float, Rule(lambda v: v >= 0, "must be >= 0")]
+# Bounded where a config value enters AdamW's float32 arithmetic: a step moves each
+# weight by about lr (Adam's step is normalised), so an lr above 1 erases weights of
+# size ~σ and a huge one (1e39) overflows float32 inside the optimizer; an ε above 1
+# swamps every gradient's scale.
+LearningRate = Annotated[float, Rule(lambda v: 0.0 < v <= 1.0,
+                                     "must be in (0, 1]: AdamW moves each weight by about lr per step")]
+AdamEpsilon = Annotated[float, Rule(lambda v: 0.0 < v <= 1.0,
+                                    "must be in (0, 1]: ε is added to each gradient's RMS in AdamW's denominator")]
 
 
 def validate(config: Any) -> None:
@@ -332,8 +340,8 @@ class ParametrizationConfig:
     kind: Literal["complete_p", "standard"] = "complete_p"
     d_base: PositiveInt = 256
     n_layers_base: PositiveInt = 6
-    lr: PositiveFloat = 3e-3  # η_base
-    eps: PositiveFloat = 1e-8  # AdamW ε_base
+    lr: LearningRate = 3e-3  # η_base
+    eps: AdamEpsilon = 1e-8  # AdamW ε_base
     tau_ema: PositiveFloat = 0.2  # τ_EMA as a fraction of the run
     betas: tuple[Rate, Rate] = (0.9, 0.95)
 

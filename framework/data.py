@@ -31,9 +31,6 @@ end through a Trainer).
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from typing import Any
 
 import lightning as L
@@ -43,43 +40,13 @@ from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 from torch.utils.data import DataLoader, Dataset
 
 from framework.config import NonNegativeInt, PositiveInt, check
-
-MANIFEST_FILE = "manifest.json"
-MANIFEST_FORMAT = "layerdrop-tokens/1"
+from framework.manifest import MANIFEST_FILE, MANIFEST_FORMAT, read_manifest
 
 
 def shift_collate(blocks: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocks of seq_len + 1 tokens -> (inputs, targets), int64 [B, seq_len] each."""
     stacked = torch.from_numpy(np.stack([np.asarray(block) for block in blocks]).astype(np.int64))
     return stacked[:, :-1], stacked[:, 1:]
-
-
-def _is_url(path: str) -> bool:
-    return "://" in path or path.startswith("local:")
-
-
-def read_manifest(data_dir: str, storage_options: dict | None = None) -> dict:
-    """The manifest of a prepared folder (local or remote); a clear error when absent."""
-    hint = f"no {MANIFEST_FILE} in {data_dir!r}: is it a folder made by `layerdrop prepare ... --out DIR`?"
-    if not _is_url(data_dir):
-        path = os.path.join(data_dir, MANIFEST_FILE)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(hint)
-        with open(path) as handle:
-            return json.load(handle)
-    from litdata.streaming.downloader import get_downloader
-
-    with tempfile.TemporaryDirectory() as tmp:
-        local = os.path.join(tmp, MANIFEST_FILE)
-        try:
-            get_downloader(data_dir, tmp, [], storage_options or {}).download_file(
-                f"{data_dir.rstrip('/')}/{MANIFEST_FILE}", local)
-        except Exception as error:  # each object store raises its own type
-            raise FileNotFoundError(f"{hint} ({type(error).__name__}: {error})") from None
-        if not os.path.isfile(local):
-            raise FileNotFoundError(hint)
-        with open(local) as handle:
-            return json.load(handle)
 
 
 def spread_indices(total: int, count: int) -> list[int]:

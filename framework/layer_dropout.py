@@ -164,6 +164,6 @@ def residual_update(h: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tens
     rows = rows.to(h.device, non_blocking=True)
     out = branch(h.index_select(0, rows))  # runs on zero rows too: see the module docstring
     # A multiply, not index_add's alpha: a compiled block gets the scale as a tensor
-    # (framework/strategies.compile_block), where a Python-number alpha would be a graph
+    # (framework/strategies/parallelize.compile_block), where a Python-number alpha would be a graph
     # constant and every new r_train (each step under DTS) a recompilation.
     return h.index_add(0, rows, out * scale)

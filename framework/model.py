@@ -1,7 +1,7 @@
 """The Celerity-style decoder: pre-LN blocks of ALiBi attention and a squared-ReLU FFN.
 
 Single-device and unaware of ranks: data/tensor parallelism, activation checkpointing
-and compilation are applied from outside (framework/strategies.py).
+and compilation are applied from outside (framework/strategies/parallelize.py).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ class Decoder(nn.Module):
         for index in layers:
             drop = plan.layers[index] if plan is not None else None
             block = self.blocks[index]
-            # rows only when given: a compiled block (framework/strategies.py) takes the training arguments
+            # rows only when given: a compiled block (framework/strategies/parallelize.py) takes the training arguments
             h = block(h, bias, drop, cache) if rows is None else block(h, bias, drop, cache, rows)
             if states is not None:
                 states.append(h)

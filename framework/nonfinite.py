@@ -9,14 +9,14 @@ skipped, a run that keeps producing them stops, and no checkpoint ever holds one
 
 ``LayerDropModule.optimizer_step`` asks ``NonFiniteLossGuard.skip_step`` before every
 update. A skipped step still counts as a step (the data and the LR schedule move
-on), as in frameworks that skip overflowing steps. DeepSpeed runs its optimizer step
-inside its engine, which cannot skip one: there the first non-finite step stops the
-run. Under a GradScaler (16-mixed) the scaler skips overflowing gradients itself, so
+on), as in frameworks that skip overflowing steps. A strategy whose engine runs the
+optimizer step itself and cannot skip one (its registry entry's ``can_skip_step``,
+framework/strategies) stops the run at the first non-finite step instead. Under a GradScaler (16-mixed) the scaler skips overflowing gradients itself, so
 only the loss is checked.
 
 ``refuse_nonfinite_state`` is the check before a checkpoint is written (and on the
 state a run resumed from): every parameter and optimizer tensor each rank holds (its
-own shards under FSDP2/ZeRO), agreed over all ranks.
+own shards under a sharding strategy), agreed over all ranks.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import lightning.pytorch as pl
 import torch
 
 from framework.config import PositiveInt, check
+from framework.strategies import entry_of
 
 DEFAULT_MAX_CONSECUTIVE = 5
 
@@ -67,9 +68,10 @@ class NonFiniteLossGuard(pl.Callback):
         self.in_a_row += 1
         self.skipped_total += 1
         what = _describe(bad)
-        if _is_deepspeed(trainer):
-            raise NonFiniteLossError(f"{what} at step {step} (batch {batch_idx}); DeepSpeed cannot skip an "
-                                     f"optimizer step, so the run stopped. {_advice(trainer, step)}")
+        entry = entry_of(trainer.strategy)
+        if not entry.can_skip_step:
+            raise NonFiniteLossError(f"{what} at step {step} (batch {batch_idx}); strategy {entry.name} cannot skip "
+                                     f"an optimizer step, so the run stopped. {_advice(trainer, step)}")
         for logger in trainer.loggers:
             logger.log_metrics({"nonfinite/skipped_steps": self.skipped_total, "nonfinite/in_a_row": self.in_a_row},
                                step=step)
@@ -123,7 +125,8 @@ def _gradients_are_bad(trainer: pl.Trainer, optimizer: Any) -> torch.Tensor:
     """Whether this rank's gradients (its shards under FSDP2) have a non-finite norm:
     one fused norm over all of them. Left to the scaler when there is one (16-mixed)."""
     device = trainer.strategy.root_device
-    grads = [_local(p.grad) for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    local = entry_of(trainer.strategy).local_tensor
+    grads = [local(p.grad) for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if not grads or getattr(trainer.precision_plugin, "scaler", None) is not None:
         return torch.zeros((), dtype=torch.bool, device=device)
     norms = torch._foreach_norm(grads)
@@ -154,12 +157,6 @@ def _describe(bad: torch.Tensor) -> str:
     return " and ".join(parts)
 
 
-def _is_deepspeed(trainer: pl.Trainer) -> bool:
-    from lightning.pytorch.strategies import DeepSpeedStrategy
-
-    return isinstance(trainer.strategy, DeepSpeedStrategy)
-
-
 # ------------------------------------------------------------------ state checks
 
 
@@ -188,33 +185,29 @@ def nonfinite_state(trainer: pl.Trainer) -> list[str]:
 
 
 def _state_tensors(trainer: pl.Trainer) -> Iterator[tuple[str, torch.Tensor]]:
-    """This rank's floating-point parameters and optimizer state. DeepSpeed's ZeRO
-    optimizer forwards ``param_groups``/``state`` to the optimizer of its fp32
-    partitions: those partitions are checked as the optimizer's own parameters."""
+    """This rank's floating-point parameters and optimizer state (its part of each, as
+    the strategy's entry says). An optimizer whose parameters are not the module's
+    (a ZeRO optimizer forwards ``param_groups``/``state`` to the optimizer of its fp32
+    partitions) has them checked as master weights."""
     module = trainer.lightning_module
+    local = entry_of(trainer.strategy).local_tensor
     names: dict[int, str] = {}
     for name, param in module.named_parameters():
         names[id(param)] = name
-        yield from _floating(name, getattr(param, "ds_tensor", param))  # ZeRO-3: this rank's partition
+        yield from _floating(name, local(param))
     for index, optimizer in enumerate(trainer.optimizers):
         for group_index, group in enumerate(optimizer.param_groups):
             for position, param in enumerate(group["params"]):
                 where = names.get(id(param), f"optimizer {index} group {group.get('name', group_index)} #{position}")
                 if id(param) not in names:
-                    yield from _floating(f"{where} (master weights)", param)
+                    yield from _floating(f"{where} (master weights)", local(param))
                 for key, value in optimizer.state.get(param, {}).items():
-                    yield from _floating(f"{where} (optimizer {key})", value)
+                    yield from _floating(f"{where} (optimizer {key})", local(value))
 
 
 def _floating(name: str, tensor: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    local = _local(tensor)
-    if isinstance(local, torch.Tensor) and local.is_floating_point() and local.numel():
-        yield name, local.detach()
-
-
-def _local(tensor: Any) -> Any:
-    """This rank's part of a DTensor (FSDP2); any other tensor as it is."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    if isinstance(tensor, torch.Tensor) and tensor.is_floating_point() and tensor.numel():
+        yield name, tensor.detach()
 
 
 __all__ = ["NonFiniteLossGuard", "NonFiniteLossError", "guard_of", "refuse_nonfinite_state", "nonfinite_state",

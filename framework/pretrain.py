@@ -47,7 +47,7 @@ from framework.checkpoint.saving import (PeriodicCheckpoint, refuse_earlier_chec
                                          use_atomic_checkpoint_io)
 from framework.module import LayerDropModule, check_same_model, with_parametrization
 from framework.nonfinite import NonFiniteLossError, NonFiniteLossGuard
-from framework.progress_bar import StepProgressBar
+from framework.training_progress import StepProgressBar, StepProgressLines
 
 PROG = "layerdrop pretrain"
 
@@ -60,12 +60,19 @@ class PretrainCLI(LightningCLI):
         parser.add_argument("--resume", type=str | None, default=None,
                             help="'auto': continue from the newest complete checkpoint in the checkpoint "
                                  "folder (else start fresh); or the path of a checkpoint to continue from")
+        parser.add_argument("--progress_every", type=float | None, default=30.0,
+                            help="when stdout is not a terminal (a log file): seconds between progress lines "
+                                 "'step N/T, loss, tokens/s, ETA' (0: every step; null: none)")
         # The DataModule checks the prepared vocabulary against the embedding at setup.
         parser.link_arguments("model.decoder.vocab_size", "data.model_vocab_size")
         parser.add_lightning_class_args(PeriodicCheckpoint, "checkpoint")
         parser.add_lightning_class_args(Throughput, "throughput")
         parser.add_lightning_class_args(RunSummary, "summary")
         parser.add_lightning_class_args(NonFiniteLossGuard, "guard")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        check_early(self.config)
 
     def before_instantiate_classes(self) -> None:
         config = self.config
@@ -92,6 +99,9 @@ class PretrainCLI(LightningCLI):
         given = list(config.get("callbacks") or []) + list(callbacks)
         if config.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in given):
             callbacks = [*callbacks, StepProgressBar()]  # steps out of max_steps, not "Epoch 0/-2"
+        every = self.config.get("progress_every")
+        if every is not None and not sys.stdout.isatty():
+            callbacks = [*callbacks, StepProgressLines(every)]  # a bar draws nothing into a log file
         if config.get("logger") is not False and not any(isinstance(cb, LearningRateMonitor) for cb in given):
             callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]
         callbacks = [*callbacks, *export_callbacks()]  # tokenizer beside the checkpoints; export at the end
@@ -208,6 +218,18 @@ def check_trainer(trainer: Any) -> None:
             (isinstance(devices, (list, tuple)) and not devices):
         raise ValueError(f"trainer.devices={devices if count is None else count!r} is invalid: a positive number of "
                          "devices, -1 (all of them), a list of device indices or 'auto'")
+
+
+def check_early(config: Any) -> None:
+    """What can be refused right after parsing, before Lightning seeds (and says so): a
+    refused value is then the run's one line."""
+    every = config.progress_every
+    if every is not None and not every >= 0:
+        raise ValueError(f"progress_every={every!r} is invalid: must be a number of seconds >= 0, or null for "
+                         "no progress lines")
+    from framework.config import ParametrizationConfig
+
+    ParametrizationConfig(**_as_dict(config.model.parametrization))  # lr, eps: bounded (AdamW runs in float32)
 
 
 def check_seq_len(config: Any) -> None:

@@ -27,29 +27,15 @@ validation and checkpoint cadence, warmup, precision, peak FLOPs) is copied from
 η, ε and the multipliers are applied by the run itself (framework/parametrization.py)
 from the base values the recipe carries; the recipe's comments show what they become.
 
-**The memory model** (per device, bytes; N parameters, L layers of width d, attention
-width a = heads·head_dim, FFN width f, vocabulary V, micro-batch m of S tokens):
-
-    state        16·N / shards       fp32 weights 4 + gradients 4 + AdamW moments 8 per parameter;
-                                     shards = 1 (single, ddp), devices per node (hsdp), all devices (fsdp)
-    working      2·N under bf16-mixed (autocast keeps a bf16 copy of each weight it casts until the
-                 forward ends), + 4·N for ddp (its all-reduce copies the gradients into flat buckets),
-                 + 8·(N_root + 2·N_block) when sharded (the gathered root and two gathered blocks,
-                 with their unsharded gradients)
-    activations  m·S·L·(8d + 2e·d + 5e·a + 2e·f)       e = 2 under bf16-mixed, 4 under 32-true: per
-                                     token and layer the saved residual input of each LayerNorm (fp32),
-                                     their outputs, q/k/v, the attention output and its copy, the FFN's
-                                     ReLU output and its square. With activation checkpointing: m·S·L·4d
-                                     (each block's input) plus one block's full activations.
-    loss chunk   16·V·min(m·S, loss_chunk_tokens)      one chunk's logits, log-softmax and gradients
-    usable       90% of the device's memory (CUDA context, communication buffers, fragmentation)
-
-The dense step is the peak (layer dropout only lowers activations). Strategy and
-micro-batch: the largest micro-batch that divides the per-device share of B and fits,
-trying in order ddp, then sharded (fsdp on one node, hsdp across nodes, then fsdp over
-every device), first without activation checkpointing (which costs a third more
-compute), then with it; on equal micro-batches the earlier strategy (less
-communication) wins.
+**The memory model** (framework/device_memory.py: state, working memory, activations
+and one loss chunk per device; 90% of the device's memory is usable, the rest going
+to the CUDA context, communication buffers and fragmentation) prices every strategy
+the registry proposes on this layout (framework/strategies: an entry's ``footprint``).
+Strategy and micro-batch: the largest micro-batch that divides the per-device share
+of B and fits, trying the strategies in the registry's ``recipe_preference`` order
+(today: ddp, then sharded: hsdp across nodes, then fsdp over every device), first
+without activation checkpointing (which costs a third more compute), then with it; on
+equal micro-batches the earlier strategy (less communication) wins.
 """
 
 from __future__ import annotations
@@ -66,9 +52,12 @@ from typing import Any
 
 import yaml
 
+from framework.command_parser import CommandParser
 from framework.config import PAPER_SIZES, EarlyExitLossConfig, LayerDropoutConfig, ModelConfig, ParametrizationConfig
+from framework.device_memory import ModelSizes, device_memory
 from framework.early_exit_loss import check_exits, mean_exit_heads
 from framework.flops import expected_training_flops_per_token
+from framework.output_path import file_problem
 from framework.parametrization import (
     EMBEDDING,
     HIDDEN,
@@ -78,6 +67,7 @@ from framework.parametrization import (
     width_depth_multipliers,
 )
 from framework.schedules import mean_dropout
+from framework.strategies import STRATEGIES, NamedStrategy
 
 PROG = "layerdrop recipe"
 HEADROOM = 0.9
@@ -183,72 +173,48 @@ def read_base(path: str) -> BaseRun:
 
 def parameter_count(cfg: ModelConfig) -> int:
     """Exact, from the Decoder itself (built on the meta device: no memory)."""
-    import torch
-
-    from framework.families import build_decoder
-
-    with torch.device("meta"):
-        return build_decoder(cfg).num_parameters()
+    return ModelSizes.of(cfg).parameters
 
 
 # ---------------------------------------------------------------------- the memory model
 
 
-def device_memory(cfg: ModelConfig, parameters: int, *, shards: int, micro_batch: int, seq_len: int,
-                  checkpointing: bool, loss_chunk_tokens: int, mixed: bool, replicated: bool = False) -> dict[str, float]:
-    """Peak bytes per device by part (the model of the module docstring); ``replicated``
-    is DDP across several devices."""
-    d, a, f, n_layers = cfg.d_model, cfg.attn_dim, cfg.ffn_dim, cfg.n_layers
-    root = 2 * cfg.vocab_size * d + 2 * d  # embedding, unembedding, final LayerNorm
-    block = (parameters - root) / n_layers
-    e = 2 if mixed else 4
-    per_layer = 8 * d + 2 * e * d + 5 * e * a + 2 * e * f  # bytes per token
-    tokens = micro_batch * seq_len
-    saved = n_layers * 4 * d + per_layer if checkpointing else n_layers * per_layer
-    return {
-        "state": 16 * parameters / shards,
-        "working": (2 * parameters if mixed else 0) + (8 * (root + 2 * block) if shards > 1 else 0)
-                   + (4 * parameters if replicated else 0),
-        "activations": tokens * saved,
-        "loss chunk": 16 * cfg.vocab_size * min(tokens, loss_chunk_tokens),
-    }
-
-
 @dataclass(frozen=True)
-class Layout:
-    strategy: str
-    shards: int
+class MemoryPlan:
+    """The strategy, micro-batch and checkpointing that fit, and the memory they need."""
+
+    strategy: NamedStrategy
     micro_batch: int
     checkpointing: bool
     memory: dict[str, float]
 
 
-def layout(cfg: ModelConfig, parameters: int, *, per_device: int, devices: int, nodes: int, usable: float,
-           seq_len: int, loss_chunk_tokens: int, mixed: bool) -> Layout:
+def fit_strategy(sizes: ModelSizes, *, per_device: int, devices: int, nodes: int, usable: float, seq_len: int,
+                 loss_chunk_tokens: int, mixed: bool) -> MemoryPlan:
     """The strategy, micro-batch and checkpointing that fit (module docstring's order)."""
-    world = devices * nodes
-    if world == 1:
-        strategies = [("single", 1)]
-    else:
-        strategies = [("ddp", 1)] + ([("fsdp", world)] if nodes == 1 else [("hsdp", devices), ("fsdp", world)])
+    proposed = sorted((entry for entry in STRATEGIES.values()
+                       if entry.recipe_preference is not None and entry.footprint(devices, nodes) is not None),
+                      key=lambda entry: entry.recipe_preference)
+
+    def memory(entry: NamedStrategy, micro: int, checkpointing: bool) -> dict[str, float]:
+        return device_memory(sizes, entry.footprint(devices, nodes), micro_batch=micro, seq_len=seq_len,
+                             checkpointing=checkpointing, loss_chunk_tokens=loss_chunk_tokens, mixed=mixed)
+
     divisors = [m for m in range(per_device, 0, -1) if per_device % m == 0]
     for checkpointing in (False, True):
         best = None
-        for strategy, shards in strategies:
+        for entry in proposed:
             for micro in divisors:
-                memory = device_memory(cfg, parameters, shards=shards, micro_batch=micro, seq_len=seq_len,
-                                       checkpointing=checkpointing, loss_chunk_tokens=loss_chunk_tokens, mixed=mixed,
-                                       replicated=strategy == "ddp")
-                if sum(memory.values()) <= usable:
+                needed = memory(entry, micro, checkpointing)
+                if sum(needed.values()) <= usable:
                     if best is None or micro > best.micro_batch:
-                        best = Layout(strategy, shards, micro, checkpointing, memory)
+                        best = MemoryPlan(entry, micro, checkpointing, needed)
                     break
         if best is not None:
             return best
-    need = device_memory(cfg, parameters, shards=world, micro_batch=1, seq_len=seq_len, checkpointing=True,
-                         loss_chunk_tokens=loss_chunk_tokens, mixed=mixed)
+    least = min(sum(memory(entry, 1, True).values()) for entry in proposed)
     raise RecipeError(f"one sequence per device, fully sharded with activation checkpointing, needs "
-                      f"{sum(need.values()) / 1e9:.1f} GB of the {usable / 1e9:.1f} GB usable; add devices or nodes")
+                      f"{least / 1e9:.1f} GB of the {usable / 1e9:.1f} GB usable; add devices or nodes")
 
 
 # -------------------------------------------------------------------------- derivation
@@ -277,7 +243,8 @@ def derive(args: argparse.Namespace) -> Recipe:
         raise RecipeError(f"--tpp={args.tpp} is invalid: must be > 0")
     usable = HEADROOM * byte_size(args.memory)
 
-    n = parameter_count(model)
+    sizes = ModelSizes.of(model)
+    n = sizes.parameters
     tokens = args.tpp * n if args.tpp is not None else token_count(args.tokens)
     tpp, seq = tokens / n, base.seq_len
     world = args.devices * args.nodes
@@ -299,8 +266,8 @@ def derive(args: argparse.Namespace) -> Recipe:
     chunk = recipe["model"].get("loss_chunk_tokens", 4096)
     mixed = "bf16" in str(recipe["trainer"].get("precision", ""))
     try:
-        plan = layout(model, n, per_device=per_device, devices=args.devices, nodes=args.nodes, usable=usable,
-                      seq_len=seq, loss_chunk_tokens=chunk, mixed=mixed)
+        plan = fit_strategy(sizes, per_device=per_device, devices=args.devices, nodes=args.nodes, usable=usable,
+                            seq_len=seq, loss_chunk_tokens=chunk, mixed=mixed)
     except RecipeError as err:
         raise RecipeError(f"--memory={args.memory!r} is invalid: {err}") from None
     accumulate = per_device // plan.micro_batch
@@ -308,7 +275,7 @@ def derive(args: argparse.Namespace) -> Recipe:
     needed = sum(plan.memory.values())
 
     values = {
-        "trainer.devices": args.devices, "trainer.num_nodes": args.nodes, "trainer.strategy": plan.strategy,
+        "trainer.devices": args.devices, "trainer.num_nodes": args.nodes, "trainer.strategy": plan.strategy.name,
         "trainer.max_steps": steps, "trainer.accumulate_grad_batches": accumulate,
         "trainer.default_root_dir": f"runs/{name}", "data.batch_size": plan.micro_batch,
         "model.parametrization.tau_ema": tau, "model.activation_checkpointing": plan.checkpointing,
@@ -316,9 +283,7 @@ def derive(args: argparse.Namespace) -> Recipe:
         **{f"model.layer_dropout.{k}": (list(v) if isinstance(v, tuple) else v)
            for k, v in vars(dropout).items()},
     }
-    sharding = {"single": "one device", "ddp": "full replicas, gradients all-reduced",
-                "fsdp": f"FSDP2 over all {world} devices", "hsdp": f"sharded over each node's {args.devices} "
-                f"devices, replicated across {args.nodes} nodes"}[plan.strategy]
+    sharding = plan.strategy.describe(args.devices, args.nodes)
     comments = {
         "trainer.devices": "given (per node)", "trainer.num_nodes": "given",
         "trainer.strategy": f"{sharding}: the first that fits micro-batch {plan.micro_batch} (memory model above)",
@@ -362,7 +327,7 @@ def derive(args: argparse.Namespace) -> Recipe:
         f" + {dense.head:.4g} · {1 + exit_heads:.4g}) = {tokens * per_token.total:.4g}",
         f"          (training FLOPs: P̄ = {p_bar:.4g} layer dropout, Ē = {exit_heads:.4g} early-exit heads a step)",
         f"  memory per device (GB) = {memory} = {needed / 1e9:.1f} of {usable / 1e9:.1f} usable "
-        f"({plan.strategy}, micro-batch {plan.micro_batch}"
+        f"({plan.strategy.name}, micro-batch {plan.micro_batch}"
         f"{', activation checkpointing' if plan.checkpointing else ''})",
         "Every number with a comment below is derived as it says; the others are the base recipe's.",
     ]
@@ -443,7 +408,7 @@ def _scalar(value: Any) -> str:
 def parser() -> argparse.ArgumentParser:
     from framework.schedules import DISTRIBUTIONS, TIME_SCHEDULES
 
-    p = argparse.ArgumentParser(prog=PROG, description="Write a pretraining recipe by Table A.2's transfer rules "
+    p = CommandParser(prog=PROG, description="Write a pretraining recipe by Table A.2's transfer rules "
                                 "from a size, a token budget and the devices.",
                                 epilog="Example: layerdrop recipe --base recipes/base.yaml --size 271M --tpp 20 "
                                        "--devices 8 --memory 141GB --p-max 0.4 --out recipes/271m.yaml")
@@ -481,8 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser().parse_args(argv)
-        if args.out and Path(args.out).exists() and not args.overwrite:
-            raise RecipeError(f"--out={args.out!r} is invalid: it exists (add --overwrite to replace it)")
+        if args.out and (problem := file_problem(args.out, args.overwrite)) is not None:
+            raise RecipeError(f"--out {problem}")
         text = render(read_base(args.base).recipe, derive(args))
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else 2
@@ -497,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["device_memory", "layout", "derive", "render", "build", "main", "RecipeError"]
+__all__ = ["fit_strategy", "MemoryPlan", "derive", "render", "build", "main", "RecipeError"]
 
 
 if __name__ == "__main__":

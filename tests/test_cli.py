@@ -10,6 +10,8 @@ import pytest
 
 from framework import __version__
 from framework.cli import COMMANDS
+from framework.cli import main
+from refusals import refused
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("layerdrop")
 
@@ -51,3 +53,43 @@ def test_unknown_command_exits_2_with_one_line(args, bad):
     assert len(lines) == 1, result.stderr
     assert bad in lines[0] and "allowed:" in lines[0]
     assert result.stdout == ""
+
+
+def cli_main(argv: list[str]) -> int:
+    """``layerdrop ARGV`` in this process: its exit status (argparse exits via SystemExit)."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+@pytest.mark.parametrize("group", ["eval", "adapters", "speculate"])
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_every_command_group_lists_its_subcommands(group, flag):
+    result = run(group, flag)
+    assert result.returncode == 0, result.stderr
+    assert f"usage: layerdrop {group} <subcommand>" in result.stdout
+    members = [name for name in COMMANDS if name.startswith(group + " ")]
+    assert members and all(f"  {name}  " in result.stdout for name in members)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_refuses_a_bad_flag_in_one_line_pointing_to_its_help(name, capsys):
+    """No usage block: the one ``error:`` line, naming where the usage is, status 2."""
+    code = cli_main([*name.split(), "--no-such-flag", "1"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.err.strip().splitlines() == [captured.err.strip()], captured.err
+    assert captured.err.startswith("error: ") and captured.err.rstrip().endswith(f"see layerdrop {name} --help")
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_has_help(name, capsys):
+    assert cli_main([*name.split(), "--help"]) == 0
+    assert f"usage: layerdrop {name}" in capsys.readouterr().out
+
+
+def test_a_check_after_parsing_speaks_the_same_way(tmp_path):
+    line = refused("eval", "exits", "--ckpt", str(tmp_path / "missing.ckpt"), "--data", str(tmp_path),
+                   "--out", str(tmp_path / "r.json"))
+    assert line == f"error: checkpoint {str(tmp_path / 'missing.ckpt')!r} does not exist; see layerdrop eval exits --help"

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import typing
 from dataclasses import fields
+
+from pathlib import Path
 
 import pytest
 import torch
@@ -163,6 +166,27 @@ def test_early_exit_loss_is_off_by_default_and_takes_a_list_of_exits():
 def test_parametrization_config_rejects_bad_values(field, value):
     with pytest.raises(ValueError, match=f"^{field}="):
         ParametrizationConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field, value, bound", [
+    ("lr", 1e39, r"must be in \(0, 1\]: AdamW moves each weight by about lr per step"), ("lr", 1.5, r"must be in \(0, 1\]"),
+    ("eps", 1e39, r"must be in \(0, 1\]: ε is added to each gradient's RMS"),
+])
+def test_what_enters_adamw_is_bounded_and_the_message_says_the_bound(field, value, bound):
+    """Finite is not enough: 1e39 passes as a float64 and overflows float32 in AdamW."""
+    with pytest.raises(ValueError, match="^" + re.escape(f"{field}={value!r} is invalid: ") + bound):
+        ParametrizationConfig(**{field: value})
+    ParametrizationConfig(**{field: 1.0})  # the bound itself is allowed
+
+
+def test_pretrain_refuses_a_huge_learning_rate_in_one_line(tmp_path):
+    from refusals import refused
+
+    recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
+    line = refused("pretrain", "--config", str(recipe), "--model.parametrization.lr", "1e39",
+                   "--trainer.default_root_dir", str(tmp_path / "run"))
+    assert "lr=1e+39 is invalid: must be in (0, 1]" in line
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("removed", ["batch_size_base", "tpp_base", "init_std"])

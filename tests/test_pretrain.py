@@ -151,3 +151,21 @@ def test_sequences_longer_than_the_model_allows_are_refused(data_dir, tmp_path, 
 def test_bad_model_config_is_one_line(data_dir, tmp_path, capsys):
     message = error_of(capsys, tiny_cli_args(data_dir, tmp_path) + ["--model.decoder.n_heads", "5"])
     assert "n_heads=5 is invalid" in message
+
+
+def test_a_run_logging_to_a_file_prints_progress_lines(data_dir, tmp_path, capsys):
+    """stdout is not a terminal here (captured), as in SLURM, nohup or a sweep's log."""
+    from framework.progress_line import parse_progress_line
+
+    assert main([*tiny_cli_args(data_dir, tmp_path / "run", steps=4), "--progress_every", "0"]) == 0
+    lines = [line for line in map(parse_progress_line, capsys.readouterr().out.splitlines()) if line]
+    assert [(line.step, line.total) for line in lines] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert main([*tiny_cli_args(data_dir, tmp_path / "quiet", steps=2), "--progress_every", "null"]) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines() if parse_progress_line(line)]
+
+
+def test_a_negative_progress_interval_is_refused_before_the_run(data_dir, tmp_path, capsys):
+    assert main([*tiny_cli_args(data_dir, tmp_path / "run"), "--progress_every", "-5"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: progress_every=-5.0 is invalid: must be a number of seconds >= 0, or null for no progress lines"]
+    assert not (tmp_path / "run").exists()

@@ -1,24 +1,21 @@
-"""`layerdrop recipe`: Table A.2's transfer rules, the memory model behind the strategy
-and micro-batch, the committed recipes it wrote, and its one-line refusals."""
+"""`layerdrop recipe`: Table A.2's transfer rules, the strategy and micro-batch the
+memory model picks (tests/test_device_memory.py checks the model itself), the
+committed recipes it wrote, and its one-line refusals."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import shlex
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from framework.config import LayerDropoutConfig, ModelConfig
 from framework.flops import block_flops_per_token, head_flops_per_token
-from framework.model import Decoder
-from framework.recipe import build, device_memory, main, parameter_count, read_base
+from framework.recipe import build, main, parameter_count, read_base
 from framework.schedules import mean_dropout
-from framework.strategies import checkpoint_block
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
@@ -113,55 +110,6 @@ def test_the_strategy_and_micro_batch_follow_the_memory(in_repo, capsys):
     assert strategy_of(capsys, "--size", "271M", "--devices", "1", "--memory", "141GB")["strategy"] == "single"
 
 
-@pytest.mark.parametrize("mixed", [False, True])
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_the_activation_model_is_what_autograd_saves(mixed, checkpointing):
-    """The activation term against the tensors a training forward really keeps for
-    backward (measured as the difference between 8 and 4 sequences, so the weights and
-    their bf16 copies cancel), within 5%; the attention kernel on CPU keeps what Flash
-    and FlexAttention keep (the output and its log-sum-exp, no S×S scores)."""
-    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=3, n_heads=4, max_seq_len=32, attention="sdpa")
-    torch.manual_seed(0)
-    decoder = Decoder(cfg).train()
-    if checkpointing:
-        for block in decoder.blocks:
-            checkpoint_block(block)
-
-    def saved_bytes(batch: int) -> int:
-        storages = {}
-
-        def pack(t):
-            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        tokens = torch.randint(0, 64, (batch, 32))
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if mixed else contextlib.nullcontext()
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), autocast:
-            decoder.hidden(tokens)
-        return sum(storages.values())
-
-    measured = saved_bytes(8) - saved_bytes(4)
-
-    def model(batch: int, recompute: bool) -> float:
-        return device_memory(cfg, 1, shards=1, micro_batch=batch, seq_len=32, checkpointing=recompute,
-                             loss_chunk_tokens=1, mixed=mixed)["activations"]
-
-    if checkpointing:
-        # Saved for backward: each block's input. The model adds one block's full
-        # activations, which exist only while that block is recomputed in backward.
-        one_block = (model(8, False) - model(4, False)) / cfg.n_layers
-        assert measured == pytest.approx(model(8, True) - model(4, True) - one_block, rel=0.05)
-    else:
-        assert measured == pytest.approx(model(8, False) - model(4, False), rel=0.05)
-
-
-def test_the_state_term_is_sixteen_bytes_per_parameter_over_the_shards():
-    cfg = ModelConfig.paper("271M")
-    one, eight = (device_memory(cfg, 1000, shards=s, micro_batch=1, seq_len=8, checkpointing=False,
-                                loss_chunk_tokens=8, mixed=True)["state"] for s in (1, 8))
-    assert (one, eight) == (16_000, 2_000)
-
-
 @pytest.mark.parametrize("argv, message", [
     (["--size", "2B"], "^error: --size='2B' is invalid: allowed: 271M, 504M"),
     (["--size", "271M", "--d-model", "64"], "^error: --size and --d-model.* are invalid together"),
@@ -201,7 +149,7 @@ def test_out_is_written_and_never_overwritten_unasked(in_repo, capsys, tmp_path)
     assert "default_root_dir: runs/r " in written and f"--out {out}" in written
     out.write_text("mine")
     code, _, err = run(capsys, *argv)
-    assert code == 2 and "exists (add --overwrite" in err and out.read_text() == "mine"
+    assert code == 2 and "already exists; pass --overwrite" in err and out.read_text() == "mine"
     assert run(capsys, *argv, "--overwrite")[0] == 0 and out.read_text() == written
 
 

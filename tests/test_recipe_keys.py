@@ -4,7 +4,7 @@ set to a second value, changes something the run would do, or is refused.
 "Something the run would do" is observed, never read back from where the value was
 stored: the model's parameters and forward, the drop plans, the optimizer's groups and
 LR factors (model.*); the batches and loaders (data.*); what the callbacks do
-(checkpoint.*, throughput.*, summary.*, guard.*); the checkpoint a run resumes (resume); and,
+(checkpoint.*, throughput.*, summary.*, guard.*, progress_every); the checkpoint a run resumes (resume); and,
 for trainer.*, the arguments Lightning's Trainer receives (Lightning's own tests cover
 what it does with them; ours cover the ones the framework transforms).
 """
@@ -26,6 +26,7 @@ from framework.nonfinite import NonFiniteLossGuard
 from framework.pretrain import PretrainCLI, build_cli
 from framework.early_exit_loss import exit_weights
 from framework.schedules import dropout_rates
+from framework.training_progress import StepProgressLines
 from tiny_training import tiny_cli_args
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -180,6 +181,8 @@ def callback_behaviour(callbacks: list) -> list:
             out.append(("throughput", cb.peak))
         elif isinstance(cb, RunSummary):
             out.append(("summary", json.dumps(cb._twin())))
+        elif isinstance(cb, StepProgressLines):
+            out.append(("progress lines", cb.every))
         else:
             out.append(type(cb).__name__)
     return out

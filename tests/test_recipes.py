@@ -78,7 +78,7 @@ def test_generated_recipe_instantiates_with_the_size_its_header_states(name):
 
 @pytest.mark.parametrize("name", sorted(generated()))
 def test_generated_recipe_strategy_is_one_the_framework_builds(name):
-    from framework.strategies import STRATEGIES, _check_combination
+    from framework.strategies.registry import STRATEGIES, _check_combination
 
     trainer = yaml.safe_load((RECIPES / name).read_text())["trainer"]
     if trainer["strategy"] == "hsdp" and "hsdp" not in STRATEGIES:

@@ -1,4 +1,4 @@
-"""framework/strategies.py in one process: the name -> strategy mapping, its errors,
+"""framework/strategies (the package) in one process: the name -> strategy mapping, its errors,
 and ``parallelize`` without a mesh (activation checkpointing keeps names and gradients).
 
 Multi-process runs of every strategy are in tests/distributed/.

@@ -19,6 +19,7 @@ from eval.adapters.exit_adapters import ExitAdapters, load_adapters, load_backbo
 from eval.measurements.exits import exit_losses
 from framework.atomic_write import write_json
 from framework.checkpoint import CheckpointError
+from framework.command_parser import CommandParser
 from framework.config import ModelConfig
 from framework.loss import IGNORE_INDEX, chunked_sum, counted_tokens, inference_chunk_tokens
 from framework.model import Decoder
@@ -63,10 +64,12 @@ def _exit_sums(logits_fn, adapter_hidden: torch.Tensor, plain_hidden: torch.Tens
                         F.kl_div(plain, teacher, log_target=True, reduction="sum")]).double()
 
 
-def evaluate(backbone: Decoder, adapters: ExitAdapters, batches: Iterable) -> dict:
-    """The `adapters eval` report: plain early exit next to the adapters, per exit."""
+def evaluate(backbone: Decoder, adapters: ExitAdapters, batches: Iterable,
+             adapter_batches: Iterable | None = None) -> dict:
+    """The `adapters eval` report: plain early exit next to the adapters, per exit (two
+    passes: ``batches``, then ``adapter_batches``, by default the same batches again)."""
     plain = exit_losses(backbone, batches)
-    with_adapters = adapter_losses(backbone, adapters, batches)
+    with_adapters = adapter_losses(backbone, adapters, batches if adapter_batches is None else adapter_batches)
     num_layers = plain["num_layers"]
     return {"num_layers": num_layers, "exits": adapters.exits, "tokens": plain["tokens"],
             "exit_loss": plain["exit_loss"],
@@ -80,7 +83,7 @@ def evaluate(backbone: Decoder, adapters: ExitAdapters, batches: Iterable) -> di
 
 
 def eval_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerdrop adapters eval",
+    p = CommandParser(prog="layerdrop adapters eval",
                                 description="Per-exit validation loss with exit adapters next to plain early exit. "
                                             f"Layer numbering: {options.LAYERS}.")
     p.add_argument("--adapters", required=True, metavar="DIR", help="a folder written by `layerdrop adapters fit`")
@@ -97,7 +100,7 @@ def eval_parser() -> argparse.ArgumentParser:
 
 def eval_main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, ValidationData
-    from framework.progress import Advancing, progress
+    from framework.loop_progress import shown
 
     parser = eval_parser()
     args = parser.parse_args(argv)
@@ -120,9 +123,9 @@ def eval_main(argv: list[str] | None = None) -> int:
         adapters, _ = load_adapters(args.adapters, backbone)
     except CheckpointError as err:
         parser.error(str(err))
-    with progress(2 * len(data), "adapters eval: batches") as bar:
-        report = {"adapters": str(args.adapters), "backbone": str(args.ckpt or meta["backbone"]),
-                  **evaluate(backbone, adapters, Advancing(data, bar)), "plot": args.plot}
+    passes = [shown(data, len(data), f"adapters eval: {what}, batches") for what in ("plain exits", "adapters")]
+    report = {"adapters": str(args.adapters), "backbone": str(args.ckpt or meta["backbone"]),
+              **evaluate(backbone, adapters, *passes), "plot": args.plot}
     write_json(args.out, report)
     _plot(report, args.plot)
     for e in report["exits"]:

@@ -7,13 +7,14 @@ layer:
 
 (per token, not per sequence). The backbone never receives a gradient and is not in
 the optimizer. Training runs in a LightningModule under the pretraining stack's
-Trainer, strategies (framework/strategies.py) and token data (framework/data.py).
+Trainer, strategies (framework/strategies/) and token data (framework/data.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from eval import options
 from eval.adapters.exit_adapters import (INITS, WEIGHTS_FILE, ExitAdapters, check_exits, default_exits, layer_list,
                                          load_backbone, save_adapters)
+from framework.command_parser import CommandParser
 from framework.loss import chunked_sum
 from framework.lr_schedule import LRScheduleConfig, schedule_for
 from framework.model import Decoder
@@ -118,7 +120,7 @@ class AdapterModule(pl.LightningModule):
 
 
 def fit_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerdrop adapters fit",
+    p = CommandParser(prog="layerdrop adapters fit",
                                 description="Train Balcony-style exit adapters on a frozen backbone "
                                             "(KL to the full model's next-token distribution). "
                                             f"Layer numbering: {options.LAYERS}.")
@@ -179,7 +181,9 @@ def fit_main(argv: list[str] | None = None) -> int:
                            batch_size=args.batch_size, val_batches=args.val_batches, seed=args.seed,
                            model_vocab_size=backbone.config.vocab_size)
     before = {k: v.clone() for k, v in backbone.state_dict().items()}
-    trainer.fit(module, datamodule=data)
+    with warnings.catch_warnings():  # the frozen backbone is in eval mode on purpose (AdapterModule.train)
+        warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
+        trainer.fit(module, datamodule=data)
     _check_frozen(before, backbone)
     if trainer.is_global_zero:
         meta = {"backbone": str(Path(args.ckpt).resolve()), "init": args.init, "steps": args.max_steps,
@@ -195,12 +199,16 @@ def _trainer(args: argparse.Namespace) -> pl.Trainer:
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from framework.strategies import build_strategy, precision_for, resolve_accelerator
+    from framework.training_progress import StepProgressBar, StepProgressLines
 
     name = args.strategy
     if name == "auto":
         name = "ddp" if args.devices * args.num_nodes > 1 else "single"
     strategy = build_strategy(name, accelerator=args.accelerator, devices=args.devices, num_nodes=args.num_nodes)
-    return pl.Trainer(accelerator=resolve_accelerator(args.accelerator), devices=args.devices,
+    # Steps out of --max-steps (Lightning's own bar reads "Epoch 0/-2"); in a log, lines.
+    on_terminal = sys.stdout.isatty()
+    display = StepProgressBar() if on_terminal else StepProgressLines(every=10.0, loss="train/kl")
+    return pl.Trainer(callbacks=[display], enable_progress_bar=on_terminal,accelerator=resolve_accelerator(args.accelerator), devices=args.devices,
                       num_nodes=args.num_nodes, strategy=strategy, precision=precision_for(args.accelerator),
                       max_steps=args.max_steps, val_check_interval=args.val_every or args.max_steps,
                       check_val_every_n_epoch=None, limit_val_batches=args.val_batches,

@@ -43,6 +43,7 @@ from eval import options
 from eval.decoding.batch import BatchGenerator, left_padded
 from eval.decoding.drafts import SkipDraft
 from eval.decoding.speedup import compare
+from framework.command_parser import CommandParser
 from framework.model import Decoder
 
 COSTS = ("measured", "layers")
@@ -318,7 +319,7 @@ class CalibrationObjective:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerdrop speculate search",
+    p = CommandParser(prog="layerdrop speculate search",
                                 description="Search the skip set of the self-speculative draft (Bayesian "
                                             "optimisation, genetic, hill climbing, simulated annealing). "
                                             f"Layer numbering: {options.LAYERS}.")
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, check_vocabulary, load_prompts
     from eval.tokenizer import CodecLoader
     from framework.checkpoint import CheckpointError, load_decoder, read_model_config
-    from framework.progress import progress
+    from framework.loop_progress import progress
 
     parser = _parser()
     args = parser.parse_args(argv)

@@ -26,13 +26,14 @@ from pathlib import Path
 
 from framework.atomic_write import write_json
 from eval import options
+from framework.command_parser import CommandParser
 
 
 def _parser() -> argparse.ArgumentParser:
     from eval.decoding import modes
 
     description = __doc__.split(":", 1)[1].strip() + "\n\nModes:\n" + modes.help_lines()
-    p = argparse.ArgumentParser(prog="layerdrop generate", description=description,
+    p = CommandParser(prog="layerdrop generate", description=description,
                                 epilog=f"Layer numbering: {options.LAYERS}.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     options.add_checkpoint(p)
@@ -200,7 +201,7 @@ class Streamer:
 def _run(decode, prompts, texts, codec, args, *, stream: bool):
     from eval.decoding.batch import generate_in_batches
     from eval.decoding.transcripts import StopStrings
-    from framework.progress import progress
+    from framework.loop_progress import progress
 
     stop = StopStrings(args.stop, codec.decode)
     eos = None if args.ignore_eos else codec.eos_id

@@ -25,6 +25,7 @@ from eval.decoding.sampling import Sampling
 from eval.decoding.speculative import AdaptiveThreshold, SelfSpeculativeDecoder
 from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import GenerationStats
+from framework.command_parser import CommandParser
 from framework.model import Decoder
 
 
@@ -129,7 +130,7 @@ def _report(model: Decoder, draft: Draft, decoder: SelfSpeculativeDecoder, resul
 
 # -------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerdrop speculate run",
+    p = CommandParser(prog="layerdrop speculate run",
                                 description="Self-speculative decoding (Draft & Verify) timed against plain "
                                             f"decoding in the same process. Layer numbering: {options.LAYERS}.")
     options.add_checkpoint(p)
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, check_vocabulary, load_prompts
     from eval.tokenizer import CodecLoader
     from framework.checkpoint import CheckpointError, load_decoder, read_model_config
-    from framework.progress import progress
+    from framework.loop_progress import progress
 
     parser = _parser()
     args = parser.parse_args(argv)

@@ -32,6 +32,7 @@ from eval import options
 from eval.decoding.batch import BatchGenerator, generate_in_batches
 from eval.decoding.dynamic_exit import DynamicExit, check_threshold, dynamic_forward
 from eval.decoding.static_route import StaticRoute
+from framework.command_parser import CommandParser
 from framework.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
 from framework.model import Decoder
 
@@ -122,7 +123,7 @@ def plot_curve(report: dict, path: str | Path, label: str | None = None) -> Path
 
 # -------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="layerdrop eval dynamic",
+    p = CommandParser(prog="layerdrop eval dynamic",
                                 description="Dynamic early exit at several confidence thresholds: agreement with "
                                             "full greedy decoding and validation loss vs layers per token. "
                                             f"Layer numbering: {options.LAYERS}.")
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.measurements.exits import parse_exit_layers
     from eval.inputs import ContextLimit, ValidationData, validation_prompts
     from framework.checkpoint import CheckpointError, load_decoder, read_model_config
-    from framework.progress import progress
+    from framework.loop_progress import progress
 
     parser = _parser()
     args = parser.parse_args(argv)

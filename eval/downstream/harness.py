@@ -32,6 +32,7 @@ from typing import Sequence
 
 from framework.atomic_write import write_json
 from eval import options
+from framework.command_parser import CommandParser
 
 PAPER_TASKS = ("bbh", "piqa", "social_iqa", "hellaswag", "winogrande", "arc_challenge", "arc_easy",
                "openbookqa", "lambada_openai", "copa", "race")
@@ -135,7 +136,7 @@ def _json_safe(value):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="layerdrop eval downstream",
+    parser = CommandParser(prog="layerdrop eval downstream",
                                      description="Downstream benchmarks of a checkpoint through lm-eval (offline). "
                                                  f"Layer numbering: {options.LAYERS}.")
     options.add_checkpoint(parser)

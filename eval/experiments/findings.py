@@ -20,14 +20,15 @@ from typing import Callable
 
 from eval.experiments.report_tables import (Comparison, Configuration, baseline, compare, evaluation_noise, pooled_std,
                                             spearman, val_loss)
-from eval.experiments.sweep_results import RunResult
+from eval.experiments.sweep_results import LAYER_DROPOUT_DEFAULTS, RunResult
 
 Metric = Callable[[RunResult], float | None]
-LAYER_DROPOUT_DEFAULTS = {"structure": "layer", "mask": "sequence", "r_train": "inverse_density"}
+# The recommended structure, mask and r_train (LayerDropoutConfig's defaults).
+RECOMMENDED = {key: LAYER_DROPOUT_DEFAULTS[key] for key in ("structure", "mask", "r_train")}
 
 
 def dropout(configuration: Configuration) -> dict:
-    return {**LAYER_DROPOUT_DEFAULTS, **{k: v for k, v in configuration.first.layer_dropout.items() if k != "seed"}}
+    return {**RECOMMENDED, **{k: v for k, v in configuration.first.layer_dropout.items() if k != "seed"}}
 
 
 def p_bar(configuration: Configuration) -> float:
@@ -96,7 +97,7 @@ def all_findings(configurations: list[Configuration], results: list[RunResult], 
     base = baseline(configurations)
     dropped = [c for c in configurations if not c.dense]
     recommended = [c for c in dropped if dropout(c)["distribution"] == "increasing"
-                   and dropout(c)["schedule"] == "decreasing" and dropout(c) == {**dropout(c), **LAYER_DROPOUT_DEFAULTS}]
+                   and dropout(c)["schedule"] == "decreasing" and dropout(c) == {**dropout(c), **RECOMMENDED}]
     found = []
 
     comparisons = [judge(c, base, val_loss, configurations) for c in recommended] if base else []

@@ -11,6 +11,9 @@ writes into ``--out``:
     runs/<run>/      the small files of every run (config, summary, status, evals, curve):
                      `layerdrop report <out>` rebuilds the same report from them alone
 
+``--out`` is new, empty, or a report (replaced only with ``--overwrite``); any other
+folder is refused (eval/experiments/report_folder.py).
+
 Runs are labelled by configuration (eval/experiments/sweep_results.py), numbers come from
 eval/experiments/report_tables.py, verdicts from eval/experiments/findings.py.
 """
@@ -28,10 +31,13 @@ import yaml
 
 from eval.experiments.findings import all_findings
 from eval.experiments.hyperparameter_curves import curves_figure, hyperparameter_report
+from eval.experiments.report_folder import check_out, clear_report
 from eval.experiments.report_markdown import markdown
-from eval.experiments.report_tables import configuration_table, correlation, elasticity_points, group, speculative_table
+from eval.experiments.report_tables import (configuration_table, correlation, draft_table, elasticity_points, group,
+                                            speculative_table)
 from eval.experiments.sweep_results import RunResult, copy_results, load_results, with_aliases
 from eval.measurements import plots
+from framework.command_parser import CommandParser
 from framework.config import LayerDropoutConfig
 from framework.schedules import dropout_rates
 
@@ -138,6 +144,7 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
         "findings": all_findings(configurations, results, points),
         "elasticity": {"points": points, "correlations": correlations},
         "speculative": speculative_table(configurations),
+        "drafts": draft_table(configurations),
         "exit_curves": exit_curves(configurations), "skip_curves": skip_curves(configurations),
         "heatmaps": heatmaps(configurations),
         "hyperparameters": hyperparameter_report(results),
@@ -189,12 +196,14 @@ def write_images(report: dict, out: Path) -> dict[str, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="The paper's tables, plots and verdicts from a "
+    parser = CommandParser(prog=PROG, description="The paper's tables, plots and verdicts from a "
                                      "sweep folder: Markdown + PNG + the JSON behind every number.")
     parser.add_argument("sweep_dir", metavar="SWEEP_DIR", help="a folder made by `layerdrop sweep` (or by this "
                         "command's --out: it holds a copy of the runs' small files)")
     parser.add_argument("--out", default=None, metavar="DIR", help="where README.md, report.json, images/ and "
                         "runs/ go (default: SWEEP_DIR/report)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the report already in --out (a folder "
+                        "that holds something else is never written into)")
     parser.add_argument("--title", default="Reproducing the paper", help="the report's heading")
     parser.add_argument("--path-alias", action="append", default=[], metavar="PATH=ALIAS",
                         help="write ALIAS for PATH in everything the report writes (repeatable), e.g. "
@@ -215,10 +224,12 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--path-alias {item!r} is invalid: expected PATH=ALIAS")
         aliases[path] = alias
     try:
+        check_out(out, args.overwrite)
         report, results = build_report(root)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
+    clear_report(out, root)
     out.mkdir(parents=True, exist_ok=True)
     copy_results(results, out, root / "sweep.yaml", aliases)
     if (root / "machine.json").is_file() and (root / "machine.json").resolve() != (out / "machine.json").resolve():

@@ -220,6 +220,17 @@ def _speculative(report: dict) -> list[str]:
                            "identical to greedy"], rows) + [""]
 
 
+def _drafts(report: dict) -> list[str]:
+    if not report.get("drafts"):
+        return []
+    lines = ["## Fixed drafts (`speculate run`)", "",
+             "Exit drafts (blocks 0..E-1, LayerSkip-style) and fixed skip sets, decoded greedily against the "
+             "full model; means over seeds (timings on a shared machine: treat them as rough).", ""]
+    rows = [[r["configuration"], r["draft"], str(r["seeds"]), " / ".join(f"{s:.2f}×" for s in r["speedup_per_seed"]),
+             f"{r['acceptance_rate_mean']:.0%}", str(r["identical_to_greedy"])] for r in report["drafts"]]
+    return lines + _table(["configuration", "draft", "seeds", "speedup", "α", "identical to greedy"], rows) + [""]
+
+
 def _runs(report: dict) -> list[str]:
     rows = [[r["run"], r["configuration"], str(r["seed"]), _f(r["val_loss"]), _f(r["end_of_training_val_loss"]),
              _f(r["mean_dropout_achieved"], 3), _flops(r["training_flops"]), f"{r['cpu_seconds']:.0f}"]
@@ -233,7 +244,8 @@ def markdown(report: dict, *, title: str) -> str:
              "Written by `layerdrop report` from a `layerdrop sweep` folder; every number is in report.json "
              "beside this file, and runs/ holds each run's config, summary and evaluations, from which "
              "`layerdrop report` rebuilds this page.", ""]
-    for part in (_how_it_was_run, _findings, _configurations, _noise, _hyperparameters, _images, _speculative, _runs):
+    for part in (_how_it_was_run, _findings, _configurations, _noise, _hyperparameters, _images, _speculative, _drafts,
+                 _runs):
         lines += part(report)
     return "\n".join(lines).rstrip() + "\n"
 

@@ -270,6 +270,25 @@ def speculative_table(configurations: list[Configuration]) -> list[dict]:
     return rows
 
 
+def draft_table(configurations: list[Configuration]) -> list[dict]:
+    """Fixed drafts from `speculate run` reports (an exit draft or a skip set, named by the
+    sweep's evaluation): one row per configuration and draft, means over its seeds."""
+    rows = []
+    for configuration in configurations:
+        names = sorted({n for r in configuration.runs for n, e in r.evals.items() if "speedup" in e and "best" not in e})
+        for name in names:
+            reports = [r.evals[name] for r in configuration.runs if name in r.evals]
+            first = reports[0]
+            draft = f"exit {first['exit_layer']}" if first.get("exit_layer") else \
+                "skip " + ",".join(map(str, first.get("skip_layers") or []))
+            rows.append({"configuration": configuration.label, "evaluation": name, "draft": draft,
+                         "seeds": len(reports), "speedup_per_seed": [e["speedup"] for e in reports],
+                         "speedup_mean": statistics.fmean(e["speedup"] for e in reports),
+                         "acceptance_rate_mean": statistics.fmean(e["acceptance_rate"] for e in reports),
+                         "identical_to_greedy": all(e.get("identical_to_greedy") for e in reports)})
+    return rows
+
+
 __all__ = ["Configuration", "group", "configuration_table", "compare", "Comparison", "pooled_std", "mean_std",
            "baseline", "evaluation_noise", "exit_degradation", "skip_degradation", "spearman", "ranks",
-           "elasticity_points", "correlation", "speculative_table", "val_loss"]
+           "elasticity_points", "correlation", "speculative_table", "draft_table", "val_loss"]

@@ -53,6 +53,7 @@ from eval.experiments.sweep_spec import (EvalSpec, Run, Sweep, SweepError, forma
                                          run_recipe)
 from eval.options import check_positive
 from framework.atomic_write import write_json, write_text
+from framework.command_parser import CommandParser
 
 PROG = "layerdrop sweep"
 STOPPED = 128 + signal.SIGTERM
@@ -341,7 +342,7 @@ def dry_run(sweep: Sweep, root: Path, runs: list[Run], flops_per_second: float |
 
 # ------------------------------------------------------------------------------ CLI
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Run a sweep of pretraining runs and their "
+    parser = CommandParser(prog=PROG, description="Run a sweep of pretraining runs and their "
                                      "evaluations (locally in a process pool, or as a SLURM job array).")
     parser.add_argument("sweep", metavar="SWEEP.yaml", help="the sweep file (see recipes/sweeps/)")
     add_run_options(parser, jobs="runs at a time (locally; on SLURM: the array's concurrency limit) (default 1)")

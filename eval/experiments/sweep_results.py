@@ -16,19 +16,22 @@ sweep's configurations (``lr=0.006``).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from eval.experiments.sweep_spec import DEFAULT_SEED_KEYS, get_dotted
+from framework.config import LayerDropoutConfig
 
 SMALL_FILES = ("config.yaml", "recipe.yaml", "summary.json", "status.json", "curve.json")
 IGNORED_KEYS = (*DEFAULT_SEED_KEYS, "trainer.default_root_dir", "data.data_dir", "summary.compare_to",
                 "resume", "trainer.enable_progress_bar")
 DISTRIBUTION_NAMES = {"uniform": "uniform", "increasing": "ILD", "alternating": "ALD"}
 SCHEDULE_NAMES = {"constant": "", "increasing": "+ITS", "decreasing": "+DTS"}
+# What a recipe leaves out of model.layer_dropout is LayerDropoutConfig's default.
+LAYER_DROPOUT_DEFAULTS = {entry.name: entry.default for entry in fields(LayerDropoutConfig)}
 
 
 @dataclass
@@ -56,7 +59,7 @@ class RunResult:
         dropout = self.layer_dropout
         if isinstance(dropout.get("distribution"), list):
             return not any(p > 0 for p in dropout["distribution"])
-        return float(dropout.get("p_max", 0.0)) == 0.0
+        return float(dropout.get("p_max", LAYER_DROPOUT_DEFAULTS["p_max"])) == 0.0
 
     @property
     def cpu_seconds(self) -> float:
@@ -159,8 +162,8 @@ def _interpolate(points: list[tuple[int, float]], x: int) -> float:
 # --------------------------------------------------------------------------- labels
 def dropout_label(dropout: dict) -> str:
     """The layer dropout in the paper's words."""
-    distribution = dropout.get("distribution", "increasing")
-    p_max = float(dropout.get("p_max", 0.0))
+    dropout = {**LAYER_DROPOUT_DEFAULTS, **dropout}
+    distribution, p_max = dropout["distribution"], float(dropout["p_max"])
     if isinstance(distribution, list):
         base = "per-layer [" + ", ".join(f"{p:g}" for p in distribution) + "]"
         if not any(p > 0 for p in distribution):
@@ -169,14 +172,14 @@ def dropout_label(dropout: dict) -> str:
         return "dense"
     else:
         base = f"{DISTRIBUTION_NAMES.get(distribution, distribution)}" \
-               f"{SCHEDULE_NAMES.get(dropout.get('schedule', 'decreasing'), '+' + str(dropout.get('schedule')))}" \
+               f"{SCHEDULE_NAMES.get(dropout['schedule'], '+' + str(dropout['schedule']))}" \
                f" p_max={p_max:g}"
     extras = []
-    if dropout.get("structure", "layer") != "layer":
+    if dropout["structure"] != "layer":
         extras.append(str(dropout["structure"]))
-    if dropout.get("mask", "sequence") != "sequence":
+    if dropout["mask"] != "sequence":
         extras.append("per-batch" if dropout["mask"] == "batch" else f"mask={dropout['mask']}")
-    if dropout.get("r_train", "inverse_density") != "inverse_density":
+    if dropout["r_train"] != "inverse_density":
         extras.append("r_train=1" if dropout["r_train"] == "one" else f"r_train={dropout['r_train']}")
     return ", ".join([base, *extras])
 
@@ -200,11 +203,26 @@ def label_configurations(results: list[RunResult]) -> None:
     """Label each run by its layer dropout, plus the other settings that vary in the sweep."""
     flats = [flatten(r.config) for r in results]
     keys = sorted({k for flat in flats for k in flat})
-    varying = [k for k in keys if k not in IGNORED_KEYS and not k.startswith("model.layer_dropout.")
+    varying = [k for k in keys if k not in IGNORED_KEYS and not k.startswith(("model.layer_dropout.",
+                                                                               "model.early_exit_loss."))
                and len({json.dumps(flat.get(k), default=str) for flat in flats}) > 1]
     for result, flat in zip(results, flats):
         extras = [f"{k.split('.')[-1]}={flat.get(k)}" for k in varying]
-        result.label = ", ".join([dropout_label(result.layer_dropout), *extras])
+        exits = early_exit_label(get_dotted(result.config, "model.early_exit_loss") or {})
+        result.label = ", ".join([dropout_label(result.layer_dropout) + exits, *extras])
+
+
+def early_exit_label(section: dict) -> str:
+    """`` + early-exit loss 0.5 (rotational 3, uniform)``, or "" when the loss is off."""
+    if not float(section.get("scale", 0.0)):
+        return ""
+    curriculum = section.get("curriculum", "none")
+    knob = {"rotational": f" {section.get('rotation', 2)}", "gradual": f" over {section.get('ramp', 1.0):g}"}
+    exits = section.get("exits", "all")
+    which = f"exits {exits}" if exits != "all" else ("" if section.get("every", 1) == 1 else f"every {section['every']}")
+    details = [d for d in (which, f"{curriculum}{knob.get(curriculum, '')}" if curriculum != "none" else "",
+                           section.get("weighting", "uniform")) if d]
+    return f" + early-exit loss {float(section['scale']):g} ({', '.join(details)})"
 
 
 # --------------------------------------------------------------------------- copying
@@ -239,4 +257,4 @@ def with_aliases(text: str, aliases: dict[str, str] | None) -> str:
 
 
 __all__ = ["RunResult", "load_results", "tensorboard_curve", "dropout_label", "label_configurations",
-           "configuration_key", "copy_results", "with_aliases", "flatten"]
+           "LAYER_DROPOUT_DEFAULTS", "configuration_key", "copy_results", "with_aliases", "flatten"]

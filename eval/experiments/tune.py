@@ -57,6 +57,7 @@ from eval.experiments.sweep_spec import (Sweep, SweepError, config_name, predict
                                          short_keys, sweep_of)
 from eval.options import check_positive
 from framework.atomic_write import write_json, write_text
+from framework.command_parser import CommandParser
 
 PROG = "layerdrop tune"
 TUNE_KEYS = ("metric", "search", "start", "confirm")
@@ -232,8 +233,10 @@ def diverged(folder: RunFolder) -> bool:
 class Tuner:
     """Plans each stage from the run folders in ``root`` and runs what is missing."""
 
-    def __init__(self, tune: TuneSpec, spec: dict, text: str, path: Path, root: Path, data_dir: str | None) -> None:
+    def __init__(self, tune: TuneSpec, spec: dict, text: str, path: Path, root: Path, data_dir: str | None,
+                 sources: list[Path] | None = None) -> None:
         self.tune, self.spec, self.text, self.path, self.root, self.data_dir = tune, spec, text, path, root, data_dir
+        self.sources = sources or []  # --done-from: read where root has not adopted them yet (--dry-run)
 
     def sweep(self, points: list[dict[str, Any]], seeds: tuple[int, ...]) -> Sweep:
         configs = [(point_name(self.tune, p), dict(p), list(seeds)) for p in points]
@@ -245,6 +248,11 @@ class Tuner:
             point = Point(values=values, seeds=seeds)
             for run in (r for r in sweep.runs if r.config_name == point_name(self.tune, values)):
                 loss, state = read_loss(RunFolder(self.root, run), self.tune.metric)
+                for source in self.sources if loss is None else []:
+                    loss, found = read_loss(RunFolder(source, run), self.tune.metric)
+                    if loss is not None:
+                        state = f"done in {source} (adopted, not run)" if found == "done" else found
+                        break
                 point.states[run.seed] = state
                 if loss is not None:
                     point.losses[run.seed] = loss
@@ -350,7 +358,7 @@ def print_stages(tune: TuneSpec, stages: list[Stage]) -> None:
 
 # ------------------------------------------------------------------------------ CLI
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Tune a base model by successive 1-D sweeps "
+    parser = CommandParser(prog=PROG, description="Tune a base model by successive 1-D sweeps "
                                      "(each through the best point so far), then confirm with more seeds.")
     parser.add_argument("tune", metavar="TUNE.yaml", help="a sweep file with a tune section (see recipes/sweeps/)")
     add_run_options(parser)
@@ -368,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tune, spec, text = load_tune(args.tune, data_dir=args.data)
         root = Path(args.out)
-        tuner = Tuner(tune, spec, text, Path(args.tune), root, args.data)
+        sources = [Path(d) for d in args.done_from]
+        tuner = Tuner(tune, spec, text, Path(args.tune), root, args.data, sources)
         first = tuner.sweep(stage_points(tune, 0, dict(tune.start))[1], tune.seeds)
         for run in first.runs:  # bad overrides fail here, before anything is written
             predict(run_recipe(first, run, root / "runs" / run.name))
@@ -378,7 +387,6 @@ def main(argv: list[str] | None = None) -> int:
         root.mkdir(parents=True, exist_ok=True)
         write_text(root / "tune.yaml", text)
         runner = Runner(first, root, threads=args.threads_per_job)
-        sources = [Path(d) for d in args.done_from]
         prepare_data(first, runner)
         record_invocation(root, words, args, prog=PROG)
 

@@ -21,7 +21,6 @@ the paper's 40-layer check.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from pathlib import Path
@@ -32,11 +31,12 @@ import torch.nn.functional as F
 
 from framework.atomic_write import write_json
 from eval import options
+from framework.command_parser import CommandParser
 from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig
 from framework.layer_dropout import StepKey, plan
 from framework.model import Decoder
 from framework.parametrization import adamw, init_decoder_, model_multipliers
-from framework.progress import progress
+from framework.loop_progress import progress
 
 R_TRAIN = ("one", "inverse_density")
 DEFAULT_DENSITIES = (0.25, 0.5, 0.75, 1.0)
@@ -143,7 +143,7 @@ def _validate(densities: Sequence[float], r_trains: Sequence[str], steps: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="layerdrop eval coord-check",
+    parser = CommandParser(prog="layerdrop eval coord-check",
                                      description="The paper's coordinate check (Fig. 2): RMS of the final residual "
                                                  "stream per training step, for several layer densities and "
                                                  "r_train in {1, 1/ρ}.")

@@ -32,9 +32,10 @@ from eval import options
 from eval import skip_sets as sets
 from eval.inputs import Batch, ContextLimit, ValidationData
 from framework.checkpoint import Checkpoint, CheckpointError
+from framework.command_parser import CommandParser
 from framework.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
 from framework.model import Decoder
-from framework.progress import Advancing, progress
+from framework.loop_progress import Advancing, progress
 
 # `eval skip` without --sets/--sweep: the full model, the paper's "skip alternate layers"
 # (the odd ones, which ALD trains to be skippable) and the middle-out loss-vs-memory curve.
@@ -113,7 +114,7 @@ def _require_tokens(tokens: int) -> None:
 
 # --------------------------------------------------------------------------- CLI
 def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=f"{description} Layer numbering: {options.LAYERS}.")
+    parser = CommandParser(prog=prog, description=f"{description} Layer numbering: {options.LAYERS}.")
     options.add_checkpoint(parser, several=True)
     parser.add_argument("--label", nargs="+", action="extend", default=None, metavar="NAME",
                         help="plot/report label per checkpoint (default: the run's name, runs/x/checkpoints/"

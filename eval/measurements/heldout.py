@@ -33,8 +33,9 @@ from eval.measurements.exits import Batch, ValidationData, exit_losses
 from eval.options import add_checkpoint, add_output, add_threads, apply_threads, check_positive, refuse_existing
 from framework.atomic_write import write_json
 from framework.checkpoint import Checkpoint, CheckpointError
+from framework.command_parser import CommandParser
 from framework.model import Decoder
-from framework.progress import Advancing, progress
+from framework.loop_progress import Advancing, progress
 
 
 def grouped(batches: Sequence[Batch] | Iterable[Batch], per_group: int) -> Iterator[list[Batch]]:
@@ -100,7 +101,7 @@ def heldout_losses(decoder: Decoder, batches: Iterable[Batch], *, groups: int, b
 
 # --------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="layerdrop eval heldout",
         description="Validation loss at every exit on many held-out tokens (default: the whole val split), "
                     "with its sampling noise from consecutive slices of the split.")

@@ -41,7 +41,9 @@ from framework.checkpoint.hf_folder import INDEX_FILE, write_hf_folder
 from framework.checkpoint.loader import Checkpoint
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.checkpoint.tokenizer_record import sha256_of
+from framework.command_parser import CommandParser
 from framework.families.llama_hf import HFConfigError, to_hf_config
+from framework.output_path import folder_problem
 
 EXPORT_FOLDER = "export"
 EXPORT_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE)
@@ -135,7 +137,7 @@ def training_record(ckpt: Checkpoint) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="layerdrop export",
         description="Write a checkpoint of any form (.ckpt, FSDP2 or DeepSpeed folder, export) as "
                     "model.safetensors + config.json + tokenizer.json.",
@@ -154,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     out = Path(args.out)
     try:
-        check_export_target(out, args.overwrite)  # before anything is read
+        if (problem := folder_problem(out)) is not None:  # before anything is read
+            raise CheckpointError(f"--out {problem}")
+        check_export_target(out, args.overwrite)
         if args.tokenizer is not None and not Path(args.tokenizer).is_file():
             raise CheckpointError(f"--tokenizer {args.tokenizer!r} does not exist")
         ckpt = Checkpoint.open(args.ckpt)
@@ -173,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "sha256": sha256_of(tokenizer_file)}
         export_decoder(decoder, out, extra=record, overwrite=args.overwrite, tokenizer=tokenizer_file)
     except (CheckpointError, OSError) as err:
-        print(f"layerdrop export: error: {err}", file=sys.stderr)
+        print(f"error: {err}", file=sys.stderr)
         return 2
     print(f"exported {args.ckpt} -> {out}/{WEIGHTS_FILE} + {CONFIG_FILE}"
           + (f" + {TOKENIZER_FILE}" if tokenizer_file is not None else " (no tokenizer: --no-tokenizer)"))

@@ -1,8 +1,8 @@
 """``FinalExport``: every pretraining run ends with an export of its final model in
 ``<default_root_dir>/export/`` (the form framework/checkpoint/export.py writes).
 
-Every rank gathers one tensor at a time (FSDP2's ``full_tensor``, DeepSpeed's fp32
-master weights), global rank 0 streams it to disk. Post-training and eval of a large
+Every rank gathers one tensor at a time (as the strategy's registry entry gathers it,
+framework/strategies), global rank 0 streams it to disk. Post-training and eval of a large
 run then need neither the sharded checkpoints nor the training world size.
 """
 
@@ -24,6 +24,7 @@ from framework.checkpoint.folder import finish_replacement, publish, remove_path
 from framework.checkpoint.keep_tokenizer import KeepTokenizer
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.checkpoint.saving import PeriodicCheckpoint
+from framework.strategies import entry_of
 
 
 class FinalExport(pl.Callback):
@@ -54,18 +55,19 @@ class FinalExport(pl.Callback):
         out = Path(root) / EXPORT_FOLDER
         staging = staging_path(out)
         tensors = pl_module.model.state_dict(keep_vars=True)
-        specs = [(name, _export_dtype(trainer, tensor), _full_shape(tensor)) for name, tensor in tensors.items()]
+        strategy = entry_of(trainer.strategy)
+        specs = [(name, strategy.export_dtype(t), strategy.full_shape(t)) for name, t in tensors.items()]
         writer, non_finite, failed = None, [], None
         if trainer.is_global_zero:
             remove_path(staging)
             staging.mkdir(parents=True)
             writer = SafetensorsWriter(staging / WEIGHTS_FILE, specs).__enter__()
         for name, tensor in tensors.items():
-            full = _gathered(trainer, tensor)  # a collective: every rank, in the same order
+            full = strategy.full_tensor(tensor)  # a collective: every rank, in the same order
             if writer is None:
                 continue
             try:  # a failed write must not stop rank 0 from taking part in the next gather
-                full = full.detach().to("cpu", _export_dtype(trainer, tensor))
+                full = full.detach().to("cpu", strategy.export_dtype(tensor))
                 if full.is_floating_point() and not bool(torch.isfinite(full).all()):
                     non_finite.append(name)
                 writer.write(name, full)
@@ -110,43 +112,6 @@ def export_callbacks() -> list[pl.Callback]:
     """What `layerdrop pretrain` adds to every run: the tokenizer kept beside the
     checkpoints (and recorded in them), and the export at the end."""
     return [KeepTokenizer(), FinalExport()]
-
-
-def _is_deepspeed(trainer: pl.Trainer) -> bool:
-    from lightning.pytorch.strategies import DeepSpeedStrategy  # does not import deepspeed
-
-    return isinstance(trainer.strategy, DeepSpeedStrategy)
-
-
-def _export_dtype(trainer: pl.Trainer, tensor: torch.Tensor) -> torch.dtype:
-    # DeepSpeed trains low-precision copies of fp32 master weights: export the masters.
-    if _is_deepspeed(trainer) and tensor.is_floating_point():
-        return torch.float32
-    return tensor.dtype
-
-
-def _full_shape(tensor: torch.Tensor) -> tuple[int, ...]:
-    return tuple(getattr(tensor, "ds_shape", None) or tensor.shape)  # ZeRO-3 keeps an empty placeholder
-
-
-def _gathered(trainer: pl.Trainer, tensor: torch.Tensor) -> torch.Tensor:
-    """The full value of one parameter or buffer, assembled on every rank."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(tensor, DTensor):  # FSDP2
-        return tensor.full_tensor()
-    if _is_deepspeed(trainer) and (hasattr(tensor, "ds_id") or hasattr(tensor, "_hp_mapping")):
-        from deepspeed.utils import safe_get_full_fp32_param
-
-        full = safe_get_full_fp32_param(tensor)
-        if full is not None:
-            return full
-        if hasattr(tensor, "ds_id"):
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters([tensor]):
-                return tensor.data.clone()
-    return tensor
 
 
 __all__ = ["FinalExport", "export_callbacks"]

@@ -16,13 +16,13 @@ above the checkpoint. A file whose sha256 differs from the recorded one is passe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE, CheckpointError
+from framework.manifest import sha256_of
 
 # The usual end-of-text names, in the order a tokenizer without a recorded EOS is
 # searched for one (GPT-2/our BPE, Llama 3, SentencePiece models, Gemma, ...).
@@ -43,14 +43,6 @@ def first_eos(tokenizer: Any) -> tuple[str, int] | None:
         if token_id is not None:
             return name, token_id
     return None
-
-
-def sha256_of(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def is_url(path: str) -> bool:

@@ -5,7 +5,6 @@ transformers loads it back with the same logits."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,7 @@ from framework.checkpoint import CheckpointError, checkpoint_form, export_decode
 from framework.config import ModelConfig
 from framework.checkpoint.export import main as export_main
 from framework.model import Decoder
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "families"))
-from hf_llama import LLAMA3_ROPE, VOCAB, tiny_hf_llama  # noqa: E402
+from hf_llama import LLAMA3_ROPE, VOCAB, tiny_hf_llama
 
 TOKENS = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(0))
 

@@ -14,11 +14,24 @@ def test_refuses_data_a_file_or_a_url(tmp_path):
     (tmp_path / "old.bin").write_text("precious")
     with pytest.raises(PrepareError, match=r"already holds data \(1 entries\); pass --overwrite"):
         check_output_folder(str(tmp_path), overwrite=False)
+    with pytest.raises(PrepareError, match=r"holds 1 entries but no manifest.json"):
+        check_output_folder(str(tmp_path), overwrite=True)  # --overwrite replaces prepared data only
+    (tmp_path / "manifest.json").write_text("{}")
     check_output_folder(str(tmp_path), overwrite=True)
     with pytest.raises(PrepareError, match="is a file"):
         check_output_folder(str(tmp_path / "old.bin"), overwrite=True)
     with pytest.raises(PrepareError, match="local folder"):
         check_output_folder("s3://bucket/data", overwrite=False)
+
+
+def test_refuses_a_folder_holding_an_input_even_through_a_link(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "manifest.json").write_text("{}")
+    (tmp_path / "data" / "corpus.txt").write_text("text")
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+    check_output_folder(str(tmp_path / "data"), True, {"--files": [str(tmp_path / "elsewhere.txt")]})
+    with pytest.raises(PrepareError, match=r"holds the input --files '.*link/corpus.txt', which replacing"):
+        check_output_folder(str(tmp_path / "data"), True, {"--files": [str(tmp_path / "link" / "corpus.txt")]})
 
 
 def test_commit_swaps_in_the_new_folder(tmp_path):

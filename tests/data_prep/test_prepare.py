@@ -11,15 +11,16 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from data_prep.chunks import read_split_tokens
-from data_prep.manifest import read_manifest
+from framework.manifest import read_manifest
 from data_prep.split import VAL, split_key, split_of
 from data_prep.tokenizer import train_tokenizer
+from refusals import hashes, refused
 
 SMALL = ["--vocab-size", "400", "--val-fraction", "0.2", "--chunk-tokens", "8192", "--workers", "2"]
 
 
 def error_line(stderr: str) -> str:
-    """The argparse error line ("layerdrop prepare: error: ...") of a failed run."""
+    """The one error line ("error: ...; see layerdrop prepare --help") of a failed run."""
     lines = [line for line in stderr.splitlines() if "error:" in line]
     assert len(lines) == 1, stderr
     return lines[0]
@@ -211,16 +212,15 @@ def test_existing_data_is_refused_and_kept(tmp_path, code_corpus, prepare):
     assert os.listdir(out) == ["precious.bin"]
 
 
-def test_failed_overwrite_keeps_the_old_data(tmp_path, code_corpus, prepare):
+def test_failed_overwrite_keeps_the_old_data(tmp_path, code_corpus, small, prepare):
     """--overwrite only replaces the folder once the new data is complete."""
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "precious.bin").write_text("keep me")
+    out = shutil.copytree(small, tmp_path / "out")
+    before = hashes(out)
     (tmp_path / "rows.jsonl").write_text('{"text": "fine"}\n' * 50 + '{"body": "late bad line"}\n')
     code, stderr = prepare("--jsonl", str(tmp_path / "rows.jsonl"), "--files", code_corpus,
                            "--out", str(out), "--overwrite", "--vocab-size", "300")
     assert code == 2 and "line 51 has no field 'text'" in error_line(stderr)
-    assert os.listdir(out) == ["precious.bin"]
+    assert hashes(out) == before
     assert sorted(os.listdir(tmp_path)) == ["out", "rows.jsonl"]
 
 
@@ -262,10 +262,9 @@ def test_a_killed_run_leaves_nothing_the_next_run_does_not_clean(tmp_path, code_
     assert sorted(os.listdir(tmp_path)) == ["out"]
 
 
-def test_overwrite_replaces_old_data(tmp_path, code_corpus, prepare):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "old.bin").write_text("old")
+def test_overwrite_replaces_old_data(tmp_path, code_corpus, small, prepare):
+    out = shutil.copytree(small, tmp_path / "out")
+    (out / "old.bin").write_text("old")  # beside the manifest: part of the prepared folder
     assert prepare("--files", code_corpus, "--out", str(out), "--overwrite", "--max-tokens", "5k",
                    "--vocab-size", "300")[0] == 0
     assert sorted(os.listdir(out)) == ["manifest.json", "tokenizer.json", "train", "val"]
@@ -278,12 +277,12 @@ def test_vocab_size_with_a_given_tokenizer_is_refused(tmp_path, code_corpus, sma
 
 
 def test_console_command_reports_errors(tmp_path):
-    """Through the real `layerdrop` entry point: usage, one error line, status 2."""
+    """Through the real `layerdrop` entry point: one error line (no usage block), status 2."""
     result = subprocess.run([sys.executable, "-m", "framework.cli", "prepare", "--files", str(tmp_path / "x"),
                              "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"layerdrop prepare: error: --files '{tmp_path / 'x'}': no such file or folder")
+    assert result.stderr.strip().splitlines() == [
+        f"error: --files '{tmp_path / 'x'}': no such file or folder; see layerdrop prepare --help"]
 
 
 # -- the built-in corpus ---------------------------------------------------------------
@@ -333,3 +332,39 @@ def test_tiny_recipe_data_through_the_console_command(tmp_path):
     module.setup("fit")
     inputs, targets = next(iter(module.train_dataloader()))
     assert inputs.shape == (8, 128) and int(inputs.max()) < 8192
+
+
+# -- what --overwrite may replace: prepared data, nothing else ----------------------------
+
+
+def test_overwrite_refuses_an_output_that_holds_an_input(small, code_corpus, tmp_path):
+    corpus = shutil.copytree(code_corpus, tmp_path / "corpus")
+    data = shutil.copytree(small, tmp_path / "data")
+    before = hashes(corpus, data)
+    line = refused("prepare", "--files", str(corpus), "--out", str(corpus), "--overwrite")
+    assert f"--out {str(corpus)!r} holds the input --files" in line
+    line = refused("prepare", "--files", str(corpus), "--tokenizer", str(data / "tokenizer.json"),
+                   "--out", str(data), "--overwrite")
+    assert f"holds the input --tokenizer {str(data / 'tokenizer.json')!r}" in line
+    assert hashes(corpus, data) == before
+
+
+@pytest.mark.parametrize("out", [".", "..", "{cwd}"])
+def test_overwrite_refuses_the_working_directory_and_above(out, code_corpus, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("mine")
+    before = hashes(tmp_path)
+    out = out.format(cwd=work)
+    line = refused("prepare", "--files", code_corpus, "--out", out, "--overwrite", cwd=work)
+    assert f"--out {out!r} is the working directory or holds it" in line
+    assert hashes(tmp_path) == before
+
+
+def test_overwrite_refuses_a_folder_that_is_not_prepared_data(code_corpus, tmp_path):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "thesis.tex").write_text("years of work")
+    before = hashes(tmp_path)
+    line = refused("prepare", "--files", code_corpus, "--out", str(tmp_path / "mine"), "--overwrite")
+    assert "holds 1 entries but no manifest.json: it is not data made by layerdrop prepare" in line
+    assert hashes(tmp_path) == before

@@ -8,14 +8,13 @@ import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
 from framework.checkpoint import load_decoder
 from framework.pretrain import main
-from hf_llama import tiny_hf_llama
+from hf_llama import heldout_tokens, loss_of, tiny_hf_llama
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "llama-continued.yaml"
 
@@ -31,19 +30,6 @@ def cpu_args(hf_dir, data_dir, root, *, steps=12, p_max=0.4):
             "--model.parametrization.lr", "3e-3", "--model.lr_schedule.warmup_steps", "1",
             "--model.activation_checkpointing", "false", "--data.seq_len", "32", "--data.batch_size", "4",
             "--data.num_workers", "0", "--data.val_batches", "2", "--checkpoint.every_n_steps", str(steps)]
-
-
-def heldout_tokens(data_dir: Path, rows: int = 8, width: int = 33) -> torch.Tensor:
-    """Real validation tokens, straight from the litdata chunks."""
-    from litdata import StreamingDataset, TokensLoader
-
-    data = StreamingDataset(str(data_dir / "val"), item_loader=TokensLoader(block_size=width))
-    return torch.stack([torch.as_tensor(np.asarray(data[i])).long() for i in range(rows)])
-
-
-def loss_of(logits: torch.Tensor, tokens: torch.Tensor) -> float:
-    return float(torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                   tokens[:, 1:].reshape(-1)))
 
 
 @pytest.fixture
@@ -88,11 +74,8 @@ def test_init_from_refuses_a_model_that_is_not_its_own_base(tmp_path, hf_dir):
 def test_the_recipe_builds_a_llama_3_2_1b_shape_with_multipliers_one(tmp_path):
     """recipes/llama-continued.yaml on Llama-3.2-1B's config.json (the weights are not
     read before fit: a placeholder file stands for them), built on the meta device."""
-    import sys
-
     from transformers import LlamaConfig
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from test_recipes import instantiate, parameters_on_meta
 
     folder = tmp_path / "Llama-3.2-1B"

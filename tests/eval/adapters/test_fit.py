@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from eval.adapters.evaluation import eval_main
 from eval.adapters.fit import AdapterModule, chunked_distillation_kl, distillation_kl, fit_main
+from framework.progress_line import parse_progress_line
 from tests.eval.adapters.backbones import SEQ_LEN, random_backbone
 
 
@@ -66,19 +67,29 @@ def test_training_leaves_the_backbone_bit_identical():
     assert not torch.equal(module.adapters.blocks["1"].ffn.up.weight, adapter_before)  # it did train
 
 
-def test_fit_then_eval_reduces_the_exit_loss(prepared, backbone_dir, tmp_path, capsys):
+def test_fit_then_eval_reduces_the_exit_loss(prepared, backbone_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "adapters"
     assert fit_main(["--ckpt", str(backbone_dir), "--data", str(prepared), "--out", str(out), "--exits", "1,2",
                      "--max-steps", "20", "--batch-size", "8", "--seq-len", str(SEQ_LEN), "--lr", "2e-3",
                      "--accelerator", "cpu", "--val-batches", "2"]) == 0
+    shown = capsys.readouterr().out.splitlines()  # not a terminal: step lines, not "Epoch 0/-2"
+    steps = [line.step for line in map(parse_progress_line, shown) if line]
+    assert steps[0] == 1 and steps[-1] == 20 and all(line.total == 20 for line in map(parse_progress_line, shown)
+                                                      if line)
+    assert not [line for line in shown if "Epoch" in line]
     meta = json.loads((out / "adapters.json").read_text())
     assert meta["exits"] == [1, 2] and meta["backbone"] == str(backbone_dir.resolve())
     saved = set(__import__("safetensors.torch", fromlist=["load_file"]).load_file(out / "adapters.safetensors"))
     assert saved and all(k.startswith("blocks.1.") or k.startswith("blocks.2.") for k in saved)  # adapters only
 
     report_path = tmp_path / "report.json"
+    monkeypatch.setattr("framework.loop_progress.LOG_EVERY", 0.0)  # a line per batch
     assert eval_main(["--adapters", str(out), "--data", str(prepared), "--out", str(report_path),
                       "--seq-len", str(SEQ_LEN), "--batches", "6"]) == 0
+    printed = capsys.readouterr()
+    counted = [line.split(" in ")[0] for line in printed.err.splitlines() if "batches:" in line]
+    assert counted == [f"adapters eval: {what}, batches: {n}/6 ({n / 6:.0%})"  # each pass counts its 6
+                       for what in ("plain exits", "adapters") for n in range(1, 7)]
     report = json.loads(report_path.read_text())
     assert (tmp_path / "report.png").stat().st_size > 0
     final = report["final_loss"]
@@ -88,7 +99,24 @@ def test_fit_then_eval_reduces_the_exit_loss(prepared, backbone_dir, tmp_path, c
         # ... and so is its cross-entropy, which moves from the plain exit's toward the full model's.
         assert abs(report["adapter_loss"][e] - final) < abs(report["plain_loss"][e] - final), report
     assert report["exit_loss"]["4"] == final and report["num_layers"] == 4
-    assert "exit 1: plain" in capsys.readouterr().out
+    assert "exit 1: plain" in printed.out
+
+
+def test_fit_in_a_log_shows_steps_and_no_library_noise(prepared, backbone_dir, tmp_path):
+    """As a user runs it (a subprocess, stdout a pipe): no "Epoch 0/-2", no Lightning
+    advertisement, no warning about code the user does not own."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "framework.cli", "adapters", "fit", "--ckpt", str(backbone_dir),
+                             "--data", str(prepared), "--out", str(tmp_path / "a"), "--max-steps", "2",
+                             "--batch-size", "2", "--seq-len", str(SEQ_LEN), "--accelerator", "cpu",
+                             "--val-batches", "1"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    for noise in ("Epoch 0/-2", "Tip:", "litlogger", "LeafSpec", "IterableDataset", "in eval mode"):
+        assert noise not in output, output
+    assert [line.step for line in map(parse_progress_line, result.stdout.splitlines()) if line] == [1, 2]
 
 
 def test_fit_refuses_bad_input_before_training(prepared, backbone_dir, tmp_path, capsys):

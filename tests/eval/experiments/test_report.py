@@ -181,3 +181,34 @@ def test_path_aliases_leave_no_machine_path_in_what_the_report_writes(sweep, tmp
     assert "layerdrop report sweeps/x --out" in (out / "README.md").read_text()
     with pytest.raises(SystemExit):
         main([str(sweep), "--out", str(out), "--path-alias", "nothing"])
+
+
+def test_fixed_drafts_and_the_early_exit_loss_in_the_labels(tmp_path):
+    """`speculate run` reports (exit and skip drafts) become one row per configuration and
+    draft; a run with the early-exit loss is labelled with it."""
+    from eval.experiments.report import build_report
+
+    root = tmp_path / "sweep"
+    for name, seed, extra in (("ild", 0, {}), ("ild", 1, {}), ("eel", 0, {"scale": 0.5, "curriculum": "rotational",
+                                                                          "rotation": 3})):
+        write_run(root, f"{name},seed={seed}", seed, slices(3.0), p_max=0.4)
+        config_path = root / "runs" / f"{name},seed={seed}" / "config.yaml"
+        config = yaml.safe_load(config_path.read_text())
+        if extra:
+            config["model"]["early_exit_loss"] = extra
+        config_path.write_text(yaml.safe_dump(config))
+        evals = root / "runs" / f"{name},seed={seed}" / "evals"
+        for eval_name, exit_layer, skip in (("exit-draft-2", 2, []), ("skip-draft-odd", None, [1, 3])):
+            (evals / f"{eval_name}.json").write_text(json.dumps({
+                "speedup": 1.1 + seed + (exit_layer or 0) / 10, "acceptance_rate": 0.5, "draft_time_ratio": 0.4,
+                "identical_to_greedy": True, "skip_layers": skip, "exit_layer": exit_layer}))
+    report, _ = build_report(root)
+    drafts = {(r["configuration"], r["draft"]): r for r in report["drafts"]}
+    eel_label = "ILD+DTS p_max=0.4 + early-exit loss 0.5 (rotational 3, uniform)"
+    assert set(drafts) == {(label, draft) for label in ("ILD+DTS p_max=0.4", eel_label)
+                           for draft in ("exit 2", "skip 1,3")}
+    assert drafts[("ILD+DTS p_max=0.4", "exit 2")]["speedup_per_seed"] == pytest.approx([1.3, 2.3])
+    assert drafts[("ILD+DTS p_max=0.4", "exit 2")]["speedup_mean"] == pytest.approx(1.8)
+    assert drafts[(eel_label, "skip 1,3")]["seeds"] == 1
+    assert main([str(root), "--out", str(tmp_path / "out")]) == 0
+    assert "## Fixed drafts (`speculate run`)" in (tmp_path / "out" / "README.md").read_text()

@@ -196,3 +196,18 @@ def test_tune_adopts_a_grid_already_run_and_finishes_for_real(tmp_path, prepared
     assert "adopted" in capsys.readouterr().out
     assert not any((p / "logs").exists() for p in (other / "runs").iterdir())
     assert json.loads((other / "tune.json").read_text())["chosen"] == {LR: lr, STD: std}
+
+
+def test_dry_run_plans_on_from_runs_finished_in_a_done_from_folder(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text("{}")
+    tune, committed = tune_file(tmp_path, data), tmp_path / "committed"
+    for lr in (0.001, 0.01, 0.1):
+        finish(committed, f"lr={lr},init_std=0.02,tau_ema=0.6,seed=0", fake_loss(lr, 0.02, 0.6, 0))
+    out = tmp_path / "out"
+    assert main([str(tune), "--out", str(out), "--dry-run", "--done-from", str(committed)]) == 0
+    text = capsys.readouterr().out
+    assert "stage 2: init_std (lr=0.01, tau_ema=0.6)" in text  # stage 1 decided from the committed runs
+    assert "lr=0.01,init_std=0.05,tau_ema=0.6,seed=0: pending" in text
+    assert not out.exists()

@@ -1,9 +1,11 @@
-"""Tiny random Hugging Face Llamas saved with ``save_pretrained`` (nothing downloads)."""
+"""Tiny random Hugging Face Llamas saved with ``save_pretrained`` (nothing downloads), and
+the held-out loss the continued-pretraining tests compare."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -29,3 +31,16 @@ def tiny_hf_llama(folder: Path | None = None, *, seed: int = 0, shard: bool = Fa
     if folder is not None:
         model.save_pretrained(folder, max_shard_size="40KB" if shard else "5GB")
     return model
+
+
+def heldout_tokens(data_dir: Path, rows: int = 8, width: int = 33) -> torch.Tensor:
+    """Real validation tokens, straight from the litdata chunks."""
+    from litdata import StreamingDataset, TokensLoader
+
+    data = StreamingDataset(str(data_dir / "val"), item_loader=TokensLoader(block_size=width))
+    return torch.stack([torch.as_tensor(np.asarray(data[i])).long() for i in range(rows)])
+
+
+def loss_of(logits: torch.Tensor, tokens: torch.Tensor) -> float:
+    return float(torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                   tokens[:, 1:].reshape(-1)))

@@ -3,7 +3,7 @@
 ``progress(total, what)`` wraps a loop: on a terminal a rich bar on stderr; in a log
 (stderr not a terminal) one line every ``every`` seconds and one at the end, so a
 command that runs for minutes never looks stalled and never floods a log file.
-(Training's bar is Lightning's: framework/progress_bar.py.)
+(A training run's progress: framework/training_progress.py.)
 """
 
 from __future__ import annotations
@@ -59,11 +59,15 @@ class _Bar:
         self.bar.stop()
 
 
+LOG_EVERY = 10.0  # seconds between lines in a log
+
+
 @contextmanager
-def progress(total: int | None, what: str, *, enabled: bool = True, every: float = 10.0,
+def progress(total: int | None, what: str, *, enabled: bool = True, every: float | None = None,
              stream=None) -> Iterator[_Bar | _Lines | "_Silent"]:
     """``with progress(n, "eval exits: batches") as bar: ... bar.advance()``."""
     stream = stream or sys.stderr
+    every = LOG_EVERY if every is None else every
     if not enabled:
         display: _Bar | _Lines | _Silent = _Silent()
     elif hasattr(stream, "isatty") and stream.isatty():
@@ -96,4 +100,13 @@ class Advancing:
             yield item
             self.bar.advance()
 
-__all__ = ["Advancing", "progress"]
+def shown(items: Iterable, total: int | None, what: str) -> Iterator:
+    """``items`` read once, with a progress display of their own: one pass of several
+    over the same data gets its own name and total."""
+    with progress(total, what) as bar:
+        for item in items:
+            yield item
+            bar.advance()
+
+
+__all__ = ["Advancing", "progress", "shown"]

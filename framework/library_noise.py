@@ -1,0 +1,46 @@
+"""What the libraries print that no user of a `layerdrop` command can act on, kept out
+of every command's output (installed by the front door, framework/cli.py).
+
+Each entry is a message that is either an advertisement or about code the user does
+not own; a warning the user can act on (a bad setting, a slow configuration) is left
+alone. Lightning's own information lines (devices found, why fit stopped) stay.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+# Lightning's rank-zero info lines advertising its cloud products.
+ADVERTISEMENTS = ("💡 Tip:",)
+
+# Warnings raised inside the libraries about the libraries' own use of each other.
+LIBRARY_WARNINGS = (
+    # Lightning 2.6's pytree helper calls a torch API torch 2.13 deprecates.
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+    # litdata's StreamingDataset has a length by design; its loader splits the
+    # chunks between workers itself, so Lightning's guess does not apply.
+    r"Your `IterableDataset` has `__len__` defined",
+)
+
+# Where Lightning's rank_zero_info writes (the fabric and the pytorch halves).
+LIGHTNING_INFO_LOGGERS = ("lightning.fabric.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero",
+                          "lightning_utilities.core.rank_zero")
+
+
+class _DropAdvertisements(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(ADVERTISEMENTS)
+
+
+def quiet_library_noise() -> None:
+    """Install the filters (idempotent; imports no library)."""
+    for message in LIBRARY_WARNINGS:
+        warnings.filterwarnings("ignore", message=message)
+    for name in LIGHTNING_INFO_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropAdvertisements) for f in logger.filters):
+            logger.addFilter(_DropAdvertisements())
+
+
+__all__ = ["quiet_library_noise", "ADVERTISEMENTS", "LIBRARY_WARNINGS"]
