@@ -109,6 +109,11 @@ def _json_prompts(text: str, flag: str, where: str) -> list[str] | list[list[int
         rows = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{flag} {where} is not valid JSON: {err.msg} (line {err.lineno})") from None
+    if not isinstance(rows, list):
+        kind = {dict: "an object", str: "a string", bool: "a boolean"}.get(type(rows), "a number" if isinstance(
+            rows, (int, float)) else "null")
+        raise ValueError(f"{flag} {where} is invalid: it holds {kind}, expected a JSON list of strings or of "
+                         "non-empty lists of token ids")
     if rows and all(isinstance(r, str) for r in rows):
         return rows
     if rows and all(isinstance(r, list) and r and all(isinstance(t, int) and not isinstance(t, bool) for t in r)
@@ -188,6 +193,7 @@ class ContextLimit:
     def __init__(self, max_seq_len: int, what: str = "prompt") -> None:
         self.max_seq_len, self.what = max_seq_len, what
         self.cut: list[tuple[int, int]] = []  # (length before, after) per cut context
+        self.reserved = 0  # the most room kept for generated tokens by a cut
 
     def fit(self, ids: Sequence[int], reserve: int = 0) -> list[int]:
         """``ids`` cut to its last ``max_seq_len - reserve`` tokens (``reserve``: room kept
@@ -196,6 +202,7 @@ class ContextLimit:
         if len(ids) <= room:
             return list(ids)
         self.cut.append((len(ids), room))
+        self.reserved = max(self.reserved, reserve)
         return list(ids[-room:])
 
     def fit_length(self, length: int, flag: str) -> int:
@@ -212,8 +219,10 @@ class ContextLimit:
             return None
         longest = max(before for before, _ in self.cut)
         kept = min(after for _, after in self.cut)
-        line = (f"note: {len(self.cut)} {self.what}(s) longer than the model's context (max_seq_len "
-                f"{self.max_seq_len}) kept their last {kept} tokens (the longest had {longest})")
+        room = (f"the model's context (max_seq_len {self.max_seq_len}) less the {self.reserved} tokens to generate "
+                f"(--max-new-tokens)" if self.reserved else f"the model's context (max_seq_len {self.max_seq_len})")
+        line = (f"note: {len(self.cut)} {self.what}(s) longer than {room} kept only their last {kept} tokens "
+                f"(the longest had {longest})")
         print(line, file=stream or sys.stderr)
         return line
 

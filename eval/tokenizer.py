@@ -32,6 +32,18 @@ def find_tokenizer(ckpt: str | Path | Checkpoint) -> tuple[Path, int | None]:
     return path, eos_id
 
 
+class TokenizerFileError(ValueError):
+    """A tokenizer.json that is there but does not load (never silently skipped)."""
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises a bare Exception for any file it cannot read
+        reason = (str(err).splitlines() or ["unreadable"])[0]
+        raise TokenizerFileError(f"tokenizer {str(path)!r} is not a valid tokenizer.json: {reason}") from None
+
+
 def eos_id_of(tokenizer: Tokenizer, requested: str | None) -> int:
     if requested is not None:
         token_id = tokenizer.token_to_id(requested)
@@ -64,7 +76,7 @@ class TextCodec:
                 raise ValueError(f"tokenizer {str(path)!r} does not exist")
         else:
             path, manifest_eos = find_tokenizer(ckpt)
-        loaded = Tokenizer.from_file(str(path))
+        loaded = load_tokenizer(path)
         eos = manifest_eos if manifest_eos is not None and eos_token is None else eos_id_of(loaded, eos_token)
         return cls(loaded, eos, path)
 
@@ -96,11 +108,13 @@ class CodecLoader:
         """The EOS id when a tokenizer can be found (given one, it must load)."""
         try:
             return self().eos_id
+        except TokenizerFileError:
+            raise
         except ValueError:
             if self.tokenizer is not None:
                 raise
             return None
 
 
-__all__ = ["TOKENIZER_FILE", "EOS_CANDIDATES", "find_tokenizer", "eos_id_of", "TextCodec",
-           "CodecLoader"]
+__all__ = ["TOKENIZER_FILE", "EOS_CANDIDATES", "TokenizerFileError", "find_tokenizer", "load_tokenizer", "eos_id_of",
+           "TextCodec", "CodecLoader"]

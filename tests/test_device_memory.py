@@ -86,3 +86,17 @@ def test_working_memory_follows_the_footprint():
     assert working(Footprint(shards=1), mixed=True) == 2 * n  # autocast's bf16 weight copies
     assert working(Footprint(shards=1, buckets_gradients=True), mixed=False) == 4 * n
     assert working(Footprint(shards=4, gathers_blocks=True), mixed=False) == 8 * (sizes.root + 2 * sizes.block)
+
+
+def test_the_sizes_of_a_llama_count_grouped_kv_swiglu_and_tied_embeddings():
+    """Hand count of a Llama block (GQA's narrower K/V, three SwiGLU matrices, two
+    RMSNorm weights, no biases) and root (one tied V×d matrix and the final norm)."""
+    from framework.families import build_decoder
+
+    cfg = ModelConfig(family="llama", vocab_size=96, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_hidden=40,
+                      tie_embeddings=True, bias=False, max_seq_len=16, attention="sdpa")
+    d, a, kv, f = 32, 32, 2 * 8, 40
+    sizes = ModelSizes.of(cfg)
+    assert sizes.block == d * (a + 2 * kv) + a * d + 3 * d * f + 2 * d
+    assert sizes.root == 96 * d + d
+    assert sizes.parameters == sum(p.numel() for p in build_decoder(cfg).parameters())

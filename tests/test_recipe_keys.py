@@ -52,15 +52,22 @@ SECOND: dict[str, Any] = {
     "model.lr_schedule.warmup_fraction": "0.25", "model.loss_chunk_tokens": "16",
     "model.early_exit_loss.exits": "[1]", "model.early_exit_loss.weighting": "linear",
     "model.early_exit_loss.curriculum": "gradual",
+    "model.decoder.family": "llama", "model.decoder.n_kv_heads": "1", "model.decoder.ffn_hidden": "24",
+    "model.decoder.rope_type": "llama3", "model.init_from": "/no/such/hf-folder",
     "data.data_dir": "/no/such/folder", "data.storage_options": json.dumps({"anon": True}), "data.seq_len": "16",
     "resume": "/no/such/last.ckpt",
 }
 # Set from another key, not settable: the data's vocabulary check uses the model's.
 LINKED = {"data.model_vocab_size"}
 # Keys that must be refused: their second value would be meaningless with the rest.
-# (The curricula's knobs under the base's curriculum "none".)
+# (The curricula's knobs under the base's curriculum "none"; the Llama family's fields
+# on the base's Celerity decoder, and family llama with the base's biases.)
+LLAMA_FIELDS = {f"model.decoder.{name}" for name in (
+    "family", "n_kv_heads", "ffn_hidden", "tie_embeddings", "rope_theta", "rope_type", "rope_factor",
+    "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_seq_len")}
 REFUSED = {"model.decoder.logit_multiplier", "model.decoder.residual_multiplier", "model.lr_schedule.warmup_fraction",
-           "model.early_exit_loss.rotation", "model.early_exit_loss.ramp", "data.data_dir", "resume"}
+           "model.early_exit_loss.rotation", "model.early_exit_loss.ramp", "model.init_from", "data.data_dir",
+           "resume"} | LLAMA_FIELDS
 
 
 class Captured(Exception):

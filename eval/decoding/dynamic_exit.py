@@ -30,6 +30,7 @@ validation loss of the tokens "as decoded" is measured).
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import torch
@@ -41,6 +42,25 @@ from framework.model import Decoder
 def default_candidates(num_layers: int) -> list[int]:
     """About a quarter, half and three quarters of the depth (as the adapters' exits)."""
     return sorted({min(num_layers - 1, max(1, round(num_layers * f))) for f in (0.25, 0.5, 0.75)})
+
+
+def exits_rule(num_layers: int) -> str:
+    """The one rule of candidate exits, as every message states it."""
+    return (f"candidate exits must be in 1..{num_layers - 1} (exit K runs blocks 0..K-1; the model has "
+            f"{num_layers} layers)")
+
+
+def parse_candidates(spec: str, num_layers: int) -> list[int]:
+    """``--exits`` "2,4", "2-4" or both (comma separated) -> sorted candidate exits."""
+    exits: set[int] = set()
+    for part in (p.strip() for p in str(spec).split(",")):
+        match = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not match:
+            raise ValueError(f"--exits {spec!r} is invalid: {exits_rule(num_layers)}; write them like 1,2 or 1-2")
+        exits.update(range(int(match.group(1)), int(match.group(2) or match.group(1)) + 1))
+    if not exits or not all(1 <= e <= num_layers - 1 for e in exits):
+        raise ValueError(f"--exits {spec!r} is invalid: {exits_rule(num_layers)}")
+    return sorted(exits)
 
 
 def check_threshold(threshold: float) -> float:
@@ -72,8 +92,7 @@ class DynamicExit:
             chosen = default_candidates(num_layers) if exits is None else sorted(set(exits))
         bad = [e for e in chosen if isinstance(e, bool) or not isinstance(e, int) or not 1 <= e <= num_layers - 1]
         if bad or not chosen:
-            raise ValueError(f"exits={list(chosen)} is invalid: candidate exits must be in 1..{num_layers - 1} "
-                             f"(exit K runs blocks 0..K-1; the model has {num_layers} layers)")
+            raise ValueError(f"exits={list(chosen)} is invalid: {exits_rule(num_layers)}")
         self.candidates, self.adapters, self.num_layers = chosen, adapters, num_layers
         self.extra_layers = len(adapters.exits) if adapters is not None else 0
 
@@ -155,4 +174,5 @@ def dynamic_forward(model: Decoder, route: DynamicExit, tokens: torch.Tensor
     return out, exits
 
 
-__all__ = ["DynamicExit", "dynamic_forward", "confidence", "check_threshold", "default_candidates"]
+__all__ = ["DynamicExit", "dynamic_forward", "confidence", "check_threshold", "default_candidates", "exits_rule",
+           "parse_candidates"]

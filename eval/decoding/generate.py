@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
     options.add_checkpoint(p)
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", action="append", default=None, metavar="TEXT",
-                        help="a prompt (repeatable); without --prompt/--prompts, stdin is the prompt")
+                        help="a prompt (repeatable); without --prompt/--prompts, stdin is the prompt (less "
+                             "one trailing newline)")
     source.add_argument("--prompts", metavar="FILE",
                         help="prompts: one a line, a .jsonl file with a \"text\" field, or a .json list "
                              "(- reads lines from stdin)")
@@ -94,13 +95,16 @@ def _prompt_texts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     if sys.stdin.isatty():
         parser.error("no prompt: give --prompt TEXT, --prompts FILE, or text on stdin")
     text = sys.stdin.read()
+    # `echo "def main(" | layerdrop generate` : the newline is echo's, not the prompt's (one, as a file line's)
+    text = text[:-1] if text.endswith("\n") else text
+    text = text[:-1] if text.endswith("\r") else text
     check_text_prompts([text], "stdin")
     return [text], False
 
 
 def main(argv: list[str] | None = None) -> int:
     from eval.decoding import modes
-    from eval.decoding.dynamic_exit import check_threshold
+    from eval.decoding.dynamic_exit import check_threshold, parse_candidates
     from eval.decoding.sampling import Sampling
     from eval.inputs import ContextLimit, check_vocabulary
     from eval.tokenizer import TextCodec
@@ -123,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = ckpt.model_config
         mode, value = modes.parse(args.mode, cfg.n_layers)
         modes.refuse_unread(mode, _settings(args, sampling, args.adapters), args.mode)
+        if args.exits is not None:
+            parse_candidates(args.exits, cfg.n_layers)  # the range now; adapters' exits once they load
         args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         prompts = [codec.encode_prompt(r) if isinstance(r, str) else list(r) for r in rows]
         check_vocabulary(prompts, cfg.vocab_size)

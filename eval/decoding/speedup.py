@@ -144,8 +144,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gamma", type=int, default=5, help="draft tokens per round (the most, if --adaptive; default 5)")
     p.add_argument("--adaptive", action="store_true",
                    help="stop drafting when the draft's top probability < a threshold adapted online")
-    p.add_argument("--target-acceptance", type=float, default=0.8, help="with --adaptive (default 0.8)")
-    p.add_argument("--threshold", type=float, default=0.5, help="initial threshold with --adaptive (default 0.5)")
+    p.add_argument("--target-acceptance", type=float, default=None, help="with --adaptive (default 0.8)")
+    p.add_argument("--threshold", type=float, default=None, help="initial threshold with --adaptive (default 0.5)")
     p.add_argument("--temperature", type=float, default=0.0,
                    help="0 = greedy, lossless (default); > 0 samples with the rejection step")
     p.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens (with --temperature)")
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     codec = CodecLoader(args.ckpt, args.tokenizer, args.eot_token)
     try:
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
-        adaptive = AdaptiveThreshold(args.target_acceptance, args.threshold) if args.adaptive else None
+        adaptive = _adaptive(args)
         prompts, texts = load_prompts(texts=args.prompt, prompts_file=args.prompts, data=args.data,
                                       count=args.num_prompts, length=args.prompt_len, codec=codec)
         cfg = read_model_config(args.ckpt)
@@ -210,6 +210,16 @@ def main(argv: list[str] | None = None) -> int:
           f"T_draft/T_target {report['draft_time_ratio']:.2f}  identical_to_greedy {report['identical_to_greedy']}"
           f"  ({report['tokens_per_s']:.0f} vs {report['plain_tokens_per_s']:.0f} tokens/s); wrote {args.out}")
     return 0
+
+
+def _adaptive(args: argparse.Namespace) -> AdaptiveThreshold | None:
+    given = [f"--{n.replace('_', '-')}" for n in ("target_acceptance", "threshold") if getattr(args, n) is not None]
+    if not args.adaptive:
+        if given:
+            raise ValueError(f"{given[0]} is for --adaptive only (it sets the adaptive draft length)")
+        return None
+    target = 0.8 if args.target_acceptance is None else args.target_acceptance
+    return AdaptiveThreshold(target, 0.5 if args.threshold is None else args.threshold)
 
 
 def _load_adapters(path: str | None, model: Decoder):

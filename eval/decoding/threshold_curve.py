@@ -30,7 +30,7 @@ import torch
 from framework.atomic_write import write_json
 from eval import options
 from eval.decoding.batch import BatchGenerator, generate_in_batches
-from eval.decoding.dynamic_exit import DynamicExit, check_threshold, dynamic_forward
+from eval.decoding.dynamic_exit import DynamicExit, check_threshold, dynamic_forward, parse_candidates
 from eval.decoding.static_route import StaticRoute
 from framework.command_parser import CommandParser
 from framework.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
@@ -158,7 +158,6 @@ def _thresholds(text: str) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eval.measurements.exits import parse_exit_layers
     from eval.inputs import ContextLimit, ValidationData, validation_prompts
     from framework.checkpoint import CheckpointError, load_decoder, read_model_config
     from framework.loop_progress import progress
@@ -175,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         thresholds = _thresholds(args.thresholds)
         cfg = read_model_config(args.ckpt)
-        exits = parse_exit_layers(args.exits, cfg.n_layers) if args.exits else None
+        exits = parse_candidates(args.exits, cfg.n_layers) if args.exits else None
         args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         seq_len = ContextLimit(cfg.max_seq_len, "sequence").fit_length(args.seq_len or cfg.max_seq_len, "--seq-len")
         prompt_len = ContextLimit(cfg.max_seq_len - args.max_new_tokens, "prompt").fit_length(args.prompt_len,

@@ -51,6 +51,7 @@ from eval.experiments.run_folder import RunFolder, layerdrop
 from eval.experiments.sweep_adoption import adopt_finished, finished_elsewhere
 from eval.experiments.sweep_spec import (EvalSpec, Run, Sweep, SweepError, format_flops, get_dotted, load_sweep, predict,
                                          run_recipe)
+from eval.experiments.sweep_slurm import check_slurm_options, write_slurm
 from eval.options import check_positive
 from framework.atomic_write import write_json, write_text
 from framework.command_parser import CommandParser
@@ -403,14 +404,14 @@ def main(argv: list[str] | None = None) -> int:
             return dry_run(sweep, root, runs, args.flops_per_second, elsewhere)
         for run in runs:  # bad overrides fail here, before anything is written or launched
             predict(run_recipe(sweep, run, root / "runs" / run.name))
+        if args.slurm:
+            check_slurm_options(root, args)
         root.mkdir(parents=True, exist_ok=True)
         if args.launcher == "local":
             write_text(root / "sweep.yaml", sweep.text)
         runner = Runner(sweep, root, threads=args.threads_per_job, launcher=args.launcher)
         prepare_data(sweep, runner)
         if args.slurm:
-            from eval.experiments.sweep_slurm import write_slurm
-
             return write_slurm(sweep, root, runs, args)
         if args.launcher == "local":
             record_invocation(root, list(sys.argv[1:] if argv is None else argv), args)

@@ -25,6 +25,9 @@ def test_prompt_files_by_suffix(tmp_path):
     ("bad.json", "[1, 2", "--prompts '{}' is not valid JSON"),
     ("mixed.json", '[[1], "a"]', "expected a JSON list of strings or of non-empty lists of token ids"),
     ("rows.jsonl", '{"text": "a"}\n{"body": "b"}\n', "--prompts '{}':2: each JSONL row needs a \"text\""),
+    ("object.json", '{"text": "a"}', "--prompts '{}' is invalid: it holds an object, expected a JSON list"),
+    ("number.json", "3", "--prompts '{}' is invalid: it holds a number, expected a JSON list"),
+    ("string.json", '"abc"', "--prompts '{}' is invalid: it holds a string, expected a JSON list"),
 ])
 def test_bad_prompt_files_name_the_flag_and_the_file(tmp_path, name, content, message):
     (tmp_path / name).write_text(content)
@@ -44,8 +47,8 @@ def test_long_contexts_keep_their_last_tokens_and_say_so_once(capsys):
     assert limit.fit(list(range(20)), reserve=2) == list(range(14, 20))
     assert limit.fit(list(range(10)), reserve=2) == list(range(4, 10))
     line = limit.report()
-    assert line == ("note: 2 prompt(s) longer than the model's context (max_seq_len 8) kept their last 6 tokens "
-                    "(the longest had 20)")
+    assert line == ("note: 2 prompt(s) longer than the model's context (max_seq_len 8) less the 2 tokens to "
+                    "generate (--max-new-tokens) kept only their last 6 tokens (the longest had 20)")
     assert capsys.readouterr().err.strip() == line
     assert ContextLimit(8).report() is None
     assert ContextLimit(8, "sequence").fit_length(16, "--seq-len") == 8

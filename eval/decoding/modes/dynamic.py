@@ -1,27 +1,18 @@
 """``dynamic``: per-token confident early exit (eval/decoding/dynamic_exit.py)."""
 
 from eval.decoding.batch import BatchGenerator
-from eval.decoding.dynamic_exit import DynamicExit
+from eval.decoding.dynamic_exit import DynamicExit, parse_candidates
 from eval.decoding.modes import Mode
 
 DEFAULT_THRESHOLD = 0.9
 
 
-def candidate_exits(exits, num_layers: int) -> list[int] | None:
-    """``--exits`` K,K (a string) or a list, as ints; their range is DynamicExit's to check."""
-    if exits is None or not isinstance(exits, str):
-        return None if exits is None else list(exits)
-    try:
-        return [int(e) for e in exits.split(",") if e.strip()]
-    except ValueError:
-        raise ValueError(f"--exits {exits!r} is invalid: candidate exits must be integers in 1..{num_layers - 1} "
-                         f"(e.g. 1,{max(1, num_layers // 2)})") from None
-
-
 def build(model, value, settings):
     threshold = DEFAULT_THRESHOLD if settings.threshold is None else settings.threshold
-    route = DynamicExit(model, threshold=threshold, exits=candidate_exits(settings.exits, len(model.blocks)),
-                        adapters=settings.adapters)
+    exits = settings.exits
+    if isinstance(exits, str):  # --exits as written; a list is DynamicExit's to check
+        exits = parse_candidates(exits, len(model.blocks))
+    route = DynamicExit(model, threshold=threshold, exits=exits, adapters=settings.adapters)
     return BatchGenerator(model, route, sampling=settings.sampling, seed=settings.seed,
                           seed_by=settings.seed_by).generate
 

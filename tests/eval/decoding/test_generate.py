@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -153,6 +154,23 @@ def test_stdin_is_the_prompt(model_dir, reference, capsys, monkeypatch):
     assert code == 0 and out.out == PROMPT + codec.decode(full.tokens) + "\n"
 
 
+def test_stdin_loses_one_trailing_newline_as_echo_adds(model_dir, reference, capsys, monkeypatch):
+    codec, full = reference
+    code, out = run(["--ckpt", model_dir, "--max-new-tokens", 12, "--no-echo"], capsys, stdin=PROMPT + "\n",
+                    monkeypatch=monkeypatch)
+    assert code == 0 and out.out == codec.decode(full.tokens) + "\n"  # PROMPT's own continuation
+
+
+def test_a_prompt_cut_for_max_new_tokens_says_what_it_kept(model_dir, capsys):
+    code, out = run(["--ckpt", model_dir, "--prompt", "The sun rises in the east and sets in the west",
+                     "--max-new-tokens", 62, "--no-echo", "--ignore-eos"], capsys)
+    assert code == 0
+    note = [line for line in out.err.splitlines() if line.startswith("note:")]
+    assert note == ["note: 1 prompt(s) longer than the model's context (max_seq_len 64) less the 62 tokens to "
+                    "generate (--max-new-tokens) kept only their last 2 tokens (the longest had "
+                    f"{note[0].rsplit(' ', 1)[1]}"]
+
+
 def test_several_prompts_print_in_order(model_dir, capsys):
     code, out = run(["--ckpt", model_dir, "--prompt", "Snow is", "--prompt", "Fish", "--max-new-tokens", 4], capsys)
     assert code == 0
@@ -171,10 +189,24 @@ def test_several_prompts_print_in_order(model_dir, capsys):
     (["--prompt", "x", "--mode", "speculative", "--draft", "exit:3"], "the draft's exit must be in 1..2"),
     (["--prompt", "x", "--mode", "speculative", "--draft", "adapter:1"], "needs --adapters DIR"),
     (["--prompt", "x", "--mode", "exit:2", "--draft", "exit:1"], "--draft is for --mode speculative"),
+    (["--prompt", "x", "--gamma", "3"], "--gamma is for --mode speculative only (the mode given is 'full')"),
+    (["--prompt", "x", "--adaptive"], "--adaptive is for --mode speculative only"),
+    (["--prompt", "x", "--mode", "exit:2", "--threshold", "0.5"], "--threshold is for --mode dynamic only"),
+    (["--prompt", "x", "--mode", "speculative", "--exits", "1"], "--exits is for --mode dynamic only"),
+    (["--prompt", "x", "--mode", "skip:1", "--adapters", "ADAPTERS"],
+     "--adapters is for --mode exit:K or speculative or dynamic only (the mode given is 'skip:1')"),
+    (["--prompt", "x", "--adapters", "ADAPTERS"], "--adapters is for --mode exit:K or speculative or dynamic only"),
+    (["--prompt", "x", "--mode", "dynamic", "--exits", "3"],
+     "--exits '3' is invalid: candidate exits must be in 1..2 (exit K runs blocks 0..K-1; the model has 3 layers)"),
+    (["--prompt", "x", "--mode", "dynamic", "--exits", "0,1"], "--exits '0,1' is invalid: candidate exits must be in 1..2"),
+    (["--prompt", "x", "--mode", "dynamic", "--exits", "a"], "--exits 'a' is invalid: candidate exits must be in 1..2"),
     (["--prompt", "x", "--max-new-tokens", "64"], "--max-new-tokens=64 is invalid: must be below"),
     (["--prompt", "x", "--top-k", "5"], "give a temperature > 0"),
     (["--prompt", "x", "--batch-size", "0"], "--batch-size=0 is invalid"),
     (["--prompts", "/no/such/file.txt"], "--prompts '/no/such/file.txt' does not exist"),
+    (["--prompts", "OBJECT"], "is invalid: it holds an object, expected a JSON list"),
+    (["--prompts", "STRING"], "is invalid: it holds a string, expected a JSON list"),
+    (["--prompt", "x", "--tokenizer", "GARBAGE"], "is not a valid tokenizer.json"),
     (["--prompt", "x", "--eot-token", "<nope>"], "eot_token='<nope>' is not in the tokenizer's vocabulary"),
 ])
 def test_bad_input_is_one_line_before_the_model_loads(model_dir, capsys, tmp_path, monkeypatch, args, message):
@@ -182,6 +214,12 @@ def test_bad_input_is_one_line_before_the_model_loads(model_dir, capsys, tmp_pat
 
     if "--draft" not in args:  # the draft is checked against the loaded model's layers
         monkeypatch.setattr(framework.checkpoint.Checkpoint, "load_decoder", lambda *a, **k: pytest.fail("model loaded"))
+    (tmp_path / "object.json").write_text('{"text": "a"}')
+    (tmp_path / "string.json").write_text('"abc"')
+    (tmp_path / "garbage.json").write_text("{not a tokenizer")
+    files = {"ADAPTERS": model_dir.parent / "adapters", "OBJECT": tmp_path / "object.json",
+             "STRING": tmp_path / "string.json", "GARBAGE": tmp_path / "garbage.json"}
+    args = [str(files.get(a, a)) for a in args]
     code, out = run(["--ckpt", model_dir, *args], capsys)
     assert code == 2
     last = out.err.strip().splitlines()[-1]
@@ -221,3 +259,46 @@ def test_the_streamer_holds_back_a_possible_stop_string():
     assert out.getvalue() == "abcEx"
     stream.finish("abcEx")
     assert out.getvalue() == "abcEx\n"
+
+
+def _hashes(folder) -> dict:
+    import hashlib
+
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("case", ["tokenizer-in-export", "speculate-run"])
+def test_hostile_prompt_and_tokenizer_files_are_one_line(model_dir, tmp_path, case):
+    """A subprocess each, as a user runs it: exit 2, the error named, no traceback, nothing changed."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    export = tmp_path / "export"
+    shutil.copytree(model_dir, export)
+    (tmp_path / "object.json").write_text('{"text": "a"}')
+    (tmp_path / "string.json").write_text('"abc"')
+    (tmp_path / "garbage.json").write_text("{not a tokenizer")
+    (tmp_path / "ids.json").write_text("[[1, 2, 3]]")
+    command, message = {
+        "object": (["generate", "--ckpt", export, "--prompts", tmp_path / "object.json"],
+                   "it holds an object, expected a JSON list"),
+        "string": (["generate", "--ckpt", export, "--prompts", tmp_path / "string.json"],
+                   "it holds a string, expected a JSON list"),
+        "tokenizer-flag": (["generate", "--ckpt", export, "--prompt", "x", "--tokenizer", tmp_path / "garbage.json"],
+                           f"tokenizer '{tmp_path / 'garbage.json'}' is not a valid tokenizer.json"),
+        "tokenizer-in-export": (["generate", "--ckpt", export, "--prompt", "x"],
+                                f"tokenizer '{export / 'tokenizer.json'}' is not a valid tokenizer.json"),
+        "speculate-run": (["speculate", "run", "--ckpt", export, "--prompts", tmp_path / "ids.json", "--out",
+                           tmp_path / "report.json"], f"tokenizer '{export / 'tokenizer.json'}' is not a valid"),
+    }[case]
+    if case in ("tokenizer-in-export", "speculate-run"):
+        (export / "tokenizer.json").write_text("{not a tokenizer")
+    before = _hashes(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    done = subprocess.run([sys.executable, "-m", "framework.cli", *map(str, command)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert message in done.stderr.strip().splitlines()[-1]
+    assert _hashes(tmp_path) == before

@@ -366,6 +366,8 @@ def test_cli_names_an_empty_prompts_file_before_loading_the_model(exported, tmp_
     (["--exit-layer", "4"], "exit_layer=4 is invalid"),
     (["--skip-layers", "1", "--gamma", "0"], "--gamma=0 is invalid"),
     (["--skip-layers", "1", "--ckpt", "/nonexistent/model.ckpt"], "does not exist"),
+    (["--skip-layers", "1", "--threshold", "0.3"], "--threshold is for --adaptive only"),
+    (["--skip-layers", "1", "--target-acceptance", "0.5"], "--target-acceptance is for --adaptive only"),
 ])
 def test_cli_errors_are_one_line(exported, capsys, args, message):
     base = ["--ckpt", str(exported / "model"), "--prompts", str(exported / "prompts.json"),

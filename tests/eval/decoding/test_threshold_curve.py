@@ -47,7 +47,8 @@ def test_the_command_reports_the_full_model_and_the_first_exit_at_the_ends(prepa
 @pytest.mark.parametrize("args, message", [
     (["--thresholds", "0.5,1.2"], r"threshold=1.2 is invalid: must be in [0, 1]"),
     (["--thresholds", "high"], "--thresholds 'high' is invalid"),
-    (["--exits", "4"], "[4] outside 1..3"),
+    (["--exits", "4"], "--exits '4' is invalid: candidate exits must be in 1..2 (exit K runs blocks 0..K-1"),
+    (["--exits", "3"], "--exits '3' is invalid: candidate exits must be in 1..2"),  # one rule, before the model
     (["--max-new-tokens", "64"], "--max-new-tokens=64 is invalid"),
 ])
 def test_bad_input_is_one_line(prepared_tokens, tmp_path, capsys, args, message):
