@@ -398,6 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SweepError(f"--only {args.only} matches none of the {len(sweep.runs)} runs "
                              f"(e.g. {sweep.runs[0].name!r})")
         root = Path(args.out)
+        check_inside(root, runs)
         sources = [Path(d) for d in args.done_from]
         elsewhere = finished_elsewhere(sweep, runs, sources) if sources else {}  # refuses a different recipe now
         if args.dry_run:
@@ -420,6 +421,14 @@ def main(argv: list[str] | None = None) -> int:
     except (SweepError, ValueError) as err:
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
+
+
+def check_inside(root: Path, runs: list[Run]) -> None:
+    """Refuse a run whose folder would resolve outside ``--out`` (before anything is written)."""
+    top = root.resolve()
+    for run in runs:
+        if not (root / "runs" / run.name).resolve().is_relative_to(top):
+            raise SweepError(f"run {run.name!r} is invalid: its folder would lie outside --out {str(root)!r}")
 
 
 def run_all(runner: Runner, runs: list[Run], jobs: int) -> int:

@@ -26,6 +26,7 @@ is launched or written (eval/experiments/sweep.py does that).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fnmatch
 import itertools
 import math
@@ -45,6 +46,7 @@ DEFAULT_SEED_KEYS = ("seed_everything", "data.seed", "model.layer_dropout.seed")
 TOP_KEYS = ("base", "data", "overrides", "grid", "runs", "seeds", "seed_keys", "evals")
 EVAL_KEYS = ("name", "command", "args", "only", "data")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+,-]*$")
+RECIPE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 class SweepError(ValueError):
@@ -155,9 +157,13 @@ def _seeds(value: Any, where: str) -> list[int]:
     return list(value)
 
 
-def _overrides(value: Any, where: str) -> dict[str, Any]:
+def _overrides(value: Any, where: str, *, recipe_keys: bool = True) -> dict[str, Any]:
     if not isinstance(value, dict) or not all(isinstance(k, str) and k for k in value):
         raise SweepError(f"{where}={value!r} is invalid: expected a mapping of dotted recipe keys to values")
+    for key in value if recipe_keys else ():
+        if not RECIPE_KEY.match(key):
+            raise SweepError(f"{where} key {key!r} is invalid: expected identifiers joined by '.' "
+                             "(e.g. model.decoder.d_model)")
     return dict(value)
 
 
@@ -228,8 +234,8 @@ def _evals(evals: Any) -> list[EvalSpec]:
         if not SAFE_NAME.match(entry["name"]):
             raise SweepError(f"evals[{index}].name={entry['name']!r} is invalid: it names a file")
         only = entry.get("only") or []
-        specs.append(EvalSpec(entry["name"], entry["command"], _overrides(entry.get("args") or {},
-                                                                          f"evals[{index}].args"),
+        args = _overrides(entry.get("args") or {}, f"evals[{index}].args", recipe_keys=False)
+        specs.append(EvalSpec(entry["name"], entry["command"], args,
                               tuple(only if isinstance(only, list) else [only]), bool(entry.get("data", True))))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -294,6 +300,10 @@ class Prediction:
 def predict(recipe: dict) -> Prediction:
     """P̄ and training FLOPs of a recipe (framework.schedules / framework.flops)."""
     decoder = dict(get_dotted(recipe, "model.decoder", {}))
+    _known_fields(decoder, ModelConfig, "model.decoder", ("logit_multiplier", "residual_multiplier"))
+    for section, config in (("model.layer_dropout", LayerDropoutConfig),
+                            ("model.early_exit_loss", EarlyExitLossConfig)):
+        _known_fields(get_dotted(recipe, section) or {}, config, section)
     model_cfg = ModelConfig(**{k: v for k, v in decoder.items() if k not in ("logit_multiplier",
                                                                                "residual_multiplier")})
     dropout = LayerDropoutConfig(**(get_dotted(recipe, "model.layer_dropout") or {}))
@@ -314,6 +324,15 @@ def predict(recipe: dict) -> Prediction:
     return Prediction(mean_dropout=p_bar, training_flops=steps * (step.blocks * (1 - p_bar) + heads_flops),
                       dense_training_flops=steps * (step.blocks + heads_flops), tokens=steps * sequences * seq_len,
                       non_embedding_params=non_embedding_parameters(model_cfg))
+
+
+def _known_fields(section: dict, config: type, where: str, extra: tuple[str, ...] = ()) -> None:
+    """Refuse a key the section's config does not have (before a run folder is written)."""
+    allowed = {f.name for f in dataclasses.fields(config)} | set(extra)
+    unknown = sorted(set(section) - allowed)
+    if unknown:
+        raise SweepError(f"{where}.{unknown[0]} is not a recipe key: "
+                         f"allowed under {where}: {', '.join(sorted(allowed))}")
 
 
 def non_embedding_parameters(model_cfg: ModelConfig) -> int:

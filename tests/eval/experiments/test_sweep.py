@@ -23,6 +23,7 @@ from eval.experiments.sweep import LAUNCH_SCRIPT, Runner, cli_args, main
 from eval.experiments.sweep_spec import SweepError, load_sweep, predict, run_recipe, short_keys
 from framework.config import LayerDropoutConfig
 from framework.schedules import mean_dropout
+from refusals import hashes, refused
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "recipes" / "tiny.yaml"
@@ -305,3 +306,18 @@ def test_the_committed_early_exit_sweep_is_three_configurations_at_two_seeds(tmp
     assert {**eel["model"], "early_exit_loss": None} == {**plain["model"], "early_exit_loss": None}
     assert predict(eel).training_flops > predict(plain).training_flops
     assert {spec.name for spec in sweep.evals} >= {"heldout", "speculate", "exit-draft-6", "skip-draft-odd"}
+
+
+@pytest.mark.parametrize("runs, dry, message", [
+    ({"x": {"model..decoder.d_model": 8}}, True, "'model..decoder.d_model' is invalid"),
+    ({"x": {"model/decoder": 8}}, True, "'model/decoder' is invalid"),
+    ({"x": {"model.decoder.d model": 8}}, True, "'model.decoder.d model' is invalid"),
+    ({"x": {"model.decoder.d_modl": 8}}, True, "model.decoder.d_modl is not a recipe key"),
+    ({"x": {"model.layer_dropout.p_mx": 0.1}}, False, "model.layer_dropout.p_mx is not a recipe key"),
+])
+def test_bad_keys_are_refused_in_one_line_before_anything_is_written(tmp_path, data, runs, dry, message):
+    path = sweep_file(tmp_path, data, runs=runs)
+    before = hashes(tmp_path, data)
+    line = refused("sweep", str(path), "--out", str(tmp_path / "out"), *(["--dry-run"] if dry else []))
+    assert message in line
+    assert hashes(tmp_path, data) == before and not (tmp_path / "out").exists()
