@@ -14,7 +14,8 @@ import shutil
 import pytest
 
 from framework.pretrain import main
-from framework.resume import choose_checkpoint, incomplete_reason
+from framework.checkpoint.resume import choose_checkpoint, incomplete_reason
+from battery import hashes, layerdrop, refusal
 from step_records import callbacks_arg, records
 from tiny_training import SimulatedCrash, tiny_cli_args
 
@@ -100,7 +101,7 @@ def saved_steps(tmp_path_factory):
     """Real single-file checkpoints of steps 1..4 (and last.ckpt -> step 4)."""
     import torch
 
-    from framework.checkpointing import PeriodicCheckpoint
+    from framework.checkpoint.saving import PeriodicCheckpoint
     from tiny_training import RandomTokens, quiet_trainer, tiny_module
 
     folder = tmp_path_factory.mktemp("saved") / "checkpoints"
@@ -214,3 +215,15 @@ def test_a_deepspeed_folder_needs_every_rank_s_optimizer_file_whole(tmp_path):
     second.unlink()
     (folder / "checkpoint" / "zero_pp_rank_2_mp_rank_00_optim_states.pt").write_bytes(b"")
     assert incomplete_reason(folder) == "optimizer state files of ranks [0, 2] (expected 0..n-1)"
+
+
+def test_resume_auto_with_only_damaged_checkpoints_says_what_is_damaged(prepared_tokens, tmp_path):
+    """It used to answer "resume it (--resume auto)": the flag the user had passed."""
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    (folder / "step-00000003.ckpt").write_bytes(b"PK\x03\x04 cut short")
+    before = hashes(folder)
+    line = refusal(layerdrop("pretrain", *tiny_cli_args(prepared_tokens, tmp_path / "run", steps=2), "--resume", "auto"))
+    assert "--resume auto found no complete checkpoint" in line and "step-00000003.ckpt (cut short at 14 bytes)" in line
+    assert "Move them out of the folder to start from step 0" in line and "resume it (--resume auto)" not in line
+    assert hashes(folder) == before

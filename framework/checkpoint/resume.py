@@ -2,35 +2,27 @@
 library reads it, and the recipe's optimizer settings over the saved ones.
 
 ``--resume auto`` looks at ``<checkpoint dir>``: the ``step-N.ckpt`` entries and
-``last.ckpt``, newest step first, and takes the first that is complete:
-
-    single file      a whole zip archive (torch.save writes the zip directory last)
-    FSDP2 (DCP)      .metadata + meta.pt, and every shard file as long as .metadata says
-    DeepSpeed        the ``latest`` tag, its folder, the model states and one optimizer
-                     state file per rank, each a whole archive
-
-An incomplete one (left by another tool, or damaged: the saves themselves never leave
-one under a final name, see framework/checkpoint_folder.py) is skipped. The one taken
-is then proven harmless (``framework.safe_unpickle.prove_checkpoint_harmless``: no file
-of it can run code when a library unpickles it); a refusal stops the run, it is
+``last.ckpt``, newest step first, and takes the first that is complete (each form
+says what complete means: ``Form.incomplete_reason`` in framework/checkpoint/forms.py's
+modules). An incomplete one (left by another tool, or damaged: the saves themselves
+never leave one under a final name, see framework/checkpoint/folder.py) is skipped.
+The one taken is then opened (framework/checkpoint/loader.py): proven harmless, no
+file of it can run code when a library unpickles it; a refusal stops the run, it is
 never skipped over. Leftovers of interrupted saves are removed first. One line says
 what was chosen.
 """
 
 from __future__ import annotations
 
-import re
 import warnings
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from framework.checkpoint_folder import LAST, STEP_NAME, clean_leftovers, step_checkpoints
-
-DCP_METADATA = ".metadata"
-LIGHTNING_META = "meta.pt"  # ModelParallelStrategy's non-tensor entries beside the shards
-_ZERO_OPTIM = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
+from framework.checkpoint.base import CheckpointError
+from framework.checkpoint.folder import LAST, STEP_NAME, clean_leftovers, step_checkpoints
+from framework.checkpoint.forms import FORMS
+from framework.checkpoint.loader import Checkpoint
 
 
 @dataclass
@@ -41,6 +33,7 @@ class ResumeChoice:
     step: int | None = None
     skipped: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
+    checkpoint: Checkpoint | None = None  # opened: proven harmless, metadata read
 
     def message(self, folder: Path) -> str:
         if self.path is None:
@@ -67,9 +60,9 @@ def choose_checkpoint(resume: str | None, folder: Path, *, clean: bool = True) -
                              "checkpoint file or folder)")
         reason = incomplete_reason(path)
         if reason:
-            raise _checkpoint_error(f"checkpoint {str(path)!r} is incomplete: {reason}")
-        _prove_harmless(path)
-        return ResumeChoice(str(path), _step_of(path.resolve()))
+            raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {reason}")
+        opened = Checkpoint.open(path)
+        return ResumeChoice(str(path), _step_of(opened, path.resolve()), checkpoint=opened)
     removed = clean_leftovers(folder) if clean else []
     skipped: list[str] = []
     for step, path in _candidates(folder, skipped):
@@ -77,8 +70,7 @@ def choose_checkpoint(resume: str | None, folder: Path, *, clean: bool = True) -
         if reason:
             skipped.append(f"{path.name} ({reason})")
             continue
-        _prove_harmless(path)
-        return ResumeChoice(str(path), step, skipped, removed)
+        return ResumeChoice(str(path), step, skipped, removed, Checkpoint.open(path))
     return ResumeChoice(None, None, skipped, removed)
 
 
@@ -96,95 +88,28 @@ def _candidates(folder: Path, skipped: list[str]) -> list[tuple[int, Path]]:
         if reason:
             skipped.append(f"{LAST} ({reason})")
         else:
-            _prove_harmless(last)
-            step = _step_of(last)
+            step = _step_of(Checkpoint.open(last), last)
             found.append((step if step is not None else -1, last))
     # Newest step first; a step-N name before a last.ckpt of the same step.
     return sorted(found, key=lambda item: (item[0], item[1].name != LAST), reverse=True)
 
 
 def incomplete_reason(path: Path) -> str | None:
-    """Why ``path`` is not a complete checkpoint, from file names and sizes (and a DCP
-    .metadata read by the restricted unpickler); None when it is complete."""
-    if path.is_file():
-        return _archive_reason(path, named=False)
-    if not path.is_dir():
+    """Why ``path`` is not a complete training checkpoint, from file names and sizes
+    (and a DCP .metadata read by the restricted unpickler); None when it is complete."""
+    if not path.is_file() and not path.is_dir():
         return "neither a file nor a folder"
-    if (path / DCP_METADATA).exists() or (path / LIGHTNING_META).exists():
-        for name in (DCP_METADATA, LIGHTNING_META):
-            if not (path / name).is_file():
-                return f"no {name}"
-        return _archive_reason(path / LIGHTNING_META) or _shards_missing(path)
-    if (path / "latest").is_file():
-        return _deepspeed_reason(path)
-    return "not a training checkpoint folder (no .metadata, meta.pt or DeepSpeed 'latest')"
+    form = next((form for form in FORMS if form.detect(path)), None)
+    if form is None or form.self_contained:  # an export holds no optimizer state to resume
+        return "not a training checkpoint folder (no .metadata, meta.pt or DeepSpeed 'latest')"
+    return form.incomplete_reason(path)
 
 
-def _archive_reason(path: Path, named: bool = True) -> str | None:
-    """torch.save writes a zip archive whose central directory comes last: a file that
-    opens as a zip archive was written to the end."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            archive.infolist()
-    except (zipfile.BadZipFile, OSError, ValueError):
-        return f"{path.name + ' ' if named else ''}cut short at {path.stat().st_size} bytes"
-    return None
-
-
-def _deepspeed_reason(path: Path) -> str | None:
-    from framework.checkpoint import CheckpointError
-    from framework.zero_checkpoint import model_states_file, tag_folder
-
-    try:
-        folder = tag_folder(path)
-        model_states_file(path)
-    except CheckpointError as err:
-        return str(err)
-    ranks = sorted(int(m[1]) for entry in folder.iterdir() if (m := _ZERO_OPTIM.match(entry.name)))
-    if not ranks or ranks != list(range(len(ranks))):
-        return f"optimizer state files of ranks {ranks} (expected 0..n-1)"
-    for entry in sorted(folder.glob("*.pt")):
-        reason = _archive_reason(entry)
-        if reason:
-            return reason
-    return None
-
-
-def _shards_missing(path: Path) -> str | None:
-    """A DCP folder's shard files against the sizes its .metadata gives them (read by
-    the restricted unpickler: .metadata is a pickle)."""
-    from framework.safe_unpickle import load_dcp_metadata
-
-    needed: dict[str, int] = {}
-    for info in (load_dcp_metadata(path / DCP_METADATA).storage_data or {}).values():
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
-    for name, size in sorted(needed.items()):
-        shard = path / name
-        have = shard.stat().st_size if shard.is_file() else 0
-        if have < size:
-            return f"shard {name} holds {have} of {size} bytes"
-    return None
-
-
-def _prove_harmless(path: Path) -> None:
-    from framework.safe_unpickle import prove_checkpoint_harmless
-
-    prove_checkpoint_harmless(path)
-
-
-def _checkpoint_error(message: str) -> Exception:
-    from framework.checkpoint import CheckpointError
-
-    return CheckpointError(message)
-
-
-def _step_of(path: Path) -> int | None:
+def _step_of(opened: Checkpoint, path: Path) -> int | None:
     match = STEP_NAME.match(path.name)
     if match:
         return int(match[1])
-    from framework.checkpoint import read_metadata
-
-    step = read_metadata(path).get("global_step")
+    step = opened.metadata.get("global_step")
     return int(step) if isinstance(step, int) else None
 
 

@@ -1,4 +1,4 @@
-"""framework.export: `layerdrop export` on a real single-device run, the export every
+"""framework.checkpoint.export: `layerdrop export` on a real single-device run, the export every
 run writes at its end, and the streaming safetensors writer (read back by the
 safetensors library). Exports of FSDP2 and DeepSpeed folders:
 tests/distributed/test_checkpoint_forms.py."""
@@ -6,15 +6,18 @@ tests/distributed/test_checkpoint_forms.py."""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from framework.checkpoint import CheckpointError, load_decoder
-from framework.checkpoint_tokenizer import sha256_of
-from framework.export import SafetensorsWriter
-from framework.export import main as export_main
+from framework.checkpoint.tokenizer_record import sha256_of
+from framework.checkpoint.safetensors_writer import SafetensorsWriter
+from framework.checkpoint.export import main as export_main
+from battery import hashes, layerdrop, refusal
 from checkpoint_run import moved_copy, pretrained_run
 
 
@@ -146,3 +149,49 @@ def test_the_writer_refuses_out_of_order_or_missing_tensors_and_leaves_nothing(t
         writer.write("a", torch.arange(4.0)[::2])
         writer.write("b", torch.ones(3))
     torch.testing.assert_close(load_file(str(path))["a"], torch.tensor([0.0, 2.0]))
+
+
+# ------------------------------------------------------------------ what --out may be (issue 23)
+
+
+def test_a_folder_that_is_not_an_export_is_never_written_into(checkpoint, run_root, tmp_path):
+    """`cp -r data data_copy; export --out data_copy --no-tokenizer` once deleted the copy's tokenizer."""
+    data = tmp_path / "data_copy"
+    shutil.copytree(run_root / "data", data)
+    before = hashes(data)
+    for overwrite in ([], ["--overwrite"]):
+        line = refusal(layerdrop("export", "--ckpt", checkpoint, "--out", data, "--no-tokenizer", *overwrite))
+        assert "is a folder that is not an export" in line and "manifest.json" in line
+    (tmp_path / "notes.txt").write_text("mine")
+    line = refusal(layerdrop("export", "--ckpt", checkpoint, "--out", tmp_path / "notes.txt"))
+    assert "is a file" in line
+    assert hashes(data) == before and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_overwrite_replaces_an_export_whole(checkpoint, tmp_path, capsys):
+    out = tmp_path / "export"
+    assert export_main(["--ckpt", str(checkpoint), "--out", str(out)]) == 0
+    assert export_main(["--ckpt", str(checkpoint), "--out", str(out), "--overwrite", "--no-tokenizer"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]  # no stale tokenizer
+    assert not list(tmp_path.glob(".export*"))
+
+
+def test_an_interrupted_replacement_is_finished_before_anything_else(checkpoint, tmp_path, capsys):
+    """Killed between the two renames: the old export aside, the new one complete, no export."""
+    out = tmp_path / "export"
+    assert export_main(["--ckpt", str(checkpoint), "--out", str(tmp_path / "new"), "--no-tokenizer"]) == 0
+    assert export_main(["--ckpt", str(checkpoint), "--out", str(out)]) == 0
+    new = hashes(tmp_path / "new")
+    out.rename(tmp_path / ".export.replaced")
+    (tmp_path / "new").rename(tmp_path / ".export.staging")
+    line = refusal(layerdrop("export", "--ckpt", checkpoint, "--out", out))
+    assert "already holds model.safetensors; pass --overwrite" in line
+    assert {Path(k).name: v for k, v in hashes(out).items()} == {Path(k).name: v for k, v in new.items()}
+    assert not list(tmp_path.glob(".export*"))
+
+
+def test_the_tokenizer_hint_comes_only_with_a_tokenizer_error(tmp_path):
+    for ckpt in (tmp_path / "nope.ckpt", tmp_path):  # missing; not a checkpoint
+        line = refusal(layerdrop("export", "--ckpt", ckpt, "--out", tmp_path / "out"))
+        assert "--no-tokenizer" not in line and "--tokenizer" not in line
+    assert not (tmp_path / "out").exists()

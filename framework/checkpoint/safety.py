@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from framework.checkpoint import CheckpointError
+from framework.checkpoint.base import CheckpointError
 
 DCP_METADATA_FILE = ".metadata"
 TORCH_FILE_SUFFIXES = (".pt", ".ckpt", ".pth", ".bin")
@@ -158,19 +158,26 @@ class RestrictedUnpickler(pickle._Unpickler):
 
 
 def _refusal(path: Path, err: BaseException) -> CheckpointError:
-    """One line naming the file and what in it was refused (torch's message is a
-    screen of advice; its own reason follows "WeightsUnpickler error:")."""
+    """One line naming the file and what in it was refused. torch's message is a
+    screen whose first paragraph advises ``weights_only=False`` (never ours to give:
+    that is what would run the code); the reason is the paragraph naming the GLOBAL."""
     text = str(err).strip()
-    detail = text.split("WeightsUnpickler error:", 1)[-1].strip().split("\n\n")[0].split(". Please")[0].strip()
-    named = re.search(r"GLOBAL ([\w.]+)", detail)
+    named = re.search(r"GLOBAL ([\w.]+)", text)
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text.split("WeightsUnpickler error:", 1)[-1]) if p.strip()]
+    reasons = [p for p in paragraphs if not _is_advice(p)]
+    detail = reasons[0].splitlines()[0].split(". Please")[0].strip() if reasons else type(err).__name__
     if named:
         detail = f"it names {named.group(1)}, which is not allowed"
     elif detail.startswith("Unsupported operand"):
         return CheckpointError(f"checkpoint file {str(path)!r} is refused: it is not a pickle torch.save writes "
                                f"({detail}: damaged, or written by another program)")
-    detail = detail.splitlines()[0] if detail else type(err).__name__
     return CheckpointError(f"checkpoint file {str(path)!r} is refused: unpickling it could run code ({detail}); "
                            "a checkpoint may hold only tensors, plain values and its library's metadata")
+
+
+def _is_advice(paragraph: str) -> bool:
+    """torch's advice around the reason: to load with weights_only=False, or to read its docs."""
+    return "weights_only" in paragraph or paragraph.startswith("Check the documentation")
 
 
 def _is_unpickling_refusal(err: BaseException) -> bool:

@@ -1,4 +1,4 @@
-"""The Hugging Face folder form: ``config.json`` + ``model.safetensors`` (or shards
+"""The ``hf`` form: a Hugging Face folder, ``config.json`` + ``model.safetensors`` (or shards
 named by ``model.safetensors.index.json``) + ``tokenizer.json``, as
 ``save_pretrained`` writes a ``LlamaForCausalLM``.
 
@@ -23,17 +23,50 @@ from typing import Any, Iterator
 
 import torch
 
-from framework.checkpoint import CheckpointError
+from framework.atomic_write import copy_file, write_text
+from framework.checkpoint.base import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, copy_into, read_json
+from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.config import ModelConfig
 from framework.families.llama_hf import HFConfigError, from_hf, from_hf_config, hf_names, to_hf, to_hf_config
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-TOKENIZER_FILE = "tokenizer.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 # Hugging Face buffers some old checkpoints carry: recomputed here, never read.
 _BUFFERS = ("rotary_emb.inv_freq",)
+
+
+class HfFolder:
+    name = "hf"
+    described = "a Hugging Face folder (config.json with model_type + safetensors)"
+    self_contained = True  # config, weights and tokenizer inside the folder (an HF config has no record)
+
+    def detect(self, path: Path) -> bool:
+        return is_hf_folder(path)
+
+    def incomplete_reason(self, path: Path) -> str | None:
+        try:
+            weight_files(path)
+        except CheckpointError as err:
+            return str(err)
+        return None
+
+    def prove_harmless(self, path: Path) -> None:
+        weight_files(path)  # safetensors only: nothing is unpickled (a pickle-only folder is refused)
+
+    def metadata(self, path: Path) -> dict[str, Any]:
+        return read_json(path / CONFIG_FILE)
+
+    def model_config(self, path: Path, metadata: dict[str, Any]) -> ModelConfig:
+        try:
+            return from_hf_config(metadata, source=str(path / CONFIG_FILE))
+        except HFConfigError as err:
+            raise CheckpointError(str(err)) from None
+
+    def tensors(self, path: Path, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+        return read_tensors(path, cfg)
+
+    def load_into(self, decoder: Any, path: Path) -> None:
+        copy_into(decoder, read_tensors(path, decoder.config), path)
 
 
 def is_hf_folder(path: str | os.PathLike) -> bool:
@@ -44,7 +77,7 @@ def is_hf_folder(path: str | os.PathLike) -> bool:
         return False
     try:
         config = json.loads(file.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # not JSON (the export's reader says so in one line)
         return False
     return isinstance(config, dict) and "model" not in config and ("model_type" in config or "architectures" in config)
 
@@ -124,8 +157,6 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig) -> Iterator[tuple[st
 def write_hf_folder(decoder: torch.nn.Module, out_dir: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None,
                     eos_id: int | None = None, bos_id: int | None = None, overwrite: bool = False) -> Path:
     """Write ``decoder`` (one process, unsharded, family llama) as a Hugging Face folder."""
-    from framework.export import SafetensorsWriter, copy_file, write_text
-
     out_dir = Path(out_dir)
     try:
         config = to_hf_config(decoder.config, bos_id=bos_id, eos_id=eos_id)
@@ -163,5 +194,5 @@ def _special_tokens(tokenizer: Path, eos_id: int | None, bos_id: int | None) -> 
     return tokens
 
 
-__all__ = ["is_hf_folder", "read_model_config", "read_tensors", "weight_files", "write_hf_folder",
+__all__ = ["HfFolder", "is_hf_folder", "read_model_config", "read_tensors", "weight_files", "write_hf_folder",
            "INDEX_FILE", "PICKLED_WEIGHTS"]

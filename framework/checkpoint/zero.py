@@ -1,4 +1,4 @@
-"""Reading a DeepSpeed ZeRO-2/ZeRO-3 checkpoint folder in one process.
+"""The ``deepspeed`` form: a DeepSpeed ZeRO-2/ZeRO-3 checkpoint folder, read in one process.
 
 Lightning's DeepSpeedStrategy writes (deepspeed 0.19.8)::
 
@@ -34,10 +34,50 @@ from typing import Any
 
 import torch
 
-from framework.checkpoint import MODEL_PREFIX, CheckpointError, Pieces
-from framework.safe_unpickle import LibraryObject, load_torch_file
+from framework.checkpoint.base import (MODEL_PREFIX, CheckpointError, Pieces, archive_reason, copy_into, metadata_of,
+                                       training_model_config)
+from framework.checkpoint.safety import LibraryObject, load_torch_file, prove_checkpoint_harmless
 
 _OPTIM_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+
+
+class ZeroFolder:
+    name = "deepspeed"
+    described = "a DeepSpeed folder (latest + <tag>/*_states.pt)"
+    self_contained = False
+
+    def detect(self, path: Path) -> bool:
+        return (path / "latest").is_file() or any(path.glob("*/*model_states.pt"))
+
+    def incomplete_reason(self, path: Path) -> str | None:
+        """Complete: the ``latest`` tag (DeepSpeed's loader needs it), its folder, the
+        model states and one optimizer file per rank, each a whole archive."""
+        if not (path / "latest").is_file():
+            return "no 'latest' file"
+        try:
+            folder = tag_folder(path)
+            model_states_file(path)
+        except CheckpointError as err:
+            return str(err)
+        ranks = sorted(int(m[1]) for entry in folder.iterdir() if (m := _OPTIM_FILE.match(entry.name)))
+        if not ranks or ranks != list(range(len(ranks))):
+            return f"optimizer state files of ranks {ranks} (expected 0..n-1)"
+        return next((reason for entry in sorted(folder.glob("*.pt")) if (reason := archive_reason(entry))), None)
+
+    def prove_harmless(self, path: Path) -> None:
+        prove_checkpoint_harmless(path)
+
+    def metadata(self, path: Path) -> dict[str, Any]:
+        return metadata_of(load_torch_file(model_states_file(path), deepspeed=True), path)
+
+    def model_config(self, path: Path, metadata: dict[str, Any]) -> Any:
+        return training_model_config(path, metadata)
+
+    def tensors(self, path: Path, cfg: Any) -> Iterator[tuple[str, torch.Tensor | Pieces]]:
+        return read_zero_tensors(path)
+
+    def load_into(self, decoder: Any, path: Path) -> None:
+        copy_into(decoder, read_zero_tensors(path), path)
 
 
 def tag_folder(path: Path) -> Path:
@@ -162,4 +202,4 @@ def _decoder_name(name: str) -> str:
     return name[len(MODEL_PREFIX):] if name.startswith(MODEL_PREFIX) else name
 
 
-__all__ = ["read_zero_tensors", "model_states_file", "tag_folder"]
+__all__ = ["ZeroFolder", "read_zero_tensors", "model_states_file", "tag_folder"]

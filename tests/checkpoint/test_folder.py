@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from framework.checkpoint_folder import (clean_leftovers, point_last, publish, retire, staging_path,
+from framework.checkpoint.folder import (clean_leftovers, point_last, publish, retire, staging_path,
                                          step_checkpoints)
 
 

@@ -1,4 +1,4 @@
-"""framework.safe_unpickle: the restricted readers refuse anything that could run code,
+"""framework.checkpoint.safety: the restricted readers refuse anything that could run code,
 read what the libraries really write, and the proof covers every pickled file.
 
 The DCP folder here is written in this process by torch.distributed.checkpoint itself
@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from battery import layerdrop, refusal
 from framework.checkpoint import CheckpointError
-from framework.safe_unpickle import (LibraryObject, RestrictedUnpickler, load_dcp_metadata, load_torch_file,
+from framework.checkpoint.safety import (LibraryObject, RestrictedUnpickler, load_dcp_metadata, load_torch_file,
                                      prove_checkpoint_harmless)
 
 
@@ -147,3 +148,16 @@ def test_the_proof_walks_linked_folders_once_and_refuses_escaping_tags(tmp_path)
     with pytest.raises(CheckpointError, match="latest' is refused: its tag '../outside'"):
         prove_checkpoint_harmless(folder)
     assert not (tmp_path / "marker").exists()
+
+
+class CallsSystem:
+    def __reduce__(self):
+        return os.system, ("true",)
+
+
+def test_a_refusal_names_what_the_pickle_calls_and_never_advises_weights_only_false(tmp_path):
+    """torch's own message starts by advising weights_only=False: the one thing that would run it."""
+    torch.save({"state_dict": {}, "x": CallsSystem()}, tmp_path / "evil.ckpt")
+    line = refusal(layerdrop("export", "--ckpt", tmp_path / "evil.ckpt", "--out", tmp_path / "out"))
+    assert "evil.ckpt' is refused: unpickling it could run code (it names posix.system, which is not allowed)" in line
+    assert "weights_only" not in line

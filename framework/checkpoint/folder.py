@@ -28,8 +28,8 @@ from framework.atomic_write import fsync_dir
 LAST = "last.ckpt"
 STEP_NAME = re.compile(r"^step-(\d+)\.ckpt$")
 # Hidden names a save, a replacement, a removal or a link swap goes through; a
-# ``.partial-PID`` file is AtomicCheckpointIO's own temporary file.
-_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|replaced|deleting|link)$|^\..+\.partial-\d+$")
+# ``.partial-PID-TID`` file is framework/atomic_write.py's (AtomicCheckpointIO's).
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|replaced|deleting|link)$|^\..+\.partial-\d+(-\d+)?$")
 
 
 def staging_path(target: str | os.PathLike) -> Path:
@@ -97,6 +97,26 @@ def retire(path: str | os.PathLike) -> None:
     remove_path(doomed)
 
 
+def finish_replacement(target: str | os.PathLike) -> str | None:
+    """Finish a ``publish`` of ``target`` that was interrupted between its two renames
+    (the old one moved aside, the new one complete under its staging name, nothing
+    under the name): the new one goes in. A staging folder alone is a write that never
+    finished and is removed. Returns what was done, None when nothing was."""
+    target = Path(target)
+    replaced, staging = _hidden(target, "replaced"), _hidden(target, "staging")
+    done = None
+    if os.path.lexists(replaced) and not os.path.lexists(target):
+        if os.path.lexists(staging):
+            os.rename(staging, target)
+            done = f"finished the interrupted replacement of {target}"
+        else:
+            os.rename(replaced, target)
+            return f"put back {target}, whose replacement never arrived"
+    for leftover in (replaced, staging):
+        remove_path(leftover)
+    return done
+
+
 def clean_leftovers(folder: str | os.PathLike) -> list[str]:
     """Remove what interrupted saves, replacements and removals left in ``folder``.
 
@@ -145,5 +165,5 @@ def _fsync_tree(path: Path) -> None:
         fsync_dir(root)
 
 
-__all__ = ["LAST", "staging_path", "publish", "point_last", "retire", "clean_leftovers", "step_checkpoints",
-           "remove_path", "fsync_dir"]
+__all__ = ["LAST", "staging_path", "publish", "point_last", "retire", "finish_replacement", "clean_leftovers",
+           "step_checkpoints", "remove_path"]

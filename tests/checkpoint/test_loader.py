@@ -13,6 +13,7 @@ from framework.checkpoint import (CheckpointError, checkpoint_form, export_decod
                                   read_model_config)
 from framework.config import ModelConfig
 from framework.model import Decoder
+from battery import hashes, layerdrop, refusal
 
 
 def make_decoder(**overrides) -> Decoder:
@@ -98,7 +99,7 @@ def test_malicious_pickle_is_refused_and_runs_no_code(tmp_path):
 def test_missing_and_foreign_paths_are_refused(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         load_decoder(tmp_path / "nope.ckpt")
-    with pytest.raises(CheckpointError, match="is not a checkpoint: expected a .ckpt file, an exported folder"):
+    with pytest.raises(CheckpointError, match="is not a checkpoint: expected a .ckpt file, .*an exported folder"):
         load_decoder(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model": make_decoder().config.to_dict()}))
     with pytest.raises(CheckpointError, match="has no model.safetensors"):
@@ -163,3 +164,31 @@ def test_loading_copies_into_the_decoder_one_tensor_at_a_time(tmp_path):
     loaded, _ = load_decoder(path)
     pointers = {t.untyped_storage().data_ptr() for t in loaded.state_dict().values()}
     assert len(pointers) == len(loaded.state_dict())
+
+
+# ------------------------------------------------------------------ a careless or hostile config.json (issue 23)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"n_layers": 100_000}, "missing ['blocks.2."),  # once: minutes and GBs building 10^5 blocks
+    ({"n_layers": 10_000_000}, "missing ['blocks.2."),  # once: grew until the OOM killer came
+    ({"d_model": 10_000_000}, "embed.weight has shape [71, 30] in the checkpoint, [71, 10000000] in the model"),
+    ({"vocab_size": 10 ** 12}, "embed.weight has shape [71, 30] in the checkpoint, [1000000000000, 30]"),
+    ({"n_heads": 1_000_000, "n_kv_heads": 1_000_000, "head_dim": 1}, "has shape [90, 30] in the checkpoint, [3000000, 30] in the model"),
+])
+def test_a_config_is_checked_against_the_weights_before_a_model_is_built(tmp_path, change, message):
+    out = export_decoder(make_decoder(), tmp_path / "export")
+    config = json.loads((out / "config.json").read_text())
+    config["model"].update(change)
+    (out / "config.json").write_text(json.dumps(config))
+    before = hashes(out)
+    line = refusal(layerdrop("export", "--ckpt", out, "--out", tmp_path / "copy", "--no-tokenizer", timeout=120))
+    assert "does not match its config" in line and message in line
+    assert hashes(out) == before and not (tmp_path / "copy").exists()
+
+
+def test_a_deeply_nested_config_is_one_line(tmp_path):
+    out = export_decoder(make_decoder(), tmp_path / "export")
+    (out / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    line = refusal(layerdrop("export", "--ckpt", out, "--out", tmp_path / "copy", "--no-tokenizer"))
+    assert "config.json' is not valid JSON: nested too deeply" in line

@@ -1,4 +1,4 @@
-"""framework.checkpoint_tokenizer: a run keeps its tokenizer beside its checkpoints
+"""framework.checkpoint.tokenizer_record and keep_tokenizer: a run keeps its tokenizer beside its checkpoints
 (recorded with its sha256 and the absolute data folder), and a checkpoint finds it
 from any working directory, even when the data folder is gone."""
 
@@ -11,7 +11,9 @@ from types import SimpleNamespace
 import pytest
 
 from framework.checkpoint import CKPT_KEY, CheckpointError, find_tokenizer, read_metadata
-from framework.checkpoint_tokenizer import KeepTokenizer, sha256_of, tokenizer_record
+from framework.checkpoint import tokenizer_record
+from framework.checkpoint.keep_tokenizer import KeepTokenizer
+from framework.checkpoint.tokenizer_record import sha256_of
 from checkpoint_run import moved_copy, pretrained_run
 
 

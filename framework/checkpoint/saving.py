@@ -1,6 +1,6 @@
 """Checkpoints of a pretraining run: crash-safe periodic saves (keep-last-k) for every
 strategy, atomic single-file writes, and the refusal to write over an earlier run's
-checkpoints. Choosing the checkpoint to resume from is framework/resume.py."""
+checkpoints. Choosing the checkpoint to resume from is framework/checkpoint/resume.py."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
+from framework.atomic_write import fsync_dir, replacing
+from framework.checkpoint.export import EXPORT_FOLDER
+from framework.checkpoint.folder import (LAST, clean_leftovers, point_last, publish, remove_path, retire, staging_path,
+                                         step_checkpoints)
 from framework.config import PositiveInt, check
-from framework.checkpoint_folder import (LAST, clean_leftovers, fsync_dir, point_last, publish, remove_path, retire,
-                                         staging_path, step_checkpoints)
 from framework.nonfinite import guard_of, refuse_nonfinite_state
 
 
@@ -28,7 +30,7 @@ class PeriodicCheckpoint(Checkpoint):
 
     Every save is crash-safe whatever the strategy (one file, FSDP2's folder of shards,
     DeepSpeed's folder): written under a staging name, every rank waits for every other,
-    then rank 0 renames it into place (framework/checkpoint_folder.py). Before a save
+    then rank 0 renames it into place (framework/checkpoint/folder.py). Before a save
     every rank checks its parameters and optimizer state: a state holding a NaN or Inf
     is never written (the run stops instead), and a save that falls due while steps are
     being skipped for non-finite values waits for the next step that goes through.
@@ -87,6 +89,11 @@ class PeriodicCheckpoint(Checkpoint):
             self.save(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.save_final(trainer)
+
+    def save_final(self, trainer: pl.Trainer) -> None:
+        """The end of the run's checkpoint (once: a second call finds it saved). The
+        final export calls it first, so that a failed export loses no step."""
         if trainer.global_step != self._last_saved_step and not trainer.fast_dev_run:
             self.save(trainer, final=True)
 
@@ -167,16 +174,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
-        try:
-            with open(partial, "wb") as handle:
-                torch.save(checkpoint, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(partial, target)
-        finally:
-            partial.unlink(missing_ok=True)
+        with replacing(target) as partial, open(partial, "wb") as handle:
+            torch.save(checkpoint, handle)
         fsync_dir(target.parent)
 
 
@@ -187,12 +186,33 @@ def use_atomic_checkpoint_io(trainer: pl.Trainer) -> None:
         trainer.strategy.checkpoint_io = AtomicCheckpointIO()
 
 
-def refuse_earlier_checkpoints(dirpath: str | os.PathLike) -> None:
-    """A fresh run must not write over the checkpoints of an earlier one."""
+def refuse_earlier_checkpoints(dirpath: str | os.PathLike, skipped: list[str] | None = None) -> None:
+    """A fresh run must not write over the checkpoints of an earlier one. ``skipped``:
+    what ``--resume auto`` found damaged there (then nothing in the folder could be resumed)."""
     existing = sorted(Path(dirpath).glob("*.ckpt")) if os.path.isdir(dirpath) else []
+    if existing and skipped:
+        raise ValueError(f"--resume auto found no complete checkpoint in {str(dirpath)!r}: "
+                         f"{'; '.join(skipped)}. Move them out of the folder to start from step 0, or resume "
+                         "from a copy you trust (--resume PATH)")
     if existing:
         raise ValueError(f"checkpoint folder {str(dirpath)!r} already holds {existing[0].name} from an earlier "
                          "run: resume it (--resume auto) or choose another --trainer.default_root_dir")
 
 
-__all__ = ["PeriodicCheckpoint", "AtomicCheckpointIO", "use_atomic_checkpoint_io", "refuse_earlier_checkpoints"]
+# What a finished run leaves in its root besides its checkpoints: the final export
+# (framework/checkpoint/final_export.py) and RunSummary's summary.json.
+RUN_OUTPUTS = (EXPORT_FOLDER, "summary.json")
+
+
+def refuse_earlier_run(root: str | os.PathLike) -> None:
+    """A fresh run must not replace an earlier run's export and summary, wherever its
+    checkpoints go (``--checkpoint.dirpath`` elsewhere leaves the root's as they were)."""
+    found = [name for name in RUN_OUTPUTS if os.path.lexists(Path(root) / name)]
+    if found:
+        raise ValueError(f"trainer.default_root_dir {str(root)!r} already holds {' and '.join(found)} of an earlier "
+                         "run: resume that run (--resume auto with its checkpoint folder) or choose another "
+                         "--trainer.default_root_dir")
+
+
+__all__ = ["PeriodicCheckpoint", "AtomicCheckpointIO", "use_atomic_checkpoint_io", "refuse_earlier_checkpoints",
+           "refuse_earlier_run", "RUN_OUTPUTS"]

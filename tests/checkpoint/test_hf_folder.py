@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
 from framework.checkpoint import CheckpointError, checkpoint_form, export_decoder, find_tokenizer, load_decoder
 from framework.config import ModelConfig
-from framework.export import main as export_main
+from framework.checkpoint.export import main as export_main
 from framework.model import Decoder
 from hf_llama import LLAMA3_ROPE, VOCAB, tiny_hf_llama
 

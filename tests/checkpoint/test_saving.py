@@ -7,9 +7,10 @@ import os
 import pytest
 import torch
 
-import framework.checkpointing as checkpointing_module
-from framework.checkpointing import AtomicCheckpointIO, PeriodicCheckpoint
-from tiny_training import RandomTokens, quiet_trainer, tiny_module
+import framework.checkpoint.saving as checkpointing_module
+from framework.checkpoint.saving import AtomicCheckpointIO, PeriodicCheckpoint
+from battery import hashes, layerdrop, refusal
+from tiny_training import RandomTokens, quiet_trainer, tiny_cli_args, tiny_module
 
 
 def test_periodic_checkpoints_keep_the_newest_and_the_final_step(tmp_path):
@@ -61,7 +62,7 @@ def test_a_crash_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path, mo
 
 
 def test_the_trainer_saves_through_the_atomic_io(tmp_path):
-    from framework.checkpointing import use_atomic_checkpoint_io
+    from framework.checkpoint.saving import use_atomic_checkpoint_io
 
     trainer = quiet_trainer(max_steps=1, default_root_dir=str(tmp_path))
     use_atomic_checkpoint_io(trainer)
@@ -91,3 +92,34 @@ def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, capsys
     assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt", "step-00000002.ckpt", "step-00000003.ckpt",
                                                              "step-00000004.ckpt", "step-00000005.ckpt"]
     assert "resume: moved 2 checkpoint(s) newer than step 2" in capsys.readouterr().out
+
+
+def test_a_fresh_run_keeps_off_an_earlier_runs_export_and_summary(prepared_tokens, tmp_path):
+    """With its checkpoints elsewhere (--checkpoint.dirpath), a fresh run into an earlier
+    run's root once replaced that run's export/ and summary.json silently."""
+    root = tmp_path / "run"
+    (root / "export").mkdir(parents=True)
+    (root / "export" / "config.json").write_text('{"model": {}}')
+    (root / "summary.json").write_text('{"steps": 2}')
+    before = hashes(root)
+    line = refusal(layerdrop("pretrain", *tiny_cli_args(prepared_tokens, root, steps=2),
+                             "--checkpoint.dirpath", tmp_path / "elsewhere"))
+    assert "already holds export and summary.json of an earlier run" in line
+    assert hashes(root) == before and not (tmp_path / "elsewhere").exists()
+
+
+def test_the_final_checkpoint_is_saved_before_the_export(prepared_tokens, tmp_path, monkeypatch):
+    """Lightning runs checkpoint callbacks last: a failed export once lost every step
+    since the last periodic save."""
+    from framework.checkpoint.safetensors_writer import SafetensorsWriter
+    from framework.pretrain import main
+
+    def out_of_memory(self, name, tensor):  # what an OOM gathering a full tensor looks like
+        raise MemoryError("gathering a full tensor")
+
+    monkeypatch.setattr(SafetensorsWriter, "write", out_of_memory)
+    with pytest.raises(MemoryError):
+        main(tiny_cli_args(prepared_tokens, tmp_path / "run", steps=4) + ["--trainer.logger", "false"])
+    saved = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*.ckpt"))
+    assert saved == ["step-00000003.ckpt", "step-00000004.ckpt"]  # every 3 steps, and the end
+    assert not (tmp_path / "run" / "export").exists()
