@@ -1,6 +1,7 @@
 """`strategy: hsdp` on two torchrun "nodes" of two CPU processes each (gloo): a 2 x 2
 (replicate, shard) mesh, FSDP2 inside each node, the gradient shards all-reduced
-across the nodes, at uniform p_max = 0.99 with per-device masks.
+across the nodes, at uniform p_max = 0.99 with per-device masks and the early-exit
+loss on (every rank adds the same exit heads, through the root's gathered head).
 
 It must compute what DDP computes at the same global batch (test_multinode_launch.py's
 run: the same 4 ranks, data and masks), move exactly the collectives
@@ -53,6 +54,10 @@ def test_hsdp_computes_what_ddp_computes_at_the_same_global_batch(hsdp_run, node
         # ... and the same loss, step for step (only the order of the gradient sums differs).
         assert [s["loss"] for s in sharded["steps"]] == pytest.approx([s["loss"] for s in replicated["steps"]],
                                                                        rel=1e-5)
+        exits = {k: v for k, v in replicated["logged"].items() if k.startswith("early_exit/")}
+        assert len(exits) == LAYERS - 1  # exits 1..3, each logged at some step
+        assert {k: v for k, v in sharded["logged"].items() if k.startswith("early_exit/")} == \
+            pytest.approx(exits, rel=1e-5)
     zero_row_calls = sum(rows == 0 for rank in hsdp for s in rank["steps"] for rows in s["rows_per_call"])
     assert zero_row_calls > 0.9 * 4 * NODES_STEPS * LAYERS
     # The weights after 20 steps: AdamW divides by the gradient's RMS, so on the entries
