@@ -21,8 +21,9 @@ import torch
 
 from benchmarks.comm_volume import (expected_calls, micro_batch_collectives, optimizer_step_collectives,
                                      recorded_calls)
-from pretrain_launch import (LAYERS, MICRO_BATCH, NODES_STEPS, SEQ_LEN, VOCAB, launch_nodes, nodes_recipe, read_ranks,
-                             shared_once)
+from crash_points import read_records, skipped_line
+from pretrain_launch import (LAYERS, MICRO_BATCH, NODES_STEPS, POISONED_STEP, SEQ_LEN, VOCAB, launch_nodes, nodes_recipe,
+                             read_ranks, shared_once)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
@@ -68,6 +69,17 @@ def test_hsdp_computes_what_ddp_computes_at_the_same_global_batch(hsdp_run, node
         final = _parameters(hsdp_run, rank)
         for name in reference:
             torch.testing.assert_close(final[name], reference[name], rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_hsdp_ranks_agree_to_skip_a_step_only_one_of_them_saw_go_non_finite(hsdp_run):
+    """nodes_recipe poisons one gradient element on rank 1 at step 2 (a DTensor shard
+    here): every rank skips that step, as DDP's do (test_nonfinite_ranks.py)."""
+    assert skipped_line(POISONED_STEP) in (hsdp_run / "node0.log").read_text()
+    for rank in range(4):
+        weights = {r["step"]: r["weights"] for r in read_records(hsdp_run / "records", rank)}  # this rank's shards
+        assert sorted(weights) == list(range(NODES_STEPS))
+        assert weights[POISONED_STEP] == weights[POISONED_STEP - 1]
+        assert weights[POISONED_STEP + 1] != weights[POISONED_STEP] != weights[POISONED_STEP - 2]
 
 
 def test_hsdp_moves_the_collectives_comm_volume_computes(hsdp_run):
