@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sys.path[:0] = [str(REPO)]
     from framework.checkpoint import load_decoder
-    from framework.safe_unpickle import prove_checkpoint_harmless
+    from framework.checkpoint.safety import prove_checkpoint_harmless
 
     with tempfile.TemporaryDirectory(prefix="checkpoint_cost-") as temporary:
         work = args.work_dir or Path(temporary)

@@ -156,6 +156,7 @@ def _prepare_tokenizer(args, sources, loaded, staging) -> tuple[object, dict]:
     Returns the tokenizer and its manifest entry.
     """
     from data_prep.tokenizer import DEFAULT_EOS, train_tokenizer, vocab_size_of
+    from framework.checkpoint.tokenizer_record import record_for
 
     path = os.path.join(staging, "tokenizer.json")
     if loaded is not None:
@@ -174,8 +175,8 @@ def _prepare_tokenizer(args, sources, loaded, staging) -> tuple[object, dict]:
         eos_id = tokenizer.token_to_id(eos_token)
         tokenizer.save(path)
         entry = {"origin": "trained", "trained_on": {"documents": seen.documents, "bytes": seen.bytes}}
-    entry.update(file="tokenizer.json", sha256=sha256_of(path), vocab_size=vocab_size_of(tokenizer),
-                 eos_token=eos_token, eos_id=eos_id)
+    entry.update(record_for(sha256=sha256_of(path), vocab_size=vocab_size_of(tokenizer), eos_token=eos_token,
+                            eos_id=eos_id))
     return tokenizer, entry
 
 

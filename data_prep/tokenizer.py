@@ -15,9 +15,9 @@ from typing import Iterable
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data_prep.errors import PrepareError
+from framework.checkpoint.tokenizer_record import EOS_CANDIDATES, first_eos
 
-DEFAULT_EOS = "<|endoftext|>"
-EOS_CANDIDATES = (DEFAULT_EOS, "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<|im_end|>", "<|eot_id|>")
+DEFAULT_EOS = EOS_CANDIDATES[0]
 BYTE_ALPHABET_SIZE = 256
 
 
@@ -60,9 +60,8 @@ def find_eos(tokenizer: Tokenizer, requested: str | None, path: str) -> tuple[st
         if token_id is None:
             raise PrepareError(f"--eos-token {requested!r} is not in the vocabulary of {path}")
         return requested, token_id
-    for candidate in EOS_CANDIDATES:
-        token_id = tokenizer.token_to_id(candidate)
-        if token_id is not None:
-            return candidate, token_id
+    found = first_eos(tokenizer)
+    if found is not None:
+        return found
     raise PrepareError(f"{path} has none of the usual EOS tokens ({', '.join(EOS_CANDIDATES)}); "
                        "name yours with --eos-token")

@@ -13,19 +13,18 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-TOKENIZER_FILE = "tokenizer.json"
-EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<|im_end|>", "<|eot_id|>")
+from framework.checkpoint import TOKENIZER_FILE, Checkpoint, tokenizer_record
+from framework.checkpoint import find_tokenizer as find_checkpoint_tokenizer
+from framework.checkpoint.tokenizer_record import EOS_CANDIDATES, first_eos
 
 
-def find_tokenizer(ckpt: str | Path) -> tuple[Path, int | None]:
+def find_tokenizer(ckpt: str | Path | Checkpoint) -> tuple[Path, int | None]:
     """(tokenizer.json, the EOS id recorded with it, or None) for a checkpoint of any
-    form, from any working directory. Where to look is ``framework.checkpoint``'s
-    business; the EOS id comes from the checkpoint's tokenizer record, else from the
-    manifest of the prepared data folder the tokenizer was found in."""
-    from framework.checkpoint import find_tokenizer as find
-    from framework.checkpoint_tokenizer import tokenizer_record
-
-    path = find(ckpt)
+    form (a path, or a Checkpoint already opened), from any working directory. Where
+    to look is ``framework.checkpoint``'s business; the EOS id comes from the
+    checkpoint's tokenizer record, else from the manifest of the prepared data folder
+    the tokenizer was found in."""
+    path = find_checkpoint_tokenizer(ckpt)
     eos_id = tokenizer_record(ckpt).get("eos_id")
     manifest = path.parent / "manifest.json"
     if eos_id is None and manifest.is_file():
@@ -51,10 +50,9 @@ def eos_id_of(tokenizer: Tokenizer, requested: str | None) -> int:
         if token_id is None:
             raise ValueError(f"eot_token={requested!r} is not in the tokenizer's vocabulary")
         return token_id
-    for name in EOS_CANDIDATES:
-        token_id = tokenizer.token_to_id(name)
-        if token_id is not None:
-            return token_id
+    found = first_eos(tokenizer)
+    if found is not None:
+        return found[1]
     raise ValueError(f"the tokenizer has none of the usual end-of-text tokens ({', '.join(EOS_CANDIDATES)}); "
                      "name yours with eot_token=")
 
@@ -68,7 +66,7 @@ class TextCodec:
     path: Path
 
     @classmethod
-    def for_checkpoint(cls, ckpt: str | Path, tokenizer: str | Path | None = None,
+    def for_checkpoint(cls, ckpt: str | Path | Checkpoint, tokenizer: str | Path | None = None,
                        eos_token: str | None = None) -> "TextCodec":
         """The checkpoint's tokenizer (or ``tokenizer``); the EOS is ``eos_token``, else the
         data manifest's, else the first usual EOS name in the vocabulary."""

@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("data_prep.prepare:main", "corpus -> tokenizer -> litdata token chunks (+ manifest.json)"),
     "pretrain": ("framework.pretrain:main", "pretrain with layer dropout (LightningCLI fit)"),
     "recipe": ("framework.recipe:main", "write a recipe for a size, token budget and devices (Table A.2's rules)"),
-    "export": ("framework.export:main", "any checkpoint -> model.safetensors + config.json + tokenizer.json"),
+    "export": ("framework.checkpoint.export:main", "any checkpoint -> model.safetensors + config.json + tokenizer.json"),
     "eval exits": ("eval.measurements.exits:exits_main", "validation loss at every early-exit layer (one pass)"),
     "eval skip": ("eval.measurements.exits:skip_main", "loss vs parameters kept when skipping layer sets"),
     "eval heldout": ("eval.measurements.heldout:main",

@@ -62,11 +62,11 @@ ScaleFunctionName = Literal[tuple(SCALE_FUNCTIONS)]  # type: ignore[valid-type]
 CurriculumName = Literal[tuple(CURRICULA)]  # type: ignore[valid-type]
 NonNegativeFloat = Annotated[float, Rule(lambda v: v >= 0, "must be >= 0")]
 # Bounded where a config value enters AdamW's float32 arithmetic: a step moves each
-# weight by about lr (Adam's step is normalised), so an lr above 1 erases weights of
-# size ~σ and a huge one (1e39) overflows float32 inside the optimizer; an ε above 1
+# weight by about lr (Adam's step is normalised), so a huge lr (1e39) overflows float32
+# inside the optimizer; 1e4 leaves room for deliberate divergence tests; an ε above 1
 # swamps every gradient's scale.
-LearningRate = Annotated[float, Rule(lambda v: 0.0 < v <= 1.0,
-                                     "must be in (0, 1]: AdamW moves each weight by about lr per step")]
+LearningRate = Annotated[float, Rule(lambda v: 0.0 < v <= 1e4,
+                                     "must be in (0, 1e4]: AdamW moves each weight by about lr per step")]
 AdamEpsilon = Annotated[float, Rule(lambda v: 0.0 < v <= 1.0,
                                     "must be in (0, 1]: ε is added to each gradient's RMS in AdamW's denominator")]
 

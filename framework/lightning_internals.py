@@ -31,6 +31,8 @@ PRIVATE_API: dict[str, tuple[str, ...] | None] = {
     "lightning.pytorch.strategies:ModelParallelStrategy._setup_distributed": ("self",),
     "lightning.pytorch.strategies:ModelParallelStrategy._device_mesh": None,
     "lightning.pytorch:LightningModule._device_mesh": None,
+    # Which checkpoint form an FSDP2 strategy writes (framework/strategies/registry.py).
+    "lightning.pytorch.strategies:ModelParallelStrategy._save_distributed_checkpoint": None,
 }
 
 
@@ -49,4 +51,10 @@ def install_device_mesh(strategy: "ModelParallelStrategy", mesh: "DeviceMesh") -
     strategy.lightning_module._device_mesh = mesh
 
 
-__all__ = ["PRIVATE_API", "start_process_group", "install_device_mesh"]
+def saves_distributed_checkpoint(strategy: "ModelParallelStrategy") -> bool:
+    """Whether the strategy saves a sharded DCP folder (its save_distributed_checkpoint
+    argument) rather than one consolidated file."""
+    return bool(strategy._save_distributed_checkpoint)
+
+
+__all__ = ["PRIVATE_API", "start_process_group", "install_device_mesh", "saves_distributed_checkpoint"]

@@ -311,7 +311,7 @@ class LayerDropModule(pl.LightningModule):
         if not isinstance(saved, dict):
             raise ValueError(f"checkpoint has no {CKPT_KEY!r} model config: it was not written by layerdrop pretrain")
         check_same_model(saved, self.model_cfg.to_dict())
-        from framework.resume import apply_recipe_optimizer_settings
+        from framework.checkpoint.resume import apply_recipe_optimizer_settings
 
         # The recipe's LR, schedule and weight decay win over the saved ones (else a lower
         # LR after a divergence would be silently ignored); said in one line.

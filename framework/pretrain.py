@@ -10,13 +10,13 @@ decoder, layer_dropout, parametrization, lr_schedule), ``data`` (TokenDataModule
 ``summary`` (RunSummary), ``guard`` (NonFiniteLossGuard) and ``resume``. A run lives in
 ``trainer.default_root_dir``:
 
-    <root>/checkpoints/step-XXXXXXXX.ckpt, last.ckpt -> the newest (framework/checkpointing.py)
+    <root>/checkpoints/step-XXXXXXXX.ckpt, last.ckpt -> the newest (framework/checkpoint/saving.py)
     <root>/lightning_logs/version_N/      TensorBoard events + config.yaml (resolved config)
     <root>/summary.json                   what the run did (also printed at the end)
 
 Everything that can be checked before the first step is checked first, with a one-line
 error: a bad flag, recipe key or value, the Trainer settings Lightning would trip over
-later, the resume target (framework/resume.py: complete, harmless), the checkpoint's
+later, the resume target (framework/checkpoint/resume.py: complete, harmless), the checkpoint's
 model shape against the config, the data's vocabulary against the model (the
 DataModule's setup), a non-constant dropout schedule without ``max_steps``.
 """
@@ -40,13 +40,14 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from framework.config import PositiveInt, check
 from framework.callbacks import RunSummary, Throughput
-from framework.checkpointing import PeriodicCheckpoint, refuse_earlier_checkpoints, use_atomic_checkpoint_io
 from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
-from framework.export import export_callbacks
+from framework.checkpoint.final_export import export_callbacks
+from framework.checkpoint.resume import choose_checkpoint
+from framework.checkpoint.saving import (PeriodicCheckpoint, refuse_earlier_checkpoints, refuse_earlier_run,
+                                         use_atomic_checkpoint_io)
 from framework.module import LayerDropModule, check_same_model, with_parametrization
 from framework.nonfinite import NonFiniteLossError, NonFiniteLossGuard
 from framework.training_progress import StepProgressBar, StepProgressLines
-from framework.resume import choose_checkpoint
 
 PROG = "layerdrop pretrain"
 
@@ -84,9 +85,10 @@ class PretrainCLI(LightningCLI):
         self.ckpt_path = choice.path if choice is not None else None
         self.resumed_step = choice.step if choice is not None and choice.step is not None else 0
         if self.ckpt_path is None:
-            refuse_earlier_checkpoints(folder)
+            refuse_earlier_checkpoints(folder, choice.skipped if choice is not None else None)
+            refuse_earlier_run(config.trainer.default_root_dir or ".")
         else:
-            check_resume_shape(self.ckpt_path, config)
+            check_resume_shape(choice.checkpoint or self.ckpt_path, config)
         if choice is not None and rank_zero_only.rank == 0:
             print(choice.message(folder), flush=True)
 
@@ -237,12 +239,12 @@ def check_seq_len(config: Any) -> None:
         raise ValueError(f"data.seq_len={seq_len} is invalid: it exceeds model.decoder.max_seq_len={max_len}")
 
 
-def check_resume_shape(ckpt_path: str, config: Any) -> None:
-    """Compare the checkpoint's model with the configured one before anything is built
-    (memory-mapped: only the small config entry is read)."""
-    saved = read_metadata(ckpt_path).get(CKPT_KEY, {}).get("model_config")
+def check_resume_shape(ckpt: Any, config: Any) -> None:
+    """Compare the checkpoint's model (a path or an opened Checkpoint) with the
+    configured one before anything is built (only the small config entry is read)."""
+    saved = read_metadata(ckpt).get(CKPT_KEY, {}).get("model_config")
     if not isinstance(saved, dict):
-        raise CheckpointError(f"checkpoint {ckpt_path!r} was not written by layerdrop pretrain "
+        raise CheckpointError(f"checkpoint {str(getattr(ckpt, 'path', ckpt))!r} was not written by layerdrop pretrain "
                               f"(no {CKPT_KEY!r} entry)")
     from framework.config import ModelConfig, ParametrizationConfig
 

@@ -22,12 +22,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("framework", "eval", "data_prep", "benchmarks")
 FRONT_DOOR = "framework.cli"
-# Circles being removed on a branch of their own (issue 19: framework/checkpoint/ as a
-# package). Exactly these groups are let through, nothing else; the entry goes when the
-# package lands.
-KNOWN_CIRCLES = [{"framework.checkpoint", "framework.checkpoint_tokenizer", "framework.distributed_checkpoint",
-                  "framework.export", "framework.hf_checkpoint", "framework.safe_unpickle",
-                  "framework.zero_checkpoint"}]
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -153,20 +147,8 @@ def cycle_through(group: set[str], graph: dict[str, set[str]]) -> list[str]:
 
 def test_no_module_imports_itself_through_others():
     graph = import_graph(REPO)
-    found = [" -> ".join(cycle) for cycle in circles(graph) if strongly_connected(cycle[0], graph) not in KNOWN_CIRCLES]
+    found = [" -> ".join(cycle) for cycle in circles(graph)]
     assert found == [], "import circles:\n" + "\n".join(found)
-
-
-def strongly_connected(module: str, graph: dict[str, set[str]]) -> set[str]:
-    """The modules that reach ``module`` and that ``module`` reaches."""
-    def reach(start: str) -> set[str]:
-        seen, todo = {start}, [start]
-        while todo:
-            for child in graph[todo.pop()] - seen:
-                seen.add(child)
-                todo.append(child)
-        return seen
-    return {m for m in reach(module) if module in reach(m)}
 
 
 def test_framework_library_code_never_imports_eval_or_data_prep():

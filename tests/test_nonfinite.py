@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from framework.checkpointing import PeriodicCheckpoint
+from framework.checkpoint.saving import PeriodicCheckpoint
 from framework.nonfinite import NonFiniteLossError, NonFiniteLossGuard
 from step_records import callbacks_arg, records
 from tiny_training import KeepingLogger, RandomTokens, quiet_trainer, tiny_module

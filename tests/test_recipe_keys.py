@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from framework.callbacks import RunSummary, Throughput
-from framework.checkpointing import PeriodicCheckpoint
+from framework.checkpoint.saving import PeriodicCheckpoint
 from framework.nonfinite import NonFiniteLossGuard
 from framework.pretrain import PretrainCLI, build_cli
 from framework.early_exit_loss import exit_weights

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.decoding.sampling import Sampling
     from eval.inputs import ContextLimit, check_vocabulary
     from eval.tokenizer import TextCodec
-    from framework.checkpoint import CheckpointError, load_decoder, read_model_config
+    from framework.checkpoint import Checkpoint, CheckpointError
 
     parser = _parser()
     args = parser.parse_args(argv)
@@ -122,8 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             check_threshold(args.threshold)
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
         rows, from_file = _prompt_texts(parser, args)
-        codec = TextCodec.for_checkpoint(args.ckpt, args.tokenizer, args.eot_token)
-        cfg = read_model_config(args.ckpt)
+        ckpt = Checkpoint.open(args.ckpt)  # proven harmless and read once for the whole command
+        codec = TextCodec.for_checkpoint(ckpt, args.tokenizer, args.eot_token)
+        cfg = ckpt.model_config
         mode, value = modes.parse(args.mode, cfg.n_layers)
         modes.refuse_unread(mode, _settings(args, sampling, args.adapters), args.mode)
         if args.exits is not None:
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         check_vocabulary(prompts, cfg.vocab_size)
         limit = ContextLimit(cfg.max_seq_len)
         prompts = [limit.fit(p, reserve=args.max_new_tokens) for p in prompts]
-        model, cfg = load_decoder(args.ckpt, map_location=device)
+        model, cfg = ckpt.load_decoder(device)
         decode = mode.build(model, value, _settings(args, sampling, _adapters(args.adapters, model)))
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         parser.error(str(err))

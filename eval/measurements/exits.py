@@ -31,7 +31,7 @@ from framework.atomic_write import write_json
 from eval import options
 from eval import skip_sets as sets
 from eval.inputs import Batch, ContextLimit, ValidationData
-from framework.checkpoint import CheckpointError, load_decoder, read_model_config
+from framework.checkpoint import Checkpoint, CheckpointError
 from framework.command_parser import CommandParser
 from framework.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
 from framework.model import Decoder
@@ -149,8 +149,9 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for path in args.ckpt:
         if not Path(path).exists():
             parser.error(f"checkpoint {path!r} does not exist")
-    try:
-        args.configs = [read_model_config(p) for p in args.ckpt]
+    try:  # each checkpoint opened (proven harmless, metadata read) once for the command
+        args.checkpoints = [Checkpoint.open(p) for p in args.ckpt]
+        args.configs = [ckpt.model_config for ckpt in args.checkpoints]
     except (CheckpointError, FileNotFoundError) as err:
         parser.error(str(err))
     args.device = options.resolve_device(parser, args.device)
@@ -194,12 +195,17 @@ def _combined(reports: list[dict]) -> dict:
     return {**reports[0], "models": reports}
 
 
-def _evaluate_each(args: argparse.Namespace, data: ValidationData, evaluate, what: str) -> list[dict]:
-    """``evaluate(decoder, batches)`` for every checkpoint, with one progress display."""
+def _evaluate_each(parser: argparse.ArgumentParser, args: argparse.Namespace, data: ValidationData, evaluate,
+                   what: str) -> list[dict]:
+    """``evaluate(decoder, batches)`` for every checkpoint, with one progress display;
+    a checkpoint whose weights cannot be loaded (NaN, a damaged file) stops in one line."""
     reports = []
     with progress(len(data) * len(args.ckpt), f"{what}: batches") as bar:
-        for path, label in zip(args.ckpt, args.labels):
-            decoder, _ = load_decoder(path, map_location=args.device)
+        for path, ckpt, label in zip(args.ckpt, args.checkpoints, args.labels):
+            try:
+                decoder, _ = ckpt.load_decoder(args.device)
+            except CheckpointError as err:
+                parser.error(str(err))
             reports.append({"label": label, "ckpt": str(path), **evaluate(decoder, Advancing(data, bar))})
             del decoder
     return reports
@@ -241,7 +247,7 @@ def exits_main(argv: list[str] | None = None) -> int:
     exits = [_exit_layers(parser, args.exit_layers, cfg.n_layers) for cfg in args.configs]
     data = _read_data(parser, args)
     queue = iter(exits)
-    reports = _evaluate_each(args, data, lambda d, b: exit_losses(d, b, chunk_tokens=args.chunk_tokens,
+    reports = _evaluate_each(parser, args, data, lambda d, b: exit_losses(d, b, chunk_tokens=args.chunk_tokens,
                                                                   exits=next(queue)), "eval exits")
     report = _combined(reports)
     report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
@@ -275,8 +281,8 @@ def skip_main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     data = _read_data(parser, args)
     queue = iter(skips)
-    reports = _evaluate_each(args, data, lambda d, b: skip_losses(d, b, next(queue), chunk_tokens=args.chunk_tokens),
-                             "eval skip")
+    reports = _evaluate_each(parser, args, data,
+                             lambda d, b: skip_losses(d, b, next(queue), chunk_tokens=args.chunk_tokens), "eval skip")
     report = _combined(reports)
     report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
     write_json(args.out, report)

@@ -32,7 +32,7 @@ import torch
 from eval.measurements.exits import Batch, ValidationData, exit_losses
 from eval.options import add_checkpoint, add_output, add_threads, apply_threads, check_positive, refuse_existing
 from framework.atomic_write import write_json
-from framework.checkpoint import CheckpointError, load_decoder, read_model_config
+from framework.checkpoint import Checkpoint, CheckpointError
 from framework.command_parser import CommandParser
 from framework.model import Decoder
 from framework.loop_progress import Advancing, progress
@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     if "://" not in args.data and not Path(args.data).is_dir():
         parser.error(f"--data {args.data!r} is not a folder: expected one made by `layerdrop prepare`")
     try:
-        config = read_model_config(args.ckpt)
+        ckpt = Checkpoint.open(args.ckpt)  # proven harmless and read once for the command
+        config = ckpt.model_config
     except (CheckpointError, FileNotFoundError) as err:
         parser.error(str(err))
     apply_threads(args.threads)
@@ -140,7 +141,10 @@ def main(argv: list[str] | None = None) -> int:
                               max_batches=None, model_vocab_size=config.vocab_size)
     except (ValueError, FileNotFoundError) as err:
         parser.error(f"--data {args.data!r}: {err}")
-    decoder, _ = load_decoder(args.ckpt)
+    try:
+        decoder, _ = ckpt.load_decoder()
+    except CheckpointError as err:  # NaN weights, a damaged weights file
+        parser.error(str(err))
     with progress(len(data), "eval heldout: batches") as bar:
         report = heldout_losses(decoder, Advancing(data, bar), groups=args.groups, batches_total=len(data.loader))
     report.update(ckpt=str(args.ckpt), data_dir=str(args.data), seq_len=seq_len, batch_size=args.batch_size)

@@ -23,6 +23,7 @@ import torch
 
 from framework.config import PositiveInt, check
 from framework.device_memory import Footprint
+from framework.lightning_internals import saves_distributed_checkpoint
 from framework.strategies.deepspeed_zero import DeepSpeedZero
 from framework.strategies.entry import OTHER, Layout, NamedStrategy
 from framework.strategies.fsdp2 import FSDP2Strategy, HSDPStrategy
@@ -89,7 +90,7 @@ class FSDP(NamedStrategy):
         return f"FSDP2 over all {devices * nodes} devices"
 
     def checkpoint_form(self, strategy: "Strategy") -> str:
-        return "dcp" if strategy._save_distributed_checkpoint else "lightning"
+        return "dcp" if saves_distributed_checkpoint(strategy) else "lightning"
 
 
 class HSDP(FSDP):

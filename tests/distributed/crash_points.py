@@ -5,7 +5,7 @@ Given to ``layerdrop pretrain`` through a recipe's ``trainer.callbacks`` (class 
 with this folder on PYTHONPATH), so production code carries no test hooks: the
 points "during a save" are reached by wrapping, from here, the functions a save goes
 through (``torch.save``, which writes the single file and every FSDP2 shard, and the
-steps of framework/checkpoint_folder.py).
+steps of framework/checkpoint/folder.py).
 
 The kill is SIGKILL to the run's whole process group: every rank dies at that
 instant, as when a node fails or a job is cancelled.
@@ -50,8 +50,8 @@ class KillAt(pl.Callback):
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if trainer.global_rank != self.rank:
             return
-        import framework.checkpoint_folder as folder
-        import framework.checkpointing as checkpointing
+        import framework.checkpoint.folder as folder
+        import framework.checkpoint.saving as checkpointing
 
         if self.point == "during_save":
             torch.save = self._half_then_kill(torch.save)

@@ -31,8 +31,8 @@ import torch
 
 from pretrain_launch import clean_env, pretrain_command, run, shared_once, tiny_recipe
 
-from framework.checkpoint import CKPT_KEY, checkpoint_form, load_decoder, read_metadata
-from framework.checkpoint_tokenizer import find_tokenizer, sha256_of
+from framework.checkpoint import CKPT_KEY, checkpoint_form, find_tokenizer, load_decoder, read_metadata
+from framework.checkpoint.tokenizer_record import sha256_of
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -132,7 +132,7 @@ def test_every_checkpoint_records_its_tokenizer_and_finds_it_from_anywhere(runs,
 
 @pytest.mark.parametrize("name", ["single", *FORMS])
 def test_layerdrop_export_of_every_form(runs, name, tmp_path):
-    from framework.export import main as export
+    from framework.checkpoint.export import main as export
 
     ckpt, out = last(runs[name]), tmp_path / "export"
     assert export(["--ckpt", str(ckpt), "--out", str(out)]) == 0
@@ -150,7 +150,7 @@ def test_layerdrop_export_of_every_form(runs, name, tmp_path):
 
 
 def test_the_sharded_loader_reads_model_entries_only(runs, monkeypatch):
-    from framework.distributed_checkpoint import SafeFileSystemReader
+    from framework.checkpoint.dcp_reader import SafeFileSystemReader
 
     requested: list[str] = []
     original = SafeFileSystemReader.read_data
@@ -169,9 +169,9 @@ PEAK_SCRIPT = """
 import gc, json, re, sys
 from pathlib import Path
 import torch
-import framework.checkpoint, framework.safe_unpickle, framework.zero_checkpoint, framework.distributed_checkpoint
+import framework.checkpoint, framework.checkpoint.safety, framework.checkpoint.zero, framework.checkpoint.dcp_reader
 from framework.checkpoint import load_decoder
-from framework.safe_unpickle import load_torch_file
+from framework.checkpoint.safety import load_torch_file
 
 def resident(field):
     return 1024 * int(re.search(field + r":\\s+(\\d+)", open("/proc/self/status").read()).group(1))
@@ -375,7 +375,7 @@ def test_a_payload_in_any_pickled_file_is_refused_by_every_command(runs, chain, 
 
 def test_a_deepspeed_tag_pointing_outside_the_checkpoint_is_refused(runs, tmp_path):
     from framework.checkpoint import CheckpointError
-    from framework.safe_unpickle import prove_checkpoint_harmless
+    from framework.checkpoint.safety import prove_checkpoint_harmless
 
     copy = tmp_path / "step.ckpt"
     shutil.copytree(last(runs["zero2"]).resolve(), copy, copy_function=os.link)

@@ -130,7 +130,7 @@ def test_single_process_survives_kills_at_every_point_of_a_save(tmp_path, tiny_d
     base = base_recipe(tmp_path, tiny_data, strategy="single", devices=1, steps=12, every=3)
     run_chain(tmp_path, base, [
         # The first save, cut short mid-file: nothing complete, so from step 0.
-        ((3, "during_save"), None, [r"\.\.step-0+3\.ckpt\.staging\.partial-\d+"]),
+        ((3, "during_save"), None, [r"\.\.step-0+3\.ckpt\.staging\.partial-\d+-\d+"]),
         # Written whole but not yet renamed: it does not count.
         ((6, "before_publish"), "step-00000003.ckpt", [r"\.step-0+6\.ckpt\.staging"]),
         # Step 9 in place, step 3 half deleted (keep_last 2), last.ckpt still on step 6.

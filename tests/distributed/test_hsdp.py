@@ -108,7 +108,7 @@ def test_hsdp_resumes_exactly_from_its_sharded_checkpoint_and_eval_commands_load
 def _eval_commands_load(ckpt: Path, reference: dict[str, torch.Tensor], data: Path, tmp_path: Path) -> None:
     from eval.measurements.exits import exits_main
     from framework.checkpoint import load_decoder
-    from framework.export import main as export_main
+    from framework.checkpoint.export import main as export_main
 
     decoder, config = load_decoder(ckpt)
     assert (config.d_model, config.n_layers, config.vocab_size) == (32, LAYERS, VOCAB)

@@ -213,7 +213,7 @@ def test_bad_input_is_one_line_before_the_model_loads(model_dir, capsys, tmp_pat
     import framework.checkpoint
 
     if "--draft" not in args:  # the draft is checked against the loaded model's layers
-        monkeypatch.setattr(framework.checkpoint, "load_decoder", lambda *a, **k: pytest.fail("model loaded"))
+        monkeypatch.setattr(framework.checkpoint.Checkpoint, "load_decoder", lambda *a, **k: pytest.fail("model loaded"))
     (tmp_path / "object.json").write_text('{"text": "a"}')
     (tmp_path / "string.json").write_text('"abc"')
     (tmp_path / "garbage.json").write_text("{not a tokenizer")

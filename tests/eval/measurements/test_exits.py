@@ -10,6 +10,7 @@ from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
 from framework.loss import IGNORE_INDEX
 from framework.model import Decoder
+from battery import layerdrop, refusal
 
 VOCAB = 300
 
@@ -203,3 +204,17 @@ def test_missing_checkpoint_and_data_are_clear_errors(prepared, capsys):
     code, err = run(exits_main, ["--ckpt", prepared / "dense", "--data", prepared / "nodata",
                                  "--out", prepared / "never.json"], capsys)
     assert code == 2 and "is not a folder" in err
+
+
+@pytest.mark.parametrize("command", [["eval", "exits"], ["eval", "skip"], ["eval", "heldout"]])
+def test_weights_that_cannot_be_loaded_stop_in_one_line(prepared, tmp_path, command):
+    """A CheckpointError raised while the weights load (here: NaN weights) once escaped
+    as a traceback from these three, where every other command printed one line."""
+    decoder = tiny_decoder(seed=0)
+    with torch.no_grad():
+        decoder.blocks[1].ffn.up.weight[0, 0] = float("nan")
+    export_decoder(decoder, tmp_path / "nan")
+    line = refusal(layerdrop(*command, "--ckpt", tmp_path / "nan", "--data", prepared / "data",
+                             "--out", tmp_path / "report.json"))
+    assert "holds non-finite weights" in line and "blocks.1.ffn.up.weight" in line
+    assert not (tmp_path / "report.json").exists()

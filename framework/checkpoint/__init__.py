@@ -1,0 +1,33 @@
+"""Checkpoints: the on-disk forms of a trained decoder, and everything that writes,
+finds, resumes, proves harmless and exports them.
+
+    base.py             names, the one error (CheckpointError), Pieces, the Form protocol
+    forms.py            the registry of forms, in matching order:
+      lightning_file.py   a single .ckpt file (single device, DDP)
+      hf_folder.py        a Hugging Face folder (Llama; also written by export --format hf)
+      exported.py         model.safetensors + config.json (+ tokenizer.json)
+      dcp.py              an FSDP2 folder (torch.distributed.checkpoint)
+      zero.py             a DeepSpeed ZeRO-2/3 folder
+    safety.py           weights-only reading of every pickled file; the proof
+    loader.py           Checkpoint: opened, proven harmless and read once; load_decoder
+    tokenizer_record.py the tokenizer a checkpoint records, EOS names, finding it again
+    folder.py           the checkpoint folder's crash-safe protocol (staging, publish, last.ckpt)
+    saving.py           PeriodicCheckpoint, AtomicCheckpointIO (Lightning)
+    keep_tokenizer.py   KeepTokenizer: the run's tokenizer beside its checkpoints (Lightning)
+    resume.py           --resume: which checkpoint, and the recipe's optimizer settings
+    safetensors_writer.py  a safetensors file written one tensor at a time
+    export.py           `layerdrop export`; final_export.py: the export every run ends with
+
+This package's front (what is imported here) needs neither Lightning nor a process
+group: `layerdrop generate` and the eval commands load a checkpoint without either.
+"""
+
+from framework.checkpoint.base import CKPT_KEY, CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, Pieces
+from framework.checkpoint.export import export_decoder
+from framework.checkpoint.forms import FORM_NAMES, FORMS
+from framework.checkpoint.loader import (Checkpoint, checkpoint_form, checkpoint_tensors, find_tokenizer, load_decoder,
+                                         read_metadata, read_model_config, tokenizer_record)
+
+__all__ = ["CheckpointError", "Checkpoint", "checkpoint_form", "checkpoint_tensors", "load_decoder", "read_model_config", "read_metadata",
+           "find_tokenizer", "tokenizer_record", "export_decoder", "FORMS", "FORM_NAMES", "Pieces", "CKPT_KEY",
+           "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_FILE"]

@@ -1,0 +1,209 @@
+"""The exported form of a decoder: ``model.safetensors`` + ``config.json`` (+ ``tokenizer.json``).
+
+    layerdrop export --ckpt runs/x/checkpoints/last.ckpt --out exports/x
+    layerdrop export --ckpt runs/x/checkpoints/step-00001000.ckpt --out exports/x-1000 --no-tokenizer
+    layerdrop export --ckpt runs/llama/export --out hf/llama --format hf    # LlamaForCausalLM
+
+``--format hf`` writes a Hugging Face folder (framework/checkpoint/hf_folder.py) that
+transformers loads as ``LlamaForCausalLM``; only the Llama family has one.
+
+``--ckpt`` takes every form framework/checkpoint/forms.py lists (a .ckpt file, an FSDP2
+or DeepSpeed folder, an export). The tokenizer is found as
+framework/checkpoint/tokenizer_record.py says; when none is found the export stops with
+one line naming where it looked (``--tokenizer FILE`` names one, ``--no-tokenizer``
+exports the weights without it).
+
+``--out`` is a new folder, an empty one, or an export (replaced only with
+``--overwrite``); any other folder is refused, ``--overwrite`` or not: nothing but an
+export is ever replaced. A replacement is written beside the old export and swapped in
+with two renames; one interrupted between them is finished by the next export (or the
+next run, for ``<run>/export``).
+
+config.json::
+
+    {"model": {ModelConfig}, "training": {"global_step", "layer_dropout", "parametrization"},
+     "tokenizer": {"file": "tokenizer.json", "sha256", "vocab_size", "eos_token", "eos_id"}}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from framework.atomic_write import copy_file, write_text
+from framework.checkpoint.base import CKPT_KEY, CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
+from framework.checkpoint.folder import finish_replacement, publish, remove_path, staging_path
+from framework.checkpoint.hf_folder import INDEX_FILE, write_hf_folder
+from framework.checkpoint.loader import Checkpoint
+from framework.checkpoint.safetensors_writer import SafetensorsWriter
+from framework.checkpoint.tokenizer_record import sha256_of
+from framework.command_parser import CommandParser
+from framework.families.llama_hf import HFConfigError, to_hf_config
+from framework.output_path import folder_problem
+
+EXPORT_FOLDER = "export"
+EXPORT_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE)
+# What --format hf writes besides those (and an earlier sharded export's index).
+HF_FILES = ("generation_config.json", "tokenizer_config.json", INDEX_FILE)
+
+
+def is_export(folder: Path) -> bool:
+    """A folder holding an export and nothing else (hidden leftovers aside)."""
+    names = {entry.name for entry in folder.iterdir() if not entry.name.startswith(".")}
+    return bool(names & {WEIGHTS_FILE, CONFIG_FILE}) and names <= set(EXPORT_FILES + HF_FILES)
+
+
+def check_export_target(out: Path, overwrite: bool) -> None:
+    """Refuse, before any work, an ``--out`` that the export would not only create or
+    replace: a file, a folder that is not an export, an export without --overwrite."""
+    finish_replacement(out)
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        raise CheckpointError(f"--out {str(out)!r} is a file: give a new or empty folder")
+    held = sorted(entry.name for entry in out.iterdir() if not entry.name.startswith("."))
+    if not held:
+        return
+    if not is_export(out):
+        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+        raise CheckpointError(f"--out {str(out)!r} is a folder that is not an export (it holds {shown}): give a new "
+                              "or empty folder (--overwrite replaces only an earlier export)")
+    if not overwrite:
+        raise CheckpointError(f"{str(out)!r} already holds {WEIGHTS_FILE if WEIGHTS_FILE in held else CONFIG_FILE}; "
+                              "pass --overwrite to replace it")
+
+
+def export_decoder(decoder: Any, out_dir: str | os.PathLike, *, extra: dict | None = None,
+                   overwrite: bool = False, tokenizer: str | os.PathLike | None = None) -> Path:
+    """Write ``decoder`` (one process, unsharded) as an exported folder; refuses to
+    replace an export unless ``overwrite`` (and anything else always).
+    ``tokenizer``: a tokenizer.json to copy in."""
+    out = Path(out_dir)
+    check_export_target(out, overwrite)
+    if out.is_dir() and not any(out.iterdir()):  # an empty folder: filled in place
+        _write(decoder, out, extra, tokenizer)
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = staging_path(out)
+    remove_path(staging)
+    staging.mkdir()
+    try:
+        _write(decoder, staging, extra, tokenizer)
+    except BaseException:
+        remove_path(staging)
+        raise
+    publish(staging, out)
+    return out
+
+
+def _write(decoder: Any, folder: Path, extra: dict | None, tokenizer: str | os.PathLike | None) -> None:
+    state = decoder.state_dict()
+    with SafetensorsWriter(folder / WEIGHTS_FILE, [(k, v.dtype, tuple(v.shape)) for k, v in state.items()]) as writer:
+        for name, tensor in state.items():
+            writer.write(name, tensor)
+    config = {"model": decoder.config.to_dict(), **(extra or {})}
+    if tokenizer is not None:
+        copy_file(tokenizer, folder / TOKENIZER_FILE)
+        config.setdefault("tokenizer", {"file": TOKENIZER_FILE})
+    else:
+        config.pop("tokenizer", None)
+    write_config(folder, config)
+
+
+def write_config(folder: Path, config: dict[str, Any]) -> None:
+    write_text(folder / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+
+
+def training_record(ckpt: Checkpoint) -> dict[str, Any]:
+    """What config.json keeps of the training run that wrote the checkpoint ``ckpt``."""
+    metadata = ckpt.metadata
+    if ckpt.form.name == "hf":  # what an HF config says of its tokens
+        return {k: metadata[k] for k in ("bos_token_id", "eos_token_id") if metadata.get(k) is not None}
+    if ckpt.form.self_contained:
+        return {k: v for k, v in metadata.items() if k != "model"}
+    entry = metadata.get(CKPT_KEY) or {}
+    record: dict[str, Any] = {"training": {"global_step": metadata.get("global_step"),
+                                           **{k: entry[k] for k in ("layer_dropout", "parametrization") if k in entry}}}
+    if isinstance(entry.get("tokenizer"), dict):
+        record["tokenizer"] = dict(entry["tokenizer"])
+    return record
+
+
+# ------------------------------------------------------------------ layerdrop export
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = CommandParser(
+        prog="layerdrop export",
+        description="Write a checkpoint of any form (.ckpt, FSDP2 or DeepSpeed folder, export) as "
+                    "model.safetensors + config.json + tokenizer.json.",
+        epilog="Example: layerdrop export --ckpt runs/tiny/checkpoints/last.ckpt --out exports/tiny")
+    parser.add_argument("--ckpt", required=True, help="a checkpoint written by layerdrop pretrain (any strategy), "
+                                                      "or an exported folder")
+    parser.add_argument("--out", required=True, help="the folder to write: new, empty, or an earlier export")
+    parser.add_argument("--overwrite", action="store_true", help="replace an export already in --out (nothing "
+                                                                 "else is ever replaced)")
+    parser.add_argument("--format", choices=("layerdrop", "hf"), default="layerdrop",
+                        help="layerdrop: model.safetensors + config.json (every family); hf: a Hugging Face "
+                             "LlamaForCausalLM folder (family llama)")
+    tokenizer = parser.add_mutually_exclusive_group()
+    tokenizer.add_argument("--tokenizer", default=None, help="the tokenizer.json to include (default: the run's)")
+    tokenizer.add_argument("--no-tokenizer", action="store_true", help="export the weights without a tokenizer")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    out = Path(args.out)
+    try:
+        if (problem := folder_problem(out)) is not None:  # before anything is read
+            raise CheckpointError(f"--out {problem}")
+        check_export_target(out, args.overwrite)
+        if args.tokenizer is not None and not Path(args.tokenizer).is_file():
+            raise CheckpointError(f"--tokenizer {args.tokenizer!r} does not exist")
+        ckpt = Checkpoint.open(args.ckpt)
+        if args.format == "hf":
+            try:  # a Celerity model is refused before any weight is read
+                to_hf_config(ckpt.model_config)
+            except HFConfigError as err:
+                raise CheckpointError(str(err)) from None
+        tokenizer_file = _tokenizer_for(args, ckpt)
+        decoder, _ = ckpt.load_decoder()
+        record = training_record(ckpt)
+        if args.format == "hf":
+            return _export_hf(args, decoder, record, tokenizer_file)
+        if tokenizer_file is not None:
+            record["tokenizer"] = {**record.get("tokenizer", {}), "file": TOKENIZER_FILE,
+                                   "sha256": sha256_of(tokenizer_file)}
+        export_decoder(decoder, out, extra=record, overwrite=args.overwrite, tokenizer=tokenizer_file)
+    except (CheckpointError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"exported {args.ckpt} -> {out}/{WEIGHTS_FILE} + {CONFIG_FILE}"
+          + (f" + {TOKENIZER_FILE}" if tokenizer_file is not None else " (no tokenizer: --no-tokenizer)"))
+    return 0
+
+
+def _export_hf(args: argparse.Namespace, decoder: Any, record: dict[str, Any], tokenizer: Path | None) -> int:
+    source_config = record.get("tokenizer") or {}
+    eos_id = source_config.get("eos_id", record.get("eos_token_id"))
+    write_hf_folder(decoder, args.out, tokenizer=tokenizer, eos_id=eos_id, bos_id=record.get("bos_token_id"),
+                    overwrite=args.overwrite)
+    print(f"exported {args.ckpt} -> {args.out} (Hugging Face LlamaForCausalLM: model.safetensors, config.json, "
+          "generation_config.json" + (", tokenizer.json" if tokenizer is not None else "; no tokenizer") + ")")
+    return 0
+
+
+def _tokenizer_for(args: argparse.Namespace, ckpt: Checkpoint) -> Path | None:
+    if args.no_tokenizer:
+        return None
+    if args.tokenizer is not None:
+        return Path(args.tokenizer)
+    try:
+        return ckpt.find_tokenizer()
+    except CheckpointError as err:  # the only error left once the checkpoint is open: none found
+        raise CheckpointError(f"{err}; pass --tokenizer FILE, or --no-tokenizer to export the weights alone") from None
+
+
+__all__ = ["export_decoder", "check_export_target", "is_export", "training_record", "write_config", "main",
+           "EXPORT_FOLDER", "EXPORT_FILES"]

@@ -1,0 +1,198 @@
+"""The ``hf`` form: a Hugging Face folder, ``config.json`` + ``model.safetensors`` (or shards
+named by ``model.safetensors.index.json``) + ``tokenizer.json``, as
+``save_pretrained`` writes a ``LlamaForCausalLM``.
+
+Read: only safetensors (memory-mapped, one tensor at a time). A folder that holds
+only pickled ``pytorch_model.bin`` weights is refused in one line, never unpickled.
+The config and the names go through framework/families/llama_hf.py, which refuses
+anything it cannot represent exactly. Shard files named by the index must lie inside
+the folder.
+
+Write (``layerdrop export --format hf``): model.safetensors, config.json,
+generation_config.json, and the tokenizer (tokenizer.json + tokenizer_config.json)
+when there is one; ``AutoModelForCausalLM.from_pretrained`` loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from framework.atomic_write import copy_file, write_text
+from framework.checkpoint.base import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, copy_into, read_json
+from framework.checkpoint.safetensors_writer import SafetensorsWriter
+from framework.config import ModelConfig
+from framework.families.llama_hf import HFConfigError, from_hf, from_hf_config, hf_names, to_hf, to_hf_config
+
+INDEX_FILE = "model.safetensors.index.json"
+PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+# Hugging Face buffers some old checkpoints carry: recomputed here, never read.
+_BUFFERS = ("rotary_emb.inv_freq",)
+
+
+class HfFolder:
+    name = "hf"
+    described = "a Hugging Face folder (config.json with model_type + safetensors)"
+    self_contained = True  # config, weights and tokenizer inside the folder (an HF config has no record)
+
+    def detect(self, path: Path) -> bool:
+        return is_hf_folder(path)
+
+    def incomplete_reason(self, path: Path) -> str | None:
+        try:
+            weight_files(path)
+        except CheckpointError as err:
+            return str(err)
+        return None
+
+    def prove_harmless(self, path: Path) -> None:
+        weight_files(path)  # safetensors only: nothing is unpickled (a pickle-only folder is refused)
+
+    def metadata(self, path: Path) -> dict[str, Any]:
+        return read_json(path / CONFIG_FILE)
+
+    def model_config(self, path: Path, metadata: dict[str, Any]) -> ModelConfig:
+        try:
+            return from_hf_config(metadata, source=str(path / CONFIG_FILE))
+        except HFConfigError as err:
+            raise CheckpointError(str(err)) from None
+
+    def tensors(self, path: Path, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+        return read_tensors(path, cfg)
+
+    def load_into(self, decoder: Any, path: Path) -> None:
+        copy_into(decoder, read_tensors(path, decoder.config), path)
+
+
+def is_hf_folder(path: str | os.PathLike) -> bool:
+    """A folder whose config.json is a Hugging Face model config (it has ``model_type``
+    or ``architectures``; layerdrop's own export has a ``model`` section instead)."""
+    file = Path(path) / CONFIG_FILE
+    if not file.is_file():
+        return False
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError, RecursionError):  # not JSON (the export's reader says so in one line)
+        return False
+    return isinstance(config, dict) and "model" not in config and ("model_type" in config or "architectures" in config)
+
+
+def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
+    return json.loads((Path(path) / CONFIG_FILE).read_text())
+
+
+def read_model_config(path: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a Hugging Face folder; refuses pickle-only weights and any
+    config field that would change the function (CheckpointError, one line)."""
+    path = Path(path)
+    weight_files(path)  # refuses a folder without safetensors before anything else
+    try:
+        return from_hf_config(read_hf_config(path), source=str(path / CONFIG_FILE))
+    except HFConfigError as err:
+        raise CheckpointError(str(err)) from None
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of the folder (the shards its index names, in order)."""
+    if (path / INDEX_FILE).is_file():
+        try:
+            weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise CheckpointError(f"{str(path / INDEX_FILE)!r} is not a safetensors index (no weight_map)") from None
+        files = []
+        for name in dict.fromkeys(weight_map.values()):
+            file = (path / name).resolve()
+            if path.resolve() not in file.parents:
+                raise CheckpointError(f"{str(path / INDEX_FILE)!r} names the shard {name!r} outside the folder")
+            if not file.is_file():
+                raise CheckpointError(f"{str(path / INDEX_FILE)!r} names the shard {name!r}, which does not exist")
+            files.append(file)
+        return files
+    if (path / WEIGHTS_FILE).is_file():
+        return [path / WEIGHTS_FILE]
+    pickled = [name for name in PICKLED_WEIGHTS if (path / name).exists()]
+    if pickled:
+        raise CheckpointError(f"{str(path)!r} holds only pickled weights ({pickled[0]}): layerdrop reads safetensors "
+                     "only and never unpickles a model; convert it where you trust it, e.g. "
+                     "from_pretrained(...).save_pretrained(dir, safe_serialization=True)")
+    raise CheckpointError(f"{str(path)!r} has a Hugging Face config.json but no {WEIGHTS_FILE} or {INDEX_FILE}")
+
+
+def read_tensors(path: str | os.PathLike, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """The decoder's (name, tensor) pairs from the folder's safetensors; names that
+    the Llama family does not have are refused (they would be silently dropped)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    with ExitStack() as stack:
+        where: dict[str, Any] = {}
+        try:
+            for file in weight_files(path):
+                handle = stack.enter_context(safe_open(str(file), framework="pt"))
+                where.update({name: handle for name in handle.keys()})
+        except Exception as err:
+            if isinstance(err, CheckpointError):
+                raise
+            raise CheckpointError(f"{str(path)!r}: a safetensors file cannot be read: "
+                         f"{str(err).strip().splitlines()[0]}") from None
+        expected = hf_names(cfg)
+        unknown = sorted(n for n in where if n not in expected and not n.endswith(_BUFFERS))
+        if unknown:
+            raise CheckpointError(f"{str(path)!r} holds tensors a {cfg.family} decoder of this config does not have "
+                         f"({len(unknown)}, the first {unknown[0]!r})")
+        missing = sorted(expected - set(where))
+        if missing:
+            raise CheckpointError(f"{str(path)!r} does not match its config.json: missing {missing[:5]}")
+        yield from from_hf(lambda name: where[name].get_tensor(name), cfg)
+
+
+# ------------------------------------------------------------------ writing
+
+
+def write_hf_folder(decoder: torch.nn.Module, out_dir: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None,
+                    eos_id: int | None = None, bos_id: int | None = None, overwrite: bool = False) -> Path:
+    """Write ``decoder`` (one process, unsharded, family llama) as a Hugging Face folder."""
+    out_dir = Path(out_dir)
+    try:
+        config = to_hf_config(decoder.config, bos_id=bos_id, eos_id=eos_id)
+    except HFConfigError as err:
+        raise CheckpointError(str(err)) from None
+    if (out_dir / WEIGHTS_FILE).exists() and not overwrite:
+        raise CheckpointError(f"{str(out_dir)!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tensors = list(to_hf(decoder.state_dict(), decoder.config))
+    with SafetensorsWriter(out_dir / WEIGHTS_FILE, [(n, t.dtype, tuple(t.shape)) for n, t in tensors]) as writer:
+        for name, tensor in tensors:
+            writer.write(name, tensor)
+    (out_dir / INDEX_FILE).unlink(missing_ok=True)  # an earlier sharded export's, now stale
+    write_text(out_dir / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+    generation = {"bos_token_id": bos_id, "eos_token_id": eos_id, "do_sample": False}
+    write_text(out_dir / "generation_config.json", json.dumps(generation, indent=2) + "\n")
+    if tokenizer is not None:
+        copy_file(Path(tokenizer), out_dir / TOKENIZER_FILE)
+        tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": decoder.config.max_seq_len,
+                            **_special_tokens(Path(tokenizer), eos_id, bos_id)}
+        write_text(out_dir / "tokenizer_config.json", json.dumps(tokenizer_config, indent=2) + "\n")
+    return out_dir
+
+
+def _special_tokens(tokenizer: Path, eos_id: int | None, bos_id: int | None) -> dict[str, str]:
+    """The eos/bos token strings of the ids, for transformers' tokenizer_config.json."""
+    from tokenizers import Tokenizer
+
+    loaded = Tokenizer.from_file(str(tokenizer))
+    tokens = {}
+    for key, token_id in (("eos_token", eos_id), ("bos_token", bos_id)):
+        token = loaded.id_to_token(token_id) if token_id is not None else None
+        if token is not None:
+            tokens[key] = token
+    return tokens
+
+
+__all__ = ["HfFolder", "is_hf_folder", "read_model_config", "read_tensors", "weight_files", "write_hf_folder",
+           "INDEX_FILE", "PICKLED_WEIGHTS"]

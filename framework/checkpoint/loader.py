@@ -1,0 +1,215 @@
+"""One checkpoint, opened once: ``Checkpoint.open(path)`` finds its form, proves it
+harmless and reads its metadata; the config, the tokenizer and the decoder then come
+from that one object, so a command reads each file of a checkpoint once or twice
+instead of once per question.
+
+    ckpt = Checkpoint.open("runs/x/checkpoints/last.ckpt")
+    cfg = ckpt.model_config                 # no tensor read
+    tokenizer = ckpt.find_tokenizer()
+    decoder, cfg = ckpt.load_decoder()      # eval mode, on the CPU unless told
+
+Loading never materialises optimizer state (files are memory-mapped and only model
+tensors are read) and reads every pickled file by weights-only rules
+(framework/checkpoint/safety.py): a checkpoint handed over by someone else cannot run
+code. A config that does not match the stored shapes is refused before a model is
+built, and the model is built on the meta device, then given storage once; a
+checkpoint with non-finite weights is refused.
+
+The functions below (``load_decoder``, ``read_model_config``, ...) take a path or an
+opened Checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import re
+from functools import cached_property
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from framework.checkpoint.base import CheckpointError, Form, check_names, check_shape
+from framework.checkpoint.forms import form_of
+from framework.checkpoint.tokenizer_record import find_tokenizer_of, record_of
+from framework.config import ModelConfig
+from framework.families import build_decoder
+from framework.model import Decoder
+
+_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+
+
+class Checkpoint:
+    """A checkpoint of any form, proven harmless, with its metadata read."""
+
+    def __init__(self, path: Path, form: Form, metadata: dict[str, Any]) -> None:
+        self.path, self.form, self.metadata = path, form, metadata
+
+    @classmethod
+    def open(cls, path: str | os.PathLike | Checkpoint) -> Checkpoint:
+        if isinstance(path, Checkpoint):
+            return path
+        path = Path(path)
+        form = form_of(path)
+        form.prove_harmless(path)
+        return cls(path, form, form.metadata(path))
+
+    @cached_property
+    def model_config(self) -> ModelConfig:
+        return self.form.model_config(self.path, self.metadata)
+
+    def tokenizer_record(self) -> dict[str, Any]:
+        """The recorded tokenizer entry ({file, sha256, vocab_size, eos_token, eos_id}), or {}."""
+        return record_of(self.form, self.metadata)
+
+    def find_tokenizer(self) -> Path:
+        """tokenizer.json of this checkpoint (see framework/checkpoint/tokenizer_record.py)."""
+        return find_tokenizer_of(self.path, self.form, self.metadata)
+
+    def load_decoder(self, map_location: str | torch.device = "cpu") -> tuple[Decoder, ModelConfig]:
+        """A Decoder (eval mode) and its config. Memory: the decoder itself plus one
+        tensor at a time (the files are mapped, not read whole)."""
+        cfg = self.model_config
+        shapes = getattr(self.form, "shapes", None)
+        if shapes is not None:
+            check_config_against(cfg, shapes(self.path), self.path)
+        decoder = meta_decoder(cfg).to_empty(device=map_location)
+        decoder.reset_buffers()  # every weight is then read from the checkpoint (names checked)
+        self.form.load_into(decoder, self.path)
+        refuse_non_finite(decoder, self.path)
+        return decoder.eval(), cfg
+
+
+def check_config_against(cfg: ModelConfig, stored: dict[str, Any], path: Path) -> None:
+    """The names and shapes ``cfg`` implies against those the checkpoint stores, before
+    anything is built: the count of blocks first (cheap: a config may ask for 10^7), then
+    every tensor, from a one-block stand-in built on the meta device."""
+    blocks = {int(m[1]) for name in stored if (m := _BLOCK.match(name))}
+    if len(blocks) != cfg.n_layers:  # named as the full comparison would, without listing 10^7 blocks
+        suffixes = [name[len("blocks.0."):] for name in stored if name.startswith("blocks.0.")] or ["*"]
+        missing = (f"blocks.{i}.{suffix}" for i in range(len(blocks), cfg.n_layers) for suffix in suffixes)
+        unexpected = [name for name in stored if (m := _BLOCK.match(name)) and int(m[1]) >= cfg.n_layers]
+        check_names(path, list(itertools.islice(missing, 5)), unexpected)
+    # A Celerity block's shapes depend on n_heads only through n_heads * head_dim: one
+    # head keeps the stand-in cheap (ALiBi slopes are computed per head) however many
+    # the config names.
+    heads = dict(n_heads=1, n_kv_heads=1, head_dim=cfg.attn_dim) if cfg.family == "celerity" else {}
+    one = dataclasses.replace(cfg, n_layers=1, **heads)
+    standin = meta_decoder(one).state_dict()
+    expected = {}
+    for name, tensor in standin.items():
+        if name.startswith("blocks.0."):
+            expected.update({f"blocks.{i}.{name[9:]}": tensor.shape for i in range(cfg.n_layers)})
+        else:
+            expected[name] = tensor.shape
+    check_names(path, [n for n in expected if n not in stored], [n for n in stored if n not in expected])
+    for name, shape in expected.items():
+        check_shape(path, name, stored[name], shape)
+
+
+class _NoRandomInitOnMeta(TorchFunctionMode):
+    """Meta tensors hold no values, so their random init is skipped: a ``normal_`` on
+    the meta device runs torch's Python reference, whose first call imports
+    torch._dynamo (measured: about as long as ``import torch`` itself)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in (torch.nn.init.normal_, torch.Tensor.normal_):
+            tensor = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+def meta_decoder(cfg: ModelConfig) -> Decoder:
+    """The config's decoder (its family's) with every tensor on the meta device: shapes
+    and names, no storage."""
+    with torch.device("meta"), _NoRandomInitOnMeta():
+        return build_decoder(cfg)
+
+
+def refuse_non_finite(decoder: Decoder, path: Path) -> None:
+    """Eval on NaN/Inf weights prints NaN for every metric and exits 0: refuse instead."""
+    bad = [name for name, tensor in decoder.state_dict().items()
+           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        raise CheckpointError(f"checkpoint {str(path)!r} holds non-finite weights ({len(bad)} tensors, the first "
+                              f"{bad[0]}): the run diverged before it was saved; use an earlier checkpoint")
+
+
+# ------------------------------------------------------------------ by path or opened
+
+
+def checkpoint_form(path: str | os.PathLike) -> str:
+    """Which form (``FORM_NAMES``) the file or folder at ``path`` is (a clear error otherwise)."""
+    return form_of(path).name
+
+
+def load_decoder(path: str | os.PathLike | Checkpoint, *,
+                 map_location: str | torch.device = "cpu") -> tuple[Decoder, ModelConfig]:
+    """A Decoder (eval mode) and its config from a checkpoint of any form. Raises
+    CheckpointError (one line) for a checkpoint that could run code, does not match its
+    config, or holds NaN/Inf weights."""
+    return Checkpoint.open(path).load_decoder(map_location)
+
+
+def read_model_config(path: str | os.PathLike | Checkpoint) -> ModelConfig:
+    """The ModelConfig of a checkpoint of any form, without materialising weights;
+    like load_decoder it refuses a checkpoint that could run code."""
+    return Checkpoint.open(path).model_config
+
+
+def read_metadata(path: str | os.PathLike | Checkpoint) -> dict[str, Any]:
+    """A checkpoint's non-tensor entries: Lightning's checkpoint dict without the
+    weights and optimizer state (``global_step``, ``layerdrop``, ``hyper_parameters``,
+    ``datamodule_hyper_parameters``, ...); for an exported folder, its config.json.
+    Read by weights-only rules; the rest of a folder is not walked."""
+    if isinstance(path, Checkpoint):
+        return path.metadata
+    form = form_of(path)
+    return form.metadata(Path(path))
+
+
+def find_tokenizer(path: str | os.PathLike | Checkpoint) -> Path:
+    """The tokenizer.json of a checkpoint of any form, from any working directory."""
+    return _opened_lightly(path).find_tokenizer()
+
+
+def checkpoint_tensors(path: str | os.PathLike | Checkpoint) -> Iterator[tuple[str, Any]]:
+    """(name, tensor or Pieces) of a checkpoint's decoder, one at a time, after the
+    checks ``load_decoder`` makes (every form but FSDP2's DCP folders, which torch's
+    reader loads into a model directly)."""
+    ckpt = Checkpoint.open(path)
+    tensors = getattr(ckpt.form, "tensors", None)
+    if tensors is None:
+        raise CheckpointError(f"{str(ckpt.path)!r} is an FSDP2 checkpoint folder: export it first "
+                              "(layerdrop export --ckpt ... --out DIR) and start from DIR")
+    cfg = ckpt.model_config
+    shapes = getattr(ckpt.form, "shapes", None)
+    if shapes is not None:
+        check_config_against(cfg, shapes(ckpt.path), ckpt.path)
+    return tensors(ckpt.path, cfg)
+
+
+def tokenizer_record(path: str | os.PathLike | Checkpoint) -> dict[str, Any]:
+    """The recorded tokenizer entry of a checkpoint (any form), or {}."""
+    try:
+        return _opened_lightly(path).tokenizer_record()
+    except CheckpointError:
+        return {}
+
+
+def _opened_lightly(path: str | os.PathLike | Checkpoint) -> Checkpoint:
+    """A Checkpoint for reading metadata only (weights-only reads, no walk of the folder)."""
+    if isinstance(path, Checkpoint):
+        return path
+    form = form_of(path)
+    return Checkpoint(Path(path), form, form.metadata(Path(path)))
+
+
+__all__ = ["Checkpoint", "check_config_against", "meta_decoder", "refuse_non_finite", "checkpoint_form", "load_decoder",
+           "read_model_config", "read_metadata", "find_tokenizer", "tokenizer_record", "checkpoint_tensors"]

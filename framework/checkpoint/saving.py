@@ -1,0 +1,218 @@
+"""Checkpoints of a pretraining run: crash-safe periodic saves (keep-last-k) for every
+strategy, atomic single-file writes, and the refusal to write over an earlier run's
+checkpoints. Choosing the checkpoint to resume from is framework/checkpoint/resume.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch.callbacks import Checkpoint
+
+from framework.atomic_write import fsync_dir, replacing
+from framework.checkpoint.export import EXPORT_FOLDER
+from framework.checkpoint.folder import (LAST, clean_leftovers, point_last, publish, remove_path, retire, staging_path,
+                                         step_checkpoints)
+from framework.config import PositiveInt, check
+from framework.nonfinite import guard_of, refuse_nonfinite_state
+
+
+class PeriodicCheckpoint(Checkpoint):
+    """``step-XXXXXXXX.ckpt`` every ``every_n_steps`` optimizer steps and at the end of
+    the run, the newest ``keep_last`` of this run's lineage kept, and ``last.ckpt``, a
+    link to the newest, in ``<default_root_dir>/checkpoints`` unless ``dirpath`` says
+    otherwise. The folder must be local (the link and the renames need it).
+
+    Every save is crash-safe whatever the strategy (one file, FSDP2's folder of shards,
+    DeepSpeed's folder): written under a staging name, every rank waits for every other,
+    then rank 0 renames it into place (framework/checkpoint/folder.py). Before a save
+    every rank checks its parameters and optimizer state: a state holding a NaN or Inf
+    is never written (the run stops instead), and a save that falls due while steps are
+    being skipped for non-finite values waits for the next step that goes through.
+
+    A new run refuses a folder that already holds checkpoints (resume it instead, or
+    pick another folder): nothing on disk is overwritten unasked. A run resumed from an
+    older checkpoint moves the newer ones (another lineage) into ``superseded/``, so
+    that ``--resume auto`` never mixes two.
+
+    Lightning's public ``Checkpoint`` base (not ModelCheckpoint, whose saving, linking
+    and deleting are private methods that would all need overriding).
+    """
+
+    def __init__(self, every_n_steps: int = 1000, keep_last: int = 3, dirpath: str | None = None) -> None:
+        for name, value in (("every_n_steps", every_n_steps), ("keep_last", keep_last)):
+            check(f"checkpoint.{name}", value, PositiveInt)
+        self.every_n_steps, self.keep_last, self.dirpath = every_n_steps, keep_last, dirpath
+        self.saved: list[tuple[int, str]] = []  # this lineage's checkpoints on disk, oldest first
+        # (step, path) of the checkpoints this run wrote or resumed from, each checked
+        # finite: what the non-finite guard can recommend.
+        self.finite_checkpoints: list[tuple[int, str]] = []
+        self.last_model_path = ""
+        self._last_saved_step: int | None = None
+        self._deferred = False  # a save that fell due while steps were being skipped
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = os.path.realpath(os.path.join(trainer.default_root_dir, "checkpoints"))
+        self.dirpath = trainer.strategy.broadcast(str(self.dirpath))
+        if "://" in self.dirpath:
+            raise ValueError(f"checkpoint.dirpath={self.dirpath!r} is invalid: give a local (or mounted) folder")
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # The first hook where every strategy has resolved trainer.ckpt_path and loaded
+        # it, and still before anything is written.
+        self._last_saved_step = trainer.global_step
+        if trainer.ckpt_path is None:
+            refuse_earlier_checkpoints(self.dirpath)
+            self.saved = []
+        else:
+            refuse_nonfinite_state(trainer, f"checkpoint {str(trainer.ckpt_path)!r}",
+                                   "it cannot be resumed: resume from an earlier checkpoint")
+            self.finite_checkpoints.append((trainer.global_step, str(trainer.ckpt_path)))
+        if trainer.is_global_zero:
+            clean_leftovers(self.dirpath)
+            if trainer.ckpt_path is not None:
+                self._set_aside_newer(trainer.global_step)
+        trainer.strategy.barrier("PeriodicCheckpoint.on_train_start")
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = trainer.global_step
+        if step == self._last_saved_step or trainer.fast_dev_run:
+            return  # a micro-batch inside a step, or this step is saved already
+        if self._deferred or step % self.every_n_steps == 0:
+            self.save(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.save_final(trainer)
+
+    def save_final(self, trainer: pl.Trainer) -> None:
+        """The end of the run's checkpoint (once: a second call finds it saved). The
+        final export calls it first, so that a failed export loses no step."""
+        if trainer.global_step != self._last_saved_step and not trainer.fast_dev_run:
+            self.save(trainer, final=True)
+
+    def save(self, trainer: pl.Trainer, final: bool = False) -> None:
+        """Save this step (a collective: every rank calls it)."""
+        step = trainer.global_step
+        if guard_of(trainer).in_a_row and not final:
+            # The weights are those that gave the non-finite values; a save now would push
+            # the checkpoints from before out of the keep-last window.
+            if trainer.is_global_zero and not self._deferred:
+                print(f"step {step}: the checkpoint waits for a step without non-finite values",
+                      file=sys.stderr, flush=True)
+            self._deferred = True
+            return
+        self._deferred = False
+        path = os.path.join(self.dirpath, f"step-{step:08d}.ckpt")
+        refuse_nonfinite_state(trainer, f"the state at step {step}", f"it was not saved to {path}")
+        staging = staging_path(path)
+        if trainer.is_global_zero:
+            remove_path(staging)  # a leftover of a killed save of this very step
+        trainer.strategy.barrier("PeriodicCheckpoint.staging")
+        self.saved = [(s, p) for s, p in self.saved if p != path] + [(step, path)]  # saved with the state
+        self.last_model_path = os.path.join(self.dirpath, LAST)
+        # Returns after a barrier: every rank has written its part. weights_only=False said
+        # explicitly: unset, Lightning logs a line at every save.
+        trainer.save_checkpoint(staging, weights_only=False)
+        if trainer.is_global_zero:
+            publish(staging, path)
+            point_last(path, self.last_model_path)
+            while len(self.saved) > self.keep_last:
+                retire(self.saved.pop(0)[1])
+        else:
+            self.saved = self.saved[-self.keep_last:]
+        trainer.strategy.barrier("PeriodicCheckpoint.publish")
+        self._last_saved_step = step
+        self.finite_checkpoints.append((step, path))
+
+    def _set_aside_newer(self, step: int) -> None:
+        """Checkpoints newer than the one resumed from belong to a run this one replaces."""
+        newer = [path for saved_step, path in step_checkpoints(self.dirpath) if saved_step > step]
+        if not newer:
+            return
+        aside = Path(self.dirpath) / "superseded"
+        aside.mkdir(exist_ok=True)
+        for path in newer:
+            remove_path(aside / path.name)
+            os.rename(path, aside / path.name)
+        print(f"resume: moved {len(newer)} checkpoint(s) newer than step {step} ({', '.join(p.name for p in newer)}) "
+              f"to {aside}: they belong to the run this one replaces", flush=True)
+
+    def newest_finite_checkpoint(self, before_step: int | None = None) -> str | None:
+        """The newest checkpoint still on disk that was checked finite, optionally one
+        saved before optimizer step ``before_step``."""
+        for step, path in sorted(self.finite_checkpoints, reverse=True):
+            if (before_step is None or step < before_step) and os.path.exists(path):
+                return path
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"dirpath": self.dirpath, "saved": [list(entry) for entry in self.saved]}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict.get("dirpath") == self.dirpath:  # the same folder: the same lineage
+            self.saved = [(int(step), str(path)) for step, path in state_dict.get("saved", [])]
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes a local checkpoint to a temporary file beside it, fsyncs, then renames it
+    over the target, so a crash mid-save leaves the previous file whole.
+
+    Lightning's own save goes through an fsspec transaction whose temporary file lives
+    in the system temp folder: when that is another filesystem the final move is a
+    copy into the target, and a crash during it truncates the previous checkpoint.
+    Remote paths (s3://, gs://, ...) keep Lightning's behaviour.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        target = Path(path)
+        with replacing(target) as partial, open(partial, "wb") as handle:
+            torch.save(checkpoint, handle)
+        fsync_dir(target.parent)
+
+
+def use_atomic_checkpoint_io(trainer: pl.Trainer) -> None:
+    """Swap the strategy's plain TorchCheckpointIO for the atomic one (strategies with
+    their own format, e.g. DeepSpeed or sharded FSDP checkpoints, are left alone)."""
+    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+        trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+
+
+def refuse_earlier_checkpoints(dirpath: str | os.PathLike, skipped: list[str] | None = None) -> None:
+    """A fresh run must not write over the checkpoints of an earlier one. ``skipped``:
+    what ``--resume auto`` found damaged there (then nothing in the folder could be resumed)."""
+    existing = sorted(Path(dirpath).glob("*.ckpt")) if os.path.isdir(dirpath) else []
+    if existing and skipped:
+        raise ValueError(f"--resume auto found no complete checkpoint in {str(dirpath)!r}: "
+                         f"{'; '.join(skipped)}. Move them out of the folder to start from step 0, or resume "
+                         "from a copy you trust (--resume PATH)")
+    if existing:
+        raise ValueError(f"checkpoint folder {str(dirpath)!r} already holds {existing[0].name} from an earlier "
+                         "run: resume it (--resume auto) or choose another --trainer.default_root_dir")
+
+
+# What a finished run leaves in its root besides its checkpoints: the final export
+# (framework/checkpoint/final_export.py) and RunSummary's summary.json.
+RUN_OUTPUTS = (EXPORT_FOLDER, "summary.json")
+
+
+def refuse_earlier_run(root: str | os.PathLike) -> None:
+    """A fresh run must not replace an earlier run's export and summary, wherever its
+    checkpoints go (``--checkpoint.dirpath`` elsewhere leaves the root's as they were)."""
+    found = [name for name in RUN_OUTPUTS if os.path.lexists(Path(root) / name)]
+    if found:
+        raise ValueError(f"trainer.default_root_dir {str(root)!r} already holds {' and '.join(found)} of an earlier "
+                         "run: resume that run (--resume auto with its checkpoint folder) or choose another "
+                         "--trainer.default_root_dir")
+
+
+__all__ = ["PeriodicCheckpoint", "AtomicCheckpointIO", "use_atomic_checkpoint_io", "refuse_earlier_checkpoints",
+           "refuse_earlier_run", "RUN_OUTPUTS"]

@@ -1,0 +1,98 @@
+"""The tokenizer a model was trained with: how it is recorded, and how it is found
+again from any working directory.
+
+The record (one shape everywhere: a prepared folder's manifest, every training
+checkpoint under ``checkpoint["layerdrop"]``, an export's config.json)::
+
+    tokenizer   {file: "tokenizer.json", sha256, vocab_size, eos_token, eos_id}
+    data_dir    (training checkpoints) the prepared data folder, absolute (or its URL)
+
+``find_tokenizer_of`` looks, in order, in: an exported folder; the checkpoint's own
+folder (the copy framework/checkpoint/keep_tokenizer.py keeps there); the recorded
+absolute data folder; and, for checkpoints written before this record existed, the
+data folder as the run named it (relative to the working directory) and the folders
+above the checkpoint. A file whose sha256 differs from the recorded one is passed over
+(and named in the error)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE, CheckpointError
+from framework.manifest import sha256_of
+
+# The usual end-of-text names, in the order a tokenizer without a recorded EOS is
+# searched for one (GPT-2/our BPE, Llama 3, SentencePiece models, Gemma, ...).
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<|im_end|>", "<|eot_id|>")
+RECORD_KEYS = ("file", "sha256", "vocab_size", "eos_token", "eos_id")
+
+
+def record_for(*, sha256: str | None, vocab_size: Any, eos_token: Any, eos_id: Any,
+               name: str = TOKENIZER_FILE) -> dict[str, Any]:
+    """The record of a tokenizer stored under the file name ``name``."""
+    return {"file": name, "sha256": sha256, "vocab_size": vocab_size, "eos_token": eos_token, "eos_id": eos_id}
+
+
+def first_eos(tokenizer: Any) -> tuple[str, int] | None:
+    """(name, id) of the first of EOS_CANDIDATES a ``tokenizers.Tokenizer`` holds."""
+    for name in EOS_CANDIDATES:
+        token_id = tokenizer.token_to_id(name)
+        if token_id is not None:
+            return name, token_id
+    return None
+
+
+def is_url(path: str) -> bool:
+    return "://" in path or path.startswith("local:")
+
+
+# ------------------------------------------------------------------ finding it again
+
+
+def record_of(form: Any, metadata: dict[str, Any]) -> dict[str, Any]:
+    """The tokenizer record in a checkpoint's metadata (``form`` says where), or {}."""
+    entry = metadata.get("tokenizer") if form.self_contained else (metadata.get(CKPT_KEY) or {}).get("tokenizer")
+    return dict(entry) if isinstance(entry, dict) else {}
+
+
+def find_tokenizer_of(path: Path, form: Any, metadata: dict[str, Any]) -> Path:
+    """tokenizer.json of the checkpoint at ``path``; CheckpointError (one line, naming
+    every place tried) when there is none."""
+    record = record_of(form, metadata)
+    if form.self_contained:
+        candidates = [path / TOKENIZER_FILE]
+    else:
+        entry = metadata.get(CKPT_KEY) or {}
+        folder = path.parent  # the checkpoint folder, also for last.ckpt as a link
+        candidates = [folder / TOKENIZER_FILE]
+        data_dirs = [entry.get("data_dir"), (metadata.get("datamodule_hyper_parameters") or {}).get("data_dir")]
+        for data_dir in data_dirs:
+            if isinstance(data_dir, str) and not is_url(data_dir):
+                candidates.append(_data_tokenizer(Path(data_dir)))
+        candidates += [folder.parent / TOKENIZER_FILE, folder.parent.parent / TOKENIZER_FILE]
+    tried = []
+    for candidate in dict.fromkeys(candidates):
+        if not candidate.is_file():
+            tried.append(str(candidate))
+        elif record.get("sha256") and sha256_of(candidate) != record["sha256"]:
+            tried.append(f"{candidate} (sha256 differs from the checkpoint's)")
+        else:
+            return candidate.resolve()
+    raise CheckpointError(f"no tokenizer found for checkpoint {str(path)!r} (tried {', '.join(tried)})")
+
+
+def _data_tokenizer(data_dir: Path) -> Path:
+    """The tokenizer file a prepared data folder's manifest names."""
+    manifest = data_dir / "manifest.json"
+    try:
+        name = json.loads(manifest.read_text()).get("tokenizer", {}).get("file", TOKENIZER_FILE)
+    except (OSError, ValueError, AttributeError):
+        name = TOKENIZER_FILE
+    return data_dir / name
+
+
+__all__ = ["EOS_CANDIDATES", "RECORD_KEYS", "record_for", "first_eos", "sha256_of", "is_url", "record_of",
+           "find_tokenizer_of"]

@@ -1,0 +1,137 @@
+"""The Hugging Face folder form: read (safetensors only, sharded or not, refusals in
+one line naming the field) and written by ``layerdrop export --format hf`` so that
+transformers loads it back with the same logits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaForCausalLM
+
+from framework.checkpoint import CheckpointError, checkpoint_form, export_decoder, find_tokenizer, load_decoder
+from framework.config import ModelConfig
+from framework.checkpoint.export import main as export_main
+from framework.model import Decoder
+from hf_llama import LLAMA3_ROPE, VOCAB, tiny_hf_llama
+
+TOKENS = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture
+def hf_dir(tmp_path):
+    tiny_hf_llama(tmp_path / "hf", tie=True, rope_scaling=LLAMA3_ROPE)
+    return tmp_path / "hf"
+
+
+def edit_config(folder: Path, **changes) -> None:
+    file = folder / "config.json"
+    config = json.loads(file.read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    file.write_text(json.dumps(config))
+
+
+def test_an_hf_folder_is_its_own_form(hf_dir):
+    assert checkpoint_form(hf_dir) == "hf"
+    (hf_dir / "tokenizer.json").write_text("{}")
+    assert find_tokenizer(hf_dir) == (hf_dir / "tokenizer.json").resolve()
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"architectures": ["MistralForCausalLM"]}, "architectures=['MistralForCausalLM'] is not supported"),
+    ({"model_type": "qwen2"}, "model_type='qwen2' is not supported"),
+    ({"hidden_act": "gelu"}, "hidden_act='gelu' is not supported: allowed: 'silu'"),
+    ({"attention_bias": True}, "attention_bias=True is not supported"),
+    ({"sliding_window": 4096}, "sliding_window=4096 is not supported: a field layerdrop does not know"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}, "rope_parameters": None},
+     r"rope_scaling.rope_type='yarn' is not supported: allowed: 'default', 'llama3'"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
+     r"rope_parameters.rope_type='linear' is not supported"),
+    ({"num_hidden_layers": None}, "the field 'num_hidden_layers' is missing"),
+])
+def test_what_would_change_the_function_is_refused_naming_the_field(hf_dir, changes, message):
+    edit_config(hf_dir, **changes)
+    with pytest.raises(CheckpointError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
+        load_decoder(hf_dir)
+    assert "\n" not in str(err.value)
+
+
+def test_a_folder_of_pickled_weights_only_is_refused_without_unpickling(hf_dir):
+    (hf_dir / "model.safetensors").unlink()
+    # Not even a valid pickle: it is never opened.
+    (hf_dir / "pytorch_model.bin").write_bytes(b"\x80\x04 would run code")
+    with pytest.raises(CheckpointError, match="holds only pickled weights \\(pytorch_model.bin\\): layerdrop "
+                                              "reads safetensors only"):
+        load_decoder(hf_dir)
+
+
+def test_an_index_naming_a_shard_outside_the_folder_is_refused(tmp_path):
+    tiny_hf_llama(tmp_path / "hf", shard=True)
+    index = tmp_path / "hf" / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    first = next(iter(data["weight_map"]))
+    data["weight_map"][first] = "../elsewhere.safetensors"
+    index.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="names the shard '../elsewhere.safetensors' outside the folder"):
+        load_decoder(tmp_path / "hf")
+
+
+def test_tensors_the_family_does_not_have_are_refused(hf_dir):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(hf_dir / "model.safetensors")
+    tensors["model.layers.0.self_attn.q_norm.weight"] = torch.ones(16)
+    save_file(tensors, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="the first 'model.layers.0.self_attn.q_norm.weight'"):
+        load_decoder(hf_dir)
+
+
+@pytest.mark.parametrize("shape", [{"tie": True, "rope_scaling": LLAMA3_ROPE}, {"kv_heads": 1}], ids=["tied", "mqa"])
+def test_export_format_hf_round_trips_through_from_pretrained(tmp_path, shape):
+    original = tiny_hf_llama(tmp_path / "hf", **shape)
+    assert export_main(["--ckpt", str(tmp_path / "hf"), "--out", str(tmp_path / "out"), "--format", "hf",
+                        "--no-tokenizer"]) == 0
+    assert {"model.safetensors", "config.json", "generation_config.json"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert isinstance(back, LlamaForCausalLM)
+    with torch.no_grad():
+        assert (back(TOKENS).logits - original(TOKENS).logits).abs().max() <= 1e-5
+
+
+def test_a_layerdrop_export_of_a_llama_exports_to_hf_with_its_tokenizer(tmp_path, prepared_tokens):
+    tiny_hf_llama(tmp_path / "hf", vocab=300)
+    decoder, _ = load_decoder(tmp_path / "hf")
+    export_decoder(decoder, tmp_path / "ours", tokenizer=prepared_tokens / "tokenizer.json",
+                   extra={"tokenizer": {"file": "tokenizer.json", "eos_id": 0}})
+    assert export_main(["--ckpt", str(tmp_path / "ours"), "--out", str(tmp_path / "out"), "--format", "hf"]) == 0
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["eos_token_id"] == 0 and (tmp_path / "out" / "tokenizer.json").is_file()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert tokenizer.eos_token_id == 0 and tokenizer("def f():")["input_ids"]
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        assert (back(TOKENS).logits - decoder(TOKENS)).abs().max() <= 1e-5
+
+
+def test_a_celerity_model_is_refused_by_format_hf_in_one_line(tmp_path, capsys):
+    export_decoder(Decoder(ModelConfig(vocab_size=32, d_model=16, n_layers=1, n_heads=2)), tmp_path / "celerity")
+    assert export_main(["--ckpt", str(tmp_path / "celerity"), "--out", str(tmp_path / "out"), "--format", "hf",
+                        "--no-tokenizer"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "family='celerity' has no transformers class" in err and "\n" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_format_hf_does_not_overwrite_unless_asked(tmp_path, hf_dir):
+    args = ["--ckpt", str(hf_dir), "--out", str(tmp_path / "out"), "--format", "hf", "--no-tokenizer"]
+    assert export_main(args) == 0
+    assert export_main(args) == 2
+    assert export_main([*args, "--overwrite"]) == 0

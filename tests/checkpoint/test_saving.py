@@ -1,0 +1,125 @@
+"""Periodic checkpoints (keep-last-k, never over an earlier run) and atomic saves."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import framework.checkpoint.saving as checkpointing_module
+from framework.checkpoint.saving import AtomicCheckpointIO, PeriodicCheckpoint
+from battery import hashes, layerdrop, refusal
+from tiny_training import RandomTokens, quiet_trainer, tiny_cli_args, tiny_module
+
+
+def test_periodic_checkpoints_keep_the_newest_and_the_final_step(tmp_path):
+    torch.manual_seed(0)
+    checkpoint = PeriodicCheckpoint(every_n_steps=3, keep_last=2)
+    trainer = quiet_trainer(max_steps=10, callbacks=[checkpoint], enable_checkpointing=True,
+                            default_root_dir=str(tmp_path))
+    trainer.fit(tiny_module(), RandomTokens())
+    folder = tmp_path / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "step-00000009.ckpt", "step-00000010.ckpt"]
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 10
+
+
+def test_a_new_run_refuses_a_folder_with_checkpoints(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"earlier run")
+    trainer = quiet_trainer(max_steps=2, callbacks=[PeriodicCheckpoint()], enable_checkpointing=True,
+                            default_root_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="already holds last.ckpt from an earlier run: resume it"):
+        trainer.fit(tiny_module(), RandomTokens())
+    assert (tmp_path / "checkpoints" / "last.ckpt").read_bytes() == b"earlier run"
+
+
+@pytest.mark.parametrize("name,value", [("every_n_steps", 0), ("keep_last", -1)])
+def test_periodic_checkpoint_arguments_are_checked(name, value):
+    with pytest.raises(ValueError, match=f"checkpoint.{name}={value} is invalid"):
+        PeriodicCheckpoint(**{name: value})
+
+
+def test_a_crash_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path, monkeypatch):
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.ones(1000)}, path)
+    real_save = torch.save
+
+    def crash_half_way(obj, handle, *args, **kwargs):
+        real_save(obj, handle, *args, **kwargs)
+        handle.seek(handle.tell() // 2)
+        handle.truncate()
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpointing_module.torch, "save", crash_half_way)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(1000)}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no partial file left behind
+    io.save_checkpoint({"step": 3}, path)
+    assert torch.load(path, weights_only=True) == {"step": 3}
+
+
+def test_the_trainer_saves_through_the_atomic_io(tmp_path):
+    from framework.checkpoint.saving import use_atomic_checkpoint_io
+
+    trainer = quiet_trainer(max_steps=1, default_root_dir=str(tmp_path))
+    use_atomic_checkpoint_io(trainer)
+    assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+def test_checkpoint_folder_is_made_absolute(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    trainer = quiet_trainer(max_steps=2, callbacks=[PeriodicCheckpoint()], enable_checkpointing=True,
+                            default_root_dir="run")
+    trainer.fit(tiny_module(), RandomTokens())
+    assert trainer.checkpoint_callback.dirpath == os.path.realpath(tmp_path / "run" / "checkpoints")
+
+
+def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path, capsys):
+    torch.manual_seed(0)
+    folder = tmp_path / "checkpoints"
+    trainer = quiet_trainer(max_steps=4, enable_checkpointing=True,
+                            callbacks=[PeriodicCheckpoint(every_n_steps=1, keep_last=4, dirpath=str(folder))])
+    trainer.fit(tiny_module(), RandomTokens())
+    first_four = (folder / "step-00000004.ckpt").read_bytes()
+    trainer = quiet_trainer(max_steps=5, enable_checkpointing=True,
+                            callbacks=[PeriodicCheckpoint(every_n_steps=1, keep_last=4, dirpath=str(folder))])
+    trainer.fit(tiny_module(), RandomTokens(), ckpt_path=str(folder / "step-00000002.ckpt"))
+    assert sorted(p.name for p in (folder / "superseded").iterdir()) == ["step-00000003.ckpt", "step-00000004.ckpt"]
+    assert (folder / "superseded" / "step-00000004.ckpt").read_bytes() == first_four  # moved, not rewritten
+    assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt", "step-00000002.ckpt", "step-00000003.ckpt",
+                                                             "step-00000004.ckpt", "step-00000005.ckpt"]
+    assert "resume: moved 2 checkpoint(s) newer than step 2" in capsys.readouterr().out
+
+
+def test_a_fresh_run_keeps_off_an_earlier_runs_export_and_summary(prepared_tokens, tmp_path):
+    """With its checkpoints elsewhere (--checkpoint.dirpath), a fresh run into an earlier
+    run's root once replaced that run's export/ and summary.json silently."""
+    root = tmp_path / "run"
+    (root / "export").mkdir(parents=True)
+    (root / "export" / "config.json").write_text('{"model": {}}')
+    (root / "summary.json").write_text('{"steps": 2}')
+    before = hashes(root)
+    line = refusal(layerdrop("pretrain", *tiny_cli_args(prepared_tokens, root, steps=2),
+                             "--checkpoint.dirpath", tmp_path / "elsewhere"))
+    assert "already holds export and summary.json of an earlier run" in line
+    assert hashes(root) == before and not (tmp_path / "elsewhere").exists()
+
+
+def test_the_final_checkpoint_is_saved_before_the_export(prepared_tokens, tmp_path, monkeypatch):
+    """Lightning runs checkpoint callbacks last: a failed export once lost every step
+    since the last periodic save."""
+    from framework.checkpoint.safetensors_writer import SafetensorsWriter
+    from framework.pretrain import main
+
+    def out_of_memory(self, name, tensor):  # what an OOM gathering a full tensor looks like
+        raise MemoryError("gathering a full tensor")
+
+    monkeypatch.setattr(SafetensorsWriter, "write", out_of_memory)
+    with pytest.raises(MemoryError):
+        main(tiny_cli_args(prepared_tokens, tmp_path / "run", steps=4) + ["--trainer.logger", "false"])
+    saved = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*.ckpt"))
+    assert saved == ["step-00000003.ckpt", "step-00000004.ckpt"]  # every 3 steps, and the end
+    assert not (tmp_path / "run" / "export").exists()
