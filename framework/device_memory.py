@@ -12,24 +12,28 @@ V, micro-batch m of S tokens:
                  forward ends), + 4·N when the strategy buckets gradients (DDP's all-reduce copies
                  them into flat buckets), + 8·(N_root + 2·N_block) when it gathers blocks (the
                  gathered root and two gathered blocks, with their unsharded gradients)
-    activations  m·S·L·(8d + 2e·d + 5e·a + 2e·f)       e = 2 under bf16-mixed, 4 under 32-true: per
-                                     token and layer the saved residual input of each LayerNorm (fp32),
-                                     their outputs, q/k/v, the attention output and its copy, the FFN's
-                                     ReLU output and its square. With activation checkpointing: m·S·L·4d
-                                     (each block's input) plus one block's full activations.
+    activations  m·S·L·A             A: the bytes one block saves for backward per token, which its
+                                     family's block class counts (``activation_bytes_per_token``:
+                                     Celerity's 8d + 2e·d + 5e·a + 2e·f in framework/model.py, Llama's
+                                     RMSNorm/RoPE/SwiGLU/GQA count in framework/families/llama.py;
+                                     e = 2 under bf16-mixed, 4 under 32-true). With activation
+                                     checkpointing: m·S·L·4d (each block's input) plus one block's A.
     loss chunk   16·V·min(m·S, loss_chunk_tokens)      one chunk's logits, log-softmax and gradients
 
 The dense step is the peak (layer dropout only lowers activations). What each
-strategy shards is its own business (framework/strategies: ``footprint``); the
-arithmetic is here, once. tests/test_device_memory.py checks the activation term
-against the tensors autograd saves.
+strategy shards is its own business (framework/strategies: ``footprint``), what a
+block keeps its family's; the arithmetic is here, once. tests/test_device_memory.py
+checks the activation term of every family against the tensors autograd saves.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from framework.config import ModelConfig
+from framework.families import FAMILIES, build_decoder
 
 
 @dataclass(frozen=True)
@@ -57,10 +61,6 @@ class ModelSizes:
     def of(cls, config: ModelConfig) -> "ModelSizes":
         """Counted from the config's decoder itself (its family's), built on the meta
         device (no memory)."""
-        import torch
-
-        from framework.families import build_decoder
-
         with torch.device("meta"):
             decoder = build_decoder(config)
         root = sum(p.numel() for name, p in decoder.named_parameters() if not name.startswith("blocks."))
@@ -85,10 +85,8 @@ def device_memory(sizes: ModelSizes, footprint: Footprint, *, micro_batch: int, 
 
 
 def activation_bytes_per_token(cfg: ModelConfig, mixed: bool) -> int:
-    """Bytes one block saves for backward per token (pre-LN, attention, squared-ReLU FFN)."""
-    e = 2 if mixed else 4
-    d, a, f = cfg.d_model, cfg.attn_dim, cfg.ffn_dim
-    return 8 * d + 2 * e * d + 5 * e * a + 2 * e * f
+    """Bytes one block of ``cfg.family`` saves for backward per token (the family counts them)."""
+    return FAMILIES[cfg.family].block_class.activation_bytes_per_token(cfg, mixed)
 
 
 __all__ = ["Footprint", "ModelSizes", "device_memory", "activation_bytes_per_token"]

@@ -80,6 +80,16 @@ class Block(nn.Module):
     def new_ffn(cfg: ModelConfig) -> nn.Module:
         return FeedForward(cfg)
 
+    @staticmethod
+    def activation_bytes_per_token(cfg: ModelConfig, mixed: bool) -> int:
+        """Bytes one block saves for backward per token (framework/device_memory.py's
+        activation term), e = 2 under bf16-mixed, 4 under 32-true: each LayerNorm's
+        residual input (fp32) and its output (8d + 2e·d), q/k/v, the attention output
+        and its copy (5e·a), the FFN's ReLU output and its square (2e·f)."""
+        e = 2 if mixed else 4
+        d, a, f = cfg.d_model, cfg.attn_dim, cfg.ffn_dim
+        return 8 * d + 2 * e * d + 5 * e * a + 2 * e * f
+
     def forward(self, h: torch.Tensor, bias: torch.Tensor | None, drop: LayerDrop | None = None,
                 cache: KVCache | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``drop`` (training) runs each branch on its kept rows; ``rows`` (decoding with

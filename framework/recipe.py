@@ -7,6 +7,9 @@ Given a size (a Table A.1 name, or --d-model/--n-layers/--heads), a token budget
 (--tpp or --tokens), the devices (--devices per node, --nodes, --memory per device),
 the layer-dropout choice and the base recipe, it writes a recipe for `layerdrop
 pretrain` in which every derived number carries a comment saying how it was derived.
+The target is of the base's family (``model.decoder.family``) with its shape-free fields
+(vocabulary, context, RoPE, tying); a Llama's key/value heads and FFN width are
+--kv-heads/--ffn-hidden or the base's grouping and FFN width per d_model.
 
 **The base recipe** is the small run whose hyperparameters were tuned: its model is
 the parametrization's base (d_model = d_base, n_layers = n_layers_base), and what it
@@ -53,6 +56,7 @@ from typing import Any
 import yaml
 
 from framework.command_parser import CommandParser
+from framework.commented_yaml import commented_yaml
 from framework.config import PAPER_SIZES, EarlyExitLossConfig, LayerDropoutConfig, ModelConfig, ParametrizationConfig
 from framework.device_memory import ModelSizes, device_memory
 from framework.early_exit_loss import check_exits, mean_exit_heads
@@ -97,25 +101,45 @@ def token_count(text: str) -> float:
     return float(match.group(1)) * COUNT_SUFFIXES[match.group(2).upper()]
 
 
+# Set by the target's shape, and by the parametrization at run time; every other decoder
+# field (the family and its shape-free fields: vocabulary, context, kernel, RoPE, tying) is the base's.
+NOT_INHERITED = ("d_model", "n_layers", "n_heads", "head_dim", "n_kv_heads", "ffn_hidden",
+                 "logit_multiplier", "residual_multiplier")
+
+
 def model_config(args: argparse.Namespace, base: ModelConfig) -> tuple[ModelConfig, str]:
-    """The target decoder (the base's vocabulary, context and kernel) and how it was named."""
+    """The target decoder (the base's family and shape-free fields) and how it was named."""
     explicit = [args.d_model, args.n_layers, args.heads]
     if args.size is not None and any(v is not None for v in [*explicit, args.head_dim]):
         raise RecipeError("--size and --d-model/--n-layers/--heads/--head-dim are invalid together: give one")
-    shared = {k: getattr(base, k) for k in ("vocab_size", "ffn_mult", "max_seq_len", "attention", "norm_eps",
-                                             "bias", "init_std")}
+    shared = {k: v for k, v in base.to_dict().items() if k not in NOT_INHERITED}
     if args.size is not None:
         names = {name.lower(): name for name in PAPER_SIZES}
         if args.size.lower() not in names:
             raise RecipeError(f"--size={args.size!r} is invalid: allowed: {', '.join(PAPER_SIZES)} "
                               "(or --d-model, --n-layers and --heads)")
         name = names[args.size.lower()]
-        return ModelConfig(**shared, **PAPER_SIZES[name]), f"Table A.1's {name}"
-    if any(v is None for v in explicit):
+        shape, origin = dict(PAPER_SIZES[name]), f"Table A.1's {name}"
+    elif any(v is None for v in explicit):
         raise RecipeError("--size is missing: give a Table A.1 name or all of --d-model, --n-layers and --heads")
-    cfg = ModelConfig(**shared, d_model=args.d_model, n_layers=args.n_layers, n_heads=args.heads,
-                      head_dim=args.head_dim)
-    return cfg, "given"
+    else:
+        shape = {"d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.heads, "head_dim": args.head_dim}
+        origin = "given"
+    return ModelConfig(**shared, **shape, **grouping_and_ffn(args, base, shape)), origin
+
+
+def grouping_and_ffn(args: argparse.Namespace, base: ModelConfig, shape: dict[str, Any]) -> dict[str, Any]:
+    """K/V heads and FFN width: given, or the base's query heads per K/V head and FFN
+    width per d_model (None where the base has neither, as Celerity's)."""
+    group, kv_heads, ffn_hidden = base.n_heads // base.n_kv_heads, args.kv_heads, args.ffn_hidden
+    if kv_heads is None and shape["n_heads"] % group:
+        raise RecipeError(f"n_heads={shape['n_heads']} is invalid: the base shares each key/value head among "
+                          f"{group} query heads; give --kv-heads")
+    if kv_heads is None and group > 1:
+        kv_heads = shape["n_heads"] // group
+    if ffn_hidden is None and base.ffn_hidden is not None:
+        ffn_hidden = round(base.ffn_hidden * shape["d_model"] / base.d_model)
+    return {"n_kv_heads": kv_heads, "ffn_hidden": ffn_hidden}
 
 
 def layer_dropout_config(args: argparse.Namespace, base: dict[str, Any]) -> LayerDropoutConfig:
@@ -271,6 +295,7 @@ def derive(args: argparse.Namespace) -> Recipe:
     except RecipeError as err:
         raise RecipeError(f"--memory={args.memory!r} is invalid: {err}") from None
     accumulate = per_device // plan.micro_batch
+    decoder_comments = shape_comments(args, base, origin)
     name = args.name or (Path(args.out).stem if args.out else (args.size or "recipe").lower())
     needed = sum(plan.memory.values())
 
@@ -279,7 +304,7 @@ def derive(args: argparse.Namespace) -> Recipe:
         "trainer.max_steps": steps, "trainer.accumulate_grad_batches": accumulate,
         "trainer.default_root_dir": f"runs/{name}", "data.batch_size": plan.micro_batch,
         "model.parametrization.tau_ema": tau, "model.activation_checkpointing": plan.checkpointing,
-        **{f"model.decoder.{k}": getattr(model, k) for k in ("d_model", "n_layers", "n_heads", "head_dim")},
+        **{f"model.decoder.{k}": getattr(model, k) for k in decoder_comments},
         **{f"model.layer_dropout.{k}": (list(v) if isinstance(v, tuple) else v)
            for k, v in vars(dropout).items()},
     }
@@ -303,14 +328,16 @@ def derive(args: argparse.Namespace) -> Recipe:
                                      f"(un)embedding ε/m_d = {hyper[EMBEDDING]['eps']:.4g}",
         "model.activation_checkpointing": "needed to fit" if plan.checkpointing else "not needed to fit",
         "model.layer_dropout.p_max": f"P̄ = {p_bar:.4g}: {100 * p_bar:.4g}% of the blocks' training FLOPs saved",
-        **{f"model.decoder.{k}": origin for k in ("d_model", "n_layers", "n_heads", "head_dim")},
+        **{f"model.decoder.{k}": comment for k, comment in decoder_comments.items()},
     }
     budget = f"{args.tpp:g} · N" if args.tpp is not None else "given"
     command = canonical_command(args)
     memory = " + ".join(f"{part} {value / 1e9:.1f}" for part, value in plan.memory.items())
+    kv_heads = f" ({model.n_kv_heads} key/value)" if model.n_kv_heads != model.n_heads else ""
+    ffn = f"{model.ffn_mult}·d" if model.ffn_hidden is None else f"{model.ffn_hidden}"
     header = [
         f"{name}: a decoder of {n:,} parameters (d = {model.d_model}, L = {model.n_layers}, {model.n_heads} heads "
-        f"of {model.head_dim}, FFN {model.ffn_mult}·d, vocabulary {model.vocab_size:,})",
+        f"of {model.head_dim}{kv_heads}, FFN {ffn}, vocabulary {model.vocab_size:,})",
         f"trained on {tokens:,.0f} tokens ({tpp:.4g} per parameter), transferred from {args.base} by Table A.2's",
         "rules. Written by `layerdrop recipe` (framework/recipe.py): change the command, not this file.",
         "", f"  {command}", "",
@@ -334,12 +361,26 @@ def derive(args: argparse.Namespace) -> Recipe:
     return Recipe(values, comments, header)
 
 
+def shape_comments(args: argparse.Namespace, base: BaseRun, origin: str) -> dict[str, str]:
+    """How each decoder shape field the recipe writes was set; the K/V heads and FFN width
+    only where the base sets them or the command gives them."""
+    comments = dict.fromkeys(("d_model", "n_layers", "n_heads", "head_dim"), origin)
+    section = base.recipe["model"]["decoder"]
+    if args.kv_heads is not None or "n_kv_heads" in section:
+        comments["n_kv_heads"] = "given" if args.kv_heads is not None else \
+            f"the base's {base.model.n_heads // base.model.n_kv_heads} query heads per key/value head"
+    if args.ffn_hidden is not None or "ffn_hidden" in section:
+        comments["ffn_hidden"] = "given" if args.ffn_hidden is not None else \
+            f"the base's width per d_model: {base.model.ffn_dim}·d/{base.model.d_model}, rounded"
+    return comments
+
+
 def canonical_command(args: argparse.Namespace) -> str:
     """The command line that writes this recipe, in one fixed order."""
     parts = ["layerdrop recipe", f"--base {args.base}"]
     if args.size is not None:
         parts.append(f"--size {args.size}")
-    for flag in ("d_model", "n_layers", "heads", "head_dim", "tpp", "tokens"):
+    for flag in ("d_model", "n_layers", "heads", "head_dim", "kv_heads", "ffn_hidden", "tpp", "tokens"):
         if getattr(args, flag) is not None:
             parts.append(f"--{flag.replace('_', '-')} {getattr(args, flag):g}" if isinstance(getattr(args, flag), float)
                          else f"--{flag.replace('_', '-')} {getattr(args, flag)}")
@@ -357,7 +398,7 @@ def render(base: dict[str, Any], recipe: Recipe) -> str:
     """The base recipe with the derived values set, as commented YAML."""
     tree = _merge(base, recipe.values)
     lines = [f"# {line}".rstrip() for line in recipe.header]
-    lines += _emit(tree, recipe.comments, prefix="", indent=0)
+    lines += commented_yaml(tree, recipe.comments)
     return "\n".join(lines) + "\n"
 
 
@@ -373,33 +414,6 @@ def _merge(base: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
         node[key] = value
     tree["trainer"] = {**{k: trainer[k] for k in order if k in trainer}, **trainer}
     return tree
-
-
-def _emit(node: dict[str, Any], comments: dict[str, str], *, prefix: str, indent: int) -> list[str]:
-    lines = []
-    for key, value in node.items():
-        dotted = f"{prefix}{key}"
-        pad = " " * indent
-        if isinstance(value, dict):
-            lines.append(f"{pad}{key}:")
-            lines += _emit(value, comments, prefix=f"{dotted}.", indent=indent + 2)
-            continue
-        line = f"{pad}{key}: {_scalar(value)}"
-        if dotted in comments:
-            line = f"{line:<32} # {comments[dotted]}"
-        lines.append(line)
-    return lines
-
-
-def _scalar(value: Any) -> str:
-    """One YAML value; floats far from 1 in the scientific form YAML reads as a float."""
-    if isinstance(value, float) and value != 0 and not 1e-4 <= abs(value) < 1e6:
-        mantissa, exponent = f"{value:.10e}".split("e")
-        mantissa = mantissa.rstrip("0") + ("0" if mantissa.rstrip("0").endswith(".") else "")
-        text = f"{mantissa}e{int(exponent):+03d}"
-        if yaml.safe_load(text) == value:
-            return text
-    return yaml.safe_dump([value], default_flow_style=True, width=10_000).strip()[1:-1]
 
 
 # ------------------------------------------------------------------------------- command
@@ -419,6 +433,8 @@ def parser() -> argparse.ArgumentParser:
     size.add_argument("--n-layers", type=int)
     size.add_argument("--heads", type=int)
     size.add_argument("--head-dim", type=int, help="default d_model / heads")
+    size.add_argument("--kv-heads", type=int, help="key/value heads (Llama); default: the base's grouping")
+    size.add_argument("--ffn-hidden", type=int, help="FFN width (Llama); default: the base's width per d_model")
     budget = p.add_argument_group("token budget: one of")
     budget.add_argument("--tpp", type=float, help="tokens per parameter (20 is compute-optimal)")
     budget.add_argument("--tokens", help="tokens, e.g. 5.4B")

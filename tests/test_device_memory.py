@@ -11,20 +11,32 @@ import torch
 
 from framework.config import ModelConfig
 from framework.device_memory import Footprint, ModelSizes, device_memory
+from framework.families import build_decoder
 from framework.model import Decoder
 from framework.strategies import checkpoint_block
 
 
+# One shape per family and attention form; each family counts its own block's bytes.
+ACTIVATION_SHAPES = {
+    "celerity": {},
+    "llama": dict(family="llama", ffn_hidden=160, bias=False),
+    # grouped K/V (2 heads for 4 queries), an FFN width of its own, the head tied to the embedding
+    "llama-gqa": dict(family="llama", n_kv_heads=2, ffn_hidden=96, tie_embeddings=True, bias=False),
+}
+
+
+@pytest.mark.parametrize("shape", list(ACTIVATION_SHAPES))
 @pytest.mark.parametrize("mixed", [False, True])
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_the_activation_model_is_what_autograd_saves(mixed, checkpointing):
+def test_the_activation_model_is_what_autograd_saves(shape, mixed, checkpointing):
     """The activation term against the tensors a training forward really keeps for
     backward (measured as the difference between 8 and 4 sequences, so the weights and
     their bf16 copies cancel), within 5%; the attention kernel on CPU keeps what Flash
     and FlexAttention keep (the output and its log-sum-exp, no S×S scores)."""
-    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=3, n_heads=4, max_seq_len=32, attention="sdpa")
+    cfg = ModelConfig(vocab_size=64, d_model=64, n_layers=3, n_heads=4, max_seq_len=32, attention="sdpa",
+                      **ACTIVATION_SHAPES[shape])
     torch.manual_seed(0)
-    decoder = Decoder(cfg).train()
+    decoder = build_decoder(cfg).train()
     if checkpointing:
         for block in decoder.blocks:
             checkpoint_block(block)
@@ -91,8 +103,6 @@ def test_working_memory_follows_the_footprint():
 def test_the_sizes_of_a_llama_count_grouped_kv_swiglu_and_tied_embeddings():
     """Hand count of a Llama block (GQA's narrower K/V, three SwiGLU matrices, two
     RMSNorm weights, no biases) and root (one tied V×d matrix and the final norm)."""
-    from framework.families import build_decoder
-
     cfg = ModelConfig(family="llama", vocab_size=96, d_model=32, n_layers=3, n_heads=4, n_kv_heads=2, ffn_hidden=40,
                       tie_embeddings=True, bias=False, max_seq_len=16, attention="sdpa")
     d, a, kv, f = 32, 32, 2 * 8, 40

@@ -180,3 +180,48 @@ def test_the_flop_prediction_counts_layer_dropout_and_the_early_exit_heads(in_re
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(base))
     code, _, err = run(capsys, "--base", str(tmp_path / "base.yaml"), *argv)
     assert code == 2 and "early_exit_loss.exits=[6, 20] is invalid: exits must be in 1..12" in err
+
+
+def llama_base(tmp_path) -> str:
+    """recipes/base.yaml as a tied Llama with grouped-query attention (2 query heads per K/V head)."""
+    base = yaml.safe_load((RECIPES / "base.yaml").read_text())
+    base["model"]["decoder"].update(family="llama", bias=False, attention="sdpa", n_kv_heads=2, ffn_hidden=1024,
+                                    tie_embeddings=True, rope_theta=500000.0)
+    (tmp_path / "llama-base.yaml").write_text(yaml.safe_dump(base))
+    return str(tmp_path / "llama-base.yaml")
+
+
+def test_a_llama_base_transfers_as_a_llama_priced_by_its_own_activations(in_repo, capsys, tmp_path):
+    from framework.families.llama import LlamaBlock
+    from framework.model import Block
+
+    shape = ["--d-model", "2048", "--n-layers", "16", "--heads", "32", "--head-dim", "64", "--kv-heads", "8",
+             "--ffn-hidden", "8192"]
+    code, out, err = run(capsys, "--base", llama_base(tmp_path), *shape, "--tpp", "20", "--memory", "141GB")
+    assert code == 0, err
+    recipe = yaml.safe_load(out)
+    model = ModelConfig(**recipe["model"]["decoder"])
+    assert (model.family, model.n_kv_heads, model.ffn_hidden, model.tie_embeddings, model.rope_theta) == \
+        ("llama", 8, 8192, True, 500000.0)
+    assert parameter_count(model) == 1_235_814_400  # Llama-3.2-1B's published count
+    assert "32 heads of 64 (8 key/value), FFN 8192" in out and "--kv-heads 8 --ffn-hidden 8192" in out
+    micro = recipe["data"]["batch_size"]
+    line = next(line for line in out.splitlines() if line.startswith("#   memory per device"))
+    activations = float(re.search(r"activations ([0-9.]+)", line).group(1))
+    llama, celerity = (micro * 2048 * 16 * block.activation_bytes_per_token(model, True) / 1e9
+                       for block in (LlamaBlock, Block))
+    assert activations == pytest.approx(llama, abs=0.05) and abs(activations - celerity) > 1
+
+
+def test_a_llama_base_lends_its_grouping_and_ffn_width_per_d_model(in_repo, capsys, tmp_path):
+    base = llama_base(tmp_path)
+    code, out, err = run(capsys, "--base", base, "--d-model", "512", "--n-layers", "8", "--heads", "8",
+                         "--tpp", "20", "--memory", "141GB")
+    assert code == 0, err
+    decoder = yaml.safe_load(out)["model"]["decoder"]
+    assert (decoder["n_kv_heads"], decoder["ffn_hidden"]) == (4, 2048)
+    assert "# the base's 2 query heads per key/value head" in out
+    code, out, err = run(capsys, "--base", base, "--d-model", "512", "--n-layers", "8", "--heads", "3",
+                         "--tpp", "20", "--memory", "141GB")
+    assert code == 2 and out == "" and err.strip() == ("error: n_heads=3 is invalid: the base shares each key/value "
+                                                       "head among 2 query heads; give --kv-heads")

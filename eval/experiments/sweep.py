@@ -51,6 +51,7 @@ from eval.experiments.run_folder import RunFolder, layerdrop
 from eval.experiments.sweep_adoption import adopt_finished, finished_elsewhere
 from eval.experiments.sweep_spec import (EvalSpec, Run, Sweep, SweepError, format_flops, get_dotted, load_sweep, predict,
                                          run_recipe)
+from eval.experiments.sweep_status import StatusPrinter
 from eval.experiments.sweep_slurm import check_slurm_options, write_slurm
 from eval.options import check_positive
 from framework.atomic_write import write_json, write_text
@@ -69,6 +70,7 @@ class Runner:
         self.children: set[subprocess.Popen] = set()
         self.lock = threading.Lock()
         self.stopping = False
+        self.training: dict[str, Path] = {}  # run name -> its pretrain log, while it trains
 
     # -- environment and subprocesses ------------------------------------------------
     def env(self) -> dict[str, str]:
@@ -206,7 +208,13 @@ class Runner:
         write_json(folder.status_file, status)
         if not folder.summary.is_file():
             argv, env = self.train_argv(folder)
-            code, cpu, wall = self.call(argv, folder.log("pretrain"), env)
+            with self.lock:
+                self.training[folder.run.name] = folder.log("pretrain")
+            try:
+                code, cpu, wall = self.call(argv, folder.log("pretrain"), env)
+            finally:
+                with self.lock:
+                    self.training.pop(folder.run.name, None)
             record("pretrain", code, cpu, wall)
             if code != 0 or not folder.summary.is_file():
                 return fail("pretrain", f"exit status {code}: {last_line(tail(folder.log('pretrain')))}")
@@ -441,6 +449,8 @@ def run_all(runner: Runner, runs: list[Run], jobs: int) -> int:
     print(f"{len(runs)} runs: {len(runs) - len(todo)} done, {len(todo)} to run, {jobs} at a time", flush=True)
     previous = {sig: signal.signal(sig, lambda *_: runner.stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
     results = []
+    printer = StatusPrinter(lambda: dict(runner.training))
+    printer.start()
     try:
         with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
             futures = {pool.submit(runner.run, r): r for r in todo}
@@ -452,6 +462,7 @@ def run_all(runner: Runner, runs: list[Run], jobs: int) -> int:
                 print(f"[{len(results)}/{len(todo)}] {status['run']}: {status['state']} "
                       f"({cpu:.0f} CPU s){detail}", flush=True)
     finally:
+        printer.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     failed = [s for s in results if s["state"] != "done"]

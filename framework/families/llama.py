@@ -122,6 +122,24 @@ class LlamaBlock(Block):
     def new_ffn(cfg: ModelConfig) -> nn.Module:
         return SwiGLU(cfg)
 
+    @staticmethod
+    def activation_bytes_per_token(cfg: ModelConfig, mixed: bool) -> int:
+        """Bytes one block saves for backward per token, e = 2 under bf16-mixed, 4 under
+        32-true, kv = n_kv_heads·head_dim:
+
+            2 RMSNorms  2·(8d + 4 + e·d)   the fp32 input, the normalised x (the weight
+                                           multiplies outside the fused kernel and needs
+                                           it), 1/rms, and the projection's input
+            attention   e·(3a + 3kv) + 4h  the q/k/v projection's output, the rotated q
+                                           and k, the output (merging the heads is a view
+                                           of it), the fp32 log-sum-exp of each of h heads
+            SwiGLU      4e·f               the gate/up output, silu(gate), their product
+        """
+        e = 2 if mixed else 4
+        d, a, f = cfg.d_model, cfg.attn_dim, cfg.ffn_dim
+        kv = cfg.n_kv_heads * cfg.head_dim
+        return 2 * (8 * d + 4 + e * d) + e * (3 * a + 3 * kv) + 4 * cfg.n_heads + 4 * e * f
+
 
 class LlamaDecoder(Decoder):
     """A Llama-family decoder; ``tie_embeddings`` shares the embedding with the head."""

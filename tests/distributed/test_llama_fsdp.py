@@ -1,5 +1,5 @@
 """Continued pretraining of an imported Hugging Face Llama on 2 CPU processes with
-FSDP2 (recipes/llama-continued.yaml, activation checkpointing on, ILD+DTS): every rank
+FSDP2 (recipes/llama-continued.yaml with activation checkpointing on, ILD+DTS): every rank
 loads its shards from the folder, and the run lowers the model's loss."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def test_fsdp2_continued_pretraining_from_an_hf_folder(tmp_path, tiny_data):
                          "--data.data_dir", str(tiny_data), "--trainer.default_root_dir", str(tmp_path / "run"),
                          "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.precision", "32-true",
                          "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(steps),
+                         "--model.activation_checkpointing", "true",
                          "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
                          "--trainer.enable_model_summary", "false", "--model.layer_dropout.p_max", "0.4",
                          "--model.parametrization.lr", "3e-3", "--model.lr_schedule.warmup_steps", "1",

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM
 
 from framework.checkpoint import load_decoder
@@ -93,3 +94,29 @@ def test_the_recipe_builds_a_llama_3_2_1b_shape_with_multipliers_one(tmp_path):
     assert cfg.logit_multiplier == cfg.residual_multiplier == 1.0
     assert cli.datamodule.model_vocab_size == 128256
     assert parameters_on_meta(cli) == 1_235_814_400  # Llama-3.2-1B's published count
+
+
+def test_the_recipe_fits_an_h200_and_recomputes_only_where_it_must():
+    """The memory model (framework/device_memory.py, Llama's block activations) on the
+    recipe's layout: it fits 90% of an H200, and it checkpoints activations only if the
+    step would not fit without (layerdrop recipe's rule)."""
+    from framework.config import ModelConfig
+    from framework.device_memory import ModelSizes, device_memory
+    from framework.recipe import HEADROOM
+    from framework.strategies import STRATEGIES
+
+    # Llama-3.2-1B's shape, as the test above reads it from its config.json
+    cfg = ModelConfig(family="llama", vocab_size=128256, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+                      head_dim=64, ffn_hidden=8192, tie_embeddings=True, bias=False, max_seq_len=2048)
+    recipe = yaml.safe_load(RECIPE.read_text())
+    trainer, data, model = recipe["trainer"], recipe["data"], recipe["model"]
+    footprint = STRATEGIES[trainer["strategy"]].footprint(trainer["devices"], trainer["num_nodes"])
+
+    def needed(checkpointing: bool) -> float:
+        return sum(device_memory(ModelSizes.of(cfg), footprint, micro_batch=data["batch_size"], seq_len=data["seq_len"],
+                                 checkpointing=checkpointing, loss_chunk_tokens=model["loss_chunk_tokens"],
+                                 mixed=trainer["precision"] == "bf16-mixed").values())
+
+    usable = HEADROOM * 141e9
+    assert needed(model["activation_checkpointing"]) <= usable
+    assert model["activation_checkpointing"] == (needed(False) > usable)
