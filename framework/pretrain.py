@@ -110,14 +110,15 @@ class PretrainCLI(LightningCLI):
         return trainer
 
 
-def build_cli(argv: list[str]) -> PretrainCLI:
+def build_cli(argv: list[str], cli_class: type[PretrainCLI] | None = None) -> PretrainCLI:
+    """The CLI of ``argv`` (``cli_class``: a PretrainCLI subclass to build instead)."""
     from framework.data import TokenDataModule
 
     with warnings.catch_warnings():
         # `layerdrop pretrain` passes its own argv on purpose (sys.argv holds "pretrain" too);
         # Lightning warns about that on every run.
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-        return PretrainCLI(
+        return (cli_class or PretrainCLI)(
             LayerDropModule, TokenDataModule, args=argv, run=False,
             seed_everything_default=1234,
             trainer_defaults={"log_every_n_steps": 10, "num_sanity_val_steps": 0},

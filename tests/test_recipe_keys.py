@@ -1,5 +1,6 @@
 """No recipe key is ignored: every key of the resolved `layerdrop pretrain` config,
-set to a second value, changes something the run would do, or is refused.
+set to a second value, changes something the run would do, or is refused. And
+framework/recipe_keys.py (the keys a sweep may set) knows exactly those keys.
 
 "Something the run would do" is observed, never read back from where the value was
 stored: the model's parameters and forward, the drop plans, the optimizer's groups and
@@ -24,6 +25,7 @@ from framework.callbacks import RunSummary, Throughput
 from framework.checkpoint.saving import PeriodicCheckpoint
 from framework.nonfinite import NonFiniteLossGuard
 from framework.pretrain import PretrainCLI, build_cli
+from framework.recipe_keys import recipe_keys
 from framework.early_exit_loss import exit_weights
 from framework.schedules import dropout_rates
 from framework.training_progress import StepProgressLines
@@ -267,3 +269,34 @@ def test_every_key_changes_what_runs_or_is_refused(build, tmp_path, capsys):
     assert not ignored, f"keys that change nothing a run does: {ignored}"
     assert not wrongly_refused, f"refusals that are not the key's: {wrongly_refused}"
     assert len(keys) >= 90  # the whole resolved config, not a sample of it
+
+
+# ------------------------------------------------------------------ framework/recipe_keys.py
+
+
+def test_the_recipe_keys_are_the_resolved_configs(build):
+    """The parser's keys, read without parsing anything, are the keys a built run resolves."""
+    assert recipe_keys().leaves == set(resolved(build()))
+
+
+@pytest.mark.parametrize("key, problem", [
+    ("trainer.max_stepz", "'trainer.max_stepz' is not a recipe key (did you mean 'trainer.max_steps'?)"),
+    ("data.batch_sise", "'data.batch_sise' is not a recipe key (did you mean 'data.batch_size'?)"),
+    ("model.parametrization.lrr", "(did you mean 'model.parametrization.lr'?)"),
+    ("trainer.max_steps.x", "'trainer.max_steps.x' is not a recipe key"),  # below a number
+    ("data.model_vocab_size", "is not a recipe key"),  # set from model.decoder.vocab_size only
+    ("zzz", "'zzz' is not a recipe key (see layerdrop pretrain --help)"),
+    ("model.decoder", None), ("seed_everything", None), ("resume", None),
+    ("data.storage_options.key", None),  # a dict's own keys
+    ("trainer.strategy.init_args.stage", None), ("trainer.logger.init_args.save_dir", None),  # class_path/init_args
+])
+def test_a_key_is_a_recipe_key_or_named_with_the_nearest(key, problem):
+    found = recipe_keys().problem(key)
+    assert found == problem if problem is None else problem in found
+
+
+def test_a_section_given_as_a_mapping_has_its_keys_checked():
+    keys = recipe_keys()
+    assert keys.first_unknown({"model.lr_schedule": {"warmup_steps": 1}, "model": {"decoder": {"d_model": 8}}}) is None
+    assert keys.first_unknown({"trainer.max_steps": 3, "model": {"decoder": {"d_modl": 8}}}) == "model.decoder.d_modl"
+    assert keys.first_unknown({"data.storage_options": {"anything": {"deeper": 1}}}) is None

@@ -129,6 +129,9 @@ def sweep_of(spec: dict, path: Path, text: str, *, data_dir: str | None = None, 
     seeds = _seeds(spec.get("seeds", [0]), "seeds")
     seed_keys = tuple(spec.get("seed_keys") or DEFAULT_SEED_KEYS)
     shared = _overrides(spec.get("overrides") or {}, "overrides")
+    check_keys(_base_recipe(base), f"base recipe {str(base)!r}")
+    check_keys(shared, "overrides")
+    check_keys(dict.fromkeys(seed_keys), "seed_keys")
     if configs is None:
         configs = _grid_configs(spec.get("grid") or {}) + _named_configs(spec.get("runs") or {}, seeds)
         if not configs:
@@ -141,6 +144,28 @@ def sweep_of(spec: dict, path: Path, text: str, *, data_dir: str | None = None, 
             for name, overrides, config_seeds in configs for seed in (config_seeds or seeds)]
     return Sweep(path=path, base=base, data_dir=Path(data_dir or data["dir"]), prepare=prepare, runs=runs,
                  evals=_evals(spec.get("evals") or []), seed_keys=seed_keys, text=text)
+
+
+def check_keys(settings: dict[str, Any], where: str) -> None:
+    """Refuse a key `layerdrop pretrain` does not have, naming the nearest one (before
+    any run folder is written; `pretrain --print_config` would say it per run, later)."""
+    # Lightning's import (seconds), paid where a sweep file is read, not by `layerdrop report`.
+    from framework.recipe_keys import recipe_keys
+
+    keys = recipe_keys()
+    unknown = keys.first_unknown(settings)
+    if unknown is not None:
+        raise SweepError(f"{where} key {keys.problem(unknown)}")
+
+
+def _base_recipe(base: Path) -> dict:
+    try:
+        recipe = yaml.safe_load(base.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise SweepError(f"base recipe {str(base)!r} is not valid YAML: {str(err).splitlines()[0]}") from None
+    if not isinstance(recipe, dict):
+        raise SweepError(f"base recipe {str(base)!r} is invalid: expected a mapping of recipe sections")
+    return recipe
 
 
 def _required(spec: dict, key: str, kind: type) -> Any:
@@ -174,6 +199,8 @@ def _grid_configs(grid: Any) -> list[tuple[str, dict[str, Any], list[int] | None
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise SweepError(f"grid.{key}={values!r} is invalid: expected a non-empty list of values")
+        for value in values:
+            check_keys({key: value}, "grid")
     keys = list(grid)
     labels = short_keys(keys)
     configs = []
@@ -193,6 +220,7 @@ def _named_configs(runs: Any, default_seeds: list[int]) -> list[tuple[str, dict[
                              "(it names a folder)")
         overrides = dict(_overrides(overrides or {}, f"runs.{name}"))
         seeds = _seeds(overrides.pop("seeds"), f"runs.{name}.seeds") if "seeds" in overrides else None
+        check_keys(overrides, f"runs.{name}")
         configs.append((name, overrides, seeds))
     return configs
 
@@ -267,7 +295,7 @@ def get_dotted(config: dict, key: str, default: Any = None) -> Any:
 
 def run_recipe(sweep: Sweep, run: Run, run_dir: Path) -> dict:
     """The base recipe with the run's overrides, seed, folder and data applied."""
-    recipe = yaml.safe_load(sweep.base.read_text()) or {}
+    recipe = _base_recipe(sweep.base)
     for key, value in run.overrides.items():
         set_dotted(recipe, key, value)
     for key in sweep.seed_keys:
@@ -355,6 +383,6 @@ def format_flops(value: float) -> str:
     return f"{value / 10 ** exponent:.2f}e{exponent}"
 
 
-__all__ = ["Sweep", "Run", "EvalSpec", "SweepError", "Prediction", "load_sweep", "read_spec", "sweep_of",
+__all__ = ["Sweep", "Run", "EvalSpec", "SweepError", "Prediction", "load_sweep", "read_spec", "sweep_of", "check_keys",
            "config_name", "run_recipe", "predict",
            "set_dotted", "get_dotted", "short_keys", "non_embedding_parameters", "format_flops"]

@@ -53,8 +53,8 @@ import yaml
 from eval.experiments.run_folder import RunFolder
 from eval.experiments.sweep import Runner, add_run_options, prepare_data, record_invocation, report_adopted, run_all
 from eval.experiments.sweep_adoption import adopt_finished
-from eval.experiments.sweep_spec import (Sweep, SweepError, config_name, predict, read_spec, run_recipe, set_dotted,
-                                         short_keys, sweep_of)
+from eval.experiments.sweep_spec import (Sweep, SweepError, check_keys, config_name, predict, read_spec, run_recipe,
+                                         set_dotted, short_keys, sweep_of)
 from eval.options import check_positive
 from framework.atomic_write import write_json, write_text
 from framework.command_parser import CommandParser
@@ -133,6 +133,8 @@ def load_tune(path: str | Path, *, data_dir: str | None = None) -> tuple[TuneSpe
     for key, values in search.items():
         if not isinstance(values, list) or not values or len({json.dumps(v) for v in values}) != len(values):
             raise SweepError(f"tune.search.{key}={values!r} is invalid: expected a non-empty list of distinct values")
+        for value in values:
+            check_keys({key: value}, "tune.search")
     keys = list(search)
     start = section.get("start") or {}
     if not isinstance(start, dict) or sorted(set(start) - set(keys)):

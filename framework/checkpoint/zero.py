@@ -21,7 +21,9 @@ with ``weights_only=False`` (a checkpoint could run code), needs DeepSpeed insta
 and keeps the merged flat groups in memory next to the result. Here the files are
 read by weights-only rules and memory-mapped, each parameter is copied out of the
 partitions on its own, and the optimizer's moments (``base_optimizer_state`` /
-``optimizer_state_dict``) are never touched: memory is the consolidated model.
+``optimizer_state_dict``) are never touched: memory is the consolidated model. Before
+any model is built, the recorded config is checked against ``param_shapes`` (the loader's
+shared check) and every shape against what the partitions hold.
 """
 
 from __future__ import annotations
@@ -72,6 +74,11 @@ class ZeroFolder:
 
     def model_config(self, path: Path, metadata: dict[str, Any]) -> Any:
         return training_model_config(path, metadata)
+
+    def shapes(self, path: Path) -> dict[str, tuple[int, ...]]:
+        """Every tensor's shape, each checked to be held whole by the partitions (a
+        recorded shape the files cannot fill is refused here): no tensor is read."""
+        return {name: tuple(value.shape) for name, value in read_zero_tensors(path)}
 
     def tensors(self, path: Path, cfg: Any) -> Iterator[tuple[str, torch.Tensor | Pieces]]:
         return read_zero_tensors(path)
@@ -139,13 +146,34 @@ def read_zero_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor | Pieces]]
                               f"{len(files)} optimizer files")
     module = states.get("module") or {}
     for name in states.get("buffer_names") or []:
+        if not isinstance(module.get(name), torch.Tensor):
+            raise CheckpointError(f"DeepSpeed checkpoint {str(path)!r} lists buffer {str(name)[:80]!r} but holds no "
+                                  "tensor for it")
         yield _decoder_name(name), module[name]
+    param_shapes = _param_shapes(states.get("param_shapes"), path)
     if stage <= 2:
-        yield from _zero2(states["param_shapes"], optimizers, path)
+        yield from _zero2(param_shapes, optimizers, path)
     elif stage == 3:
-        yield from _zero3(states["param_shapes"], optimizers, world, path)
+        yield from _zero3(param_shapes, optimizers, world, path)
     else:
         raise CheckpointError(f"DeepSpeed checkpoint {str(path)!r} has ZeRO stage {stage}; stages 1-3 are read")
+
+
+def _param_shapes(groups: Any, path: Path) -> list[dict[str, tuple[int, ...]]]:
+    """``param_shapes``: per parameter group, name -> shape; refused unless every shape
+    is a list of sizes >= 0 (the sizes say how much of the partitions each one takes)."""
+    if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
+        raise CheckpointError(f"DeepSpeed checkpoint {str(path)!r} has no param_shapes list (one mapping per "
+                              "parameter group)")
+    checked = []
+    for group in groups:
+        for name, shape in group.items():
+            if not isinstance(shape, (tuple, list, torch.Size)) or not all(
+                    isinstance(size, int) and size >= 0 for size in shape):
+                raise CheckpointError(f"DeepSpeed checkpoint {str(path)!r}: parameter {str(name)[:80]!r} has shape "
+                                      f"{str(shape)[:80]}, not a list of sizes >= 0")
+        checked.append({name: tuple(shape) for name, shape in group.items()})
+    return checked
 
 
 def _zero2(param_shapes: list[dict], optimizers: list[dict], path: Path) -> Iterator[tuple[str, Pieces]]:

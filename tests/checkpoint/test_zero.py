@@ -9,6 +9,7 @@ tests/distributed/test_checkpoint_forms.py."""
 from __future__ import annotations
 
 import math
+import re
 from collections import OrderedDict
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 from framework.checkpoint import CheckpointError, load_decoder
 from framework.config import ModelConfig
 from framework.model import Decoder
+from battery import hashes, layerdrop, refusal
 
 WORLD = 3
 
@@ -35,7 +37,8 @@ def groups_of(decoder: Decoder) -> list[OrderedDict]:
     return [weights, rest]
 
 
-def write_folder(folder, decoder: Decoder, stage: int) -> None:
+def write_folder(folder, decoder: Decoder, stage: int, config: dict | None = None) -> None:
+    """The folder of ``decoder``'s weights; ``config`` replaces the recorded model config."""
     (folder / "checkpoint").mkdir(parents=True)
     (folder / "latest").write_text("checkpoint")
     groups = groups_of(decoder)
@@ -62,7 +65,7 @@ def write_folder(folder, decoder: Decoder, stage: int) -> None:
                     parts.append(padded[index * size:(index + 1) * size])
                 rank["fp32_flat_groups"].append(torch.cat(parts))
     model_states = {"module": {}, "buffer_names": [], "param_shapes": shapes, "frozen_param_shapes": {},
-                    "shared_params": {}, "global_step": 5, "layerdrop": {"model_config": decoder.config.to_dict()}}
+                    "shared_params": {}, "global_step": 5, "layerdrop": {"model_config": config or decoder.config.to_dict()}}
     name = "mp_rank_00_model_states.pt" if stage == 2 else "zero_pp_rank_0_mp_rank_00_model_states.pt"
     torch.save(model_states, folder / "checkpoint" / name)
     for index, rank in enumerate(per_rank):
@@ -84,3 +87,36 @@ def test_a_missing_rank_is_refused(tmp_path, decoder):
     (tmp_path / "last.ckpt" / "checkpoint" / "zero_pp_rank_2_mp_rank_00_optim_states.pt").unlink()
     with pytest.raises(CheckpointError, match="written by 3 ranks but holds 2 optimizer files"):
         load_decoder(tmp_path / "last.ckpt")
+
+
+# ------------------------------------------------------------------ a careless or hostile record (issue 23)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"n_layers": 100_000}, "missing ['blocks.2."),  # before: 10^5 blocks built, then allocated
+    ({"d_model": 10_000_000}, "embed.weight has shape [37, 10] in the checkpoint, [37, 10000000] in the model"),
+])
+def test_the_recorded_config_is_checked_against_the_shapes_before_a_model_is_built(tmp_path, decoder, change,
+                                                                                     message):
+    folder = tmp_path / "last.ckpt"
+    write_folder(folder, decoder, 3, config={**decoder.config.to_dict(), **change})
+    before = hashes(folder)
+    line = refusal(layerdrop("export", "--ckpt", folder, "--out", tmp_path / "copy", "--no-tokenizer", timeout=120))
+    assert "does not match its config" in line and message in line
+    assert hashes(folder) == before and not (tmp_path / "copy").exists()
+
+
+@pytest.mark.parametrize("shape, message", [
+    ((37, 10_000_000), "hold fewer fp32 weights than its parameter shapes need"),  # the record and the files disagree
+    ((37, -10), "has shape (37, -10), not a list of sizes >= 0"),
+])
+@pytest.mark.parametrize("stage", [2, 3])
+def test_recorded_shapes_the_partitions_cannot_fill_are_refused(tmp_path, decoder, shape, message, stage):
+    folder = tmp_path / "last.ckpt"
+    write_folder(folder, decoder, stage)
+    states_file = next((folder / "checkpoint").glob("*model_states.pt"))
+    states = torch.load(states_file, weights_only=True)
+    states["param_shapes"][0]["model.embed.weight"] = torch.Size(shape) if min(shape) >= 0 else shape
+    torch.save(states, states_file)
+    with pytest.raises(CheckpointError, match=re.escape(message)):
+        load_decoder(folder)

@@ -264,12 +264,13 @@ def test_a_sweep_stops_resumes_reports_a_failed_run_and_is_idempotent(tmp_path, 
     assert not list(report_dir.glob("runs/*/checkpoints"))
 
 
-def test_a_key_the_recipe_does_not_have_fails_that_run_at_its_config(tmp_path, data):
-    sweep = load_sweep(sweep_file(tmp_path, data, runs={"typo": {"trainer.max_stepz": 3}}))
+def test_a_value_the_recipe_does_not_accept_fails_that_run_at_its_config(tmp_path, data):
+    """Keys are checked up front (below); values by `pretrain --print_config`, per run."""
+    sweep = load_sweep(sweep_file(tmp_path, data, runs={"typo": {"data.seq_len": "long"}}))
     run = next(r for r in sweep.runs if r.name == "typo,seed=0")
     folder = RunFolder(tmp_path / "out", run)
     error = Runner(sweep, tmp_path / "out", threads=1).write_config(folder)
-    assert error.startswith("invalid recipe: ") and "max_stepz" in error
+    assert error.startswith("invalid recipe: ") and "data.seq_len" in error
     assert folder.recipe.is_file() and not folder.config.exists()
     assert not list(folder.dir.glob(".*partial*"))
 
@@ -308,16 +309,61 @@ def test_the_committed_early_exit_sweep_is_three_configurations_at_two_seeds(tmp
     assert {spec.name for spec in sweep.evals} >= {"heldout", "speculate", "exit-draft-6", "skip-draft-odd"}
 
 
-@pytest.mark.parametrize("runs, dry, message", [
-    ({"x": {"model..decoder.d_model": 8}}, True, "'model..decoder.d_model' is invalid"),
-    ({"x": {"model/decoder": 8}}, True, "'model/decoder' is invalid"),
-    ({"x": {"model.decoder.d model": 8}}, True, "'model.decoder.d model' is invalid"),
-    ({"x": {"model.decoder.d_modl": 8}}, True, "model.decoder.d_modl is not a recipe key"),
-    ({"x": {"model.layer_dropout.p_mx": 0.1}}, False, "model.layer_dropout.p_mx is not a recipe key"),
+@pytest.mark.parametrize("change, dry, message", [
+    ({"runs": {"x": {"model..decoder.d_model": 8}}}, True, "'model..decoder.d_model' is invalid"),
+    ({"runs": {"x": {"model/decoder": 8}}}, True, "'model/decoder' is invalid"),
+    ({"runs": {"x": {"model.decoder.d model": 8}}}, True, "'model.decoder.d model' is invalid"),
+    ({"runs": {"x": {"model.decoder.d_modl": 8}}}, True,
+     "runs.x key 'model.decoder.d_modl' is not a recipe key (did you mean 'model.decoder.d_model'?)"),
+    ({"runs": {"x": {"model.layer_dropout.p_mx": 0.1}}}, False, "'model.layer_dropout.p_mx' is not a recipe key"),
+    # once: caught only by a ~30 s `pretrain --print_config` per run, after the run folders were written
+    ({"runs": {"x": {"trainer.max_stepz": 3}}}, True, "'trainer.max_stepz' is not a recipe key "
+                                                      "(did you mean 'trainer.max_steps'?)"),
+    ({"grid": {"data.batch_sise": [4, 8]}}, False, "grid key 'data.batch_sise' is not a recipe key "
+                                                    "(did you mean 'data.batch_size'?)"),
+    ({"overrides": {"model.parametrization.lrr": 0.01}}, True, "overrides key 'model.parametrization.lrr' is not "
+                                                               "a recipe key (did you mean 'model.parametrization.lr'?)"),
 ])
-def test_bad_keys_are_refused_in_one_line_before_anything_is_written(tmp_path, data, runs, dry, message):
-    path = sweep_file(tmp_path, data, runs=runs)
+def test_bad_keys_are_refused_in_one_line_before_anything_is_written(tmp_path, data, change, dry, message):
+    path = sweep_file(tmp_path, data, **change)
     before = hashes(tmp_path, data)
     line = refused("sweep", str(path), "--out", str(tmp_path / "out"), *(["--dry-run"] if dry else []))
     assert message in line
     assert hashes(tmp_path, data) == before and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"overrides": {"model.lr_schedule": {"warmup_stepz": 0}}},  # inside a section's mapping too
+     "overrides key 'model.lr_schedule.warmup_stepz' is not a recipe key"),
+    ({"seed_keys": ["seed_everything", "data.sead"]}, "seed_keys key 'data.sead' is not a recipe key"),
+    ({"base": "recipes/sweeps/paper-cpu.yaml"}, "base recipe 'recipes/sweeps/paper-cpu.yaml' key 'base' is not a "
+                                                "recipe key"),  # a sweep file named as the base recipe
+])
+def test_keys_anywhere_in_the_file_are_checked(tmp_path, data, monkeypatch, change, message):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SweepError, match=re.escape(message)):
+        load_sweep(sweep_file(tmp_path, data, **change))
+
+
+@pytest.mark.parametrize("key, value", [
+    ("data.storage_options.anon", True), ("trainer.strategy.init_args.stage", 2),  # below a mapping-valued key
+    ("trainer.logger.class_path", "lightning.pytorch.loggers.CSVLogger"),
+    ("model.lr_schedule", {"warmup_steps": 2}),  # a section as a mapping
+])
+def test_keys_below_a_mapping_valued_key_are_the_values_own(tmp_path, data, key, value):
+    assert load_sweep(sweep_file(tmp_path, data, runs={"x": {key: value}})).runs
+
+
+def test_every_committed_sweep_file_has_only_recipe_keys(monkeypatch, tmp_path):
+    """recipes/sweeps/*.yaml load (every key checked against `pretrain`'s parser); a tune
+    file through tune's own reader. No run starts."""
+    from eval.experiments.tune import load_tune
+
+    monkeypatch.chdir(REPO)  # the files name their bases relative to the repository
+    files = sorted((REPO / "recipes" / "sweeps").glob("*.yaml"))
+    assert len(files) >= 6
+    for path in files:
+        if "tune" in yaml.safe_load(path.read_text()):
+            load_tune(path, data_dir=str(tmp_path))
+        else:
+            assert load_sweep(path, data_dir=str(tmp_path)).runs

@@ -15,6 +15,7 @@ from eval.experiments.report import main as report_main
 from eval.experiments.sweep import main as sweep_main
 from eval.experiments.sweep_spec import SweepError
 from eval.experiments.tune import load_tune, main
+from refusals import hashes, refused
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "recipes" / "tiny.yaml"
@@ -146,6 +147,24 @@ def test_bad_tune_files_fail_with_one_line(tmp_path, capsys, change, message):
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "out").exists()
     with pytest.raises(SweepError):
+        load_tune(tune)
+
+
+def test_an_unknown_recipe_key_is_refused_in_one_line_before_anything_is_written(tmp_path):
+    """Once caught only by a `pretrain --print_config` per run, after the folders existed."""
+    data = tmp_path / "data"
+    data.mkdir()
+    tune = tune_file(tmp_path, data, search={"model.parametrization.lrr": [0.001, 0.01], STD: [0.02]},
+                     start={STD: 0.02}, confirm={"seeds": [1], "along": "model.parametrization.lrr"})
+    before = hashes(tmp_path)
+    line = refused("tune", str(tune), "--out", str(tmp_path / "out"), "--dry-run")
+    assert "tune.search key 'model.parametrization.lrr' is not a recipe key " \
+           "(did you mean 'model.parametrization.lr'?)" in line
+    assert hashes(tmp_path) == before and not (tmp_path / "out").exists()
+    spec = yaml.safe_load(tune_file(tmp_path, data).read_text())
+    spec["overrides"]["trainer.max_stepz"] = 12  # the shared parts too
+    tune.write_text(yaml.safe_dump(spec, sort_keys=False))
+    with pytest.raises(SweepError, match="overrides key 'trainer.max_stepz' is not a recipe key"):
         load_tune(tune)
 
 
