@@ -156,6 +156,19 @@ def _grads(decoder: Decoder, tokens: torch.Tensor, drop: DropPlan | None) -> dic
     return {name: p.grad.clone() for name, p in decoder.named_parameters()}
 
 
+def _exit_loss_grads(decoder: Decoder, tokens: torch.Tensor, drop: DropPlan | None) -> dict[str, torch.Tensor]:
+    """Gradients of the early-exit objective at every exit, final layer included
+    (framework/module.py's route: the stream after each block, the shared head)."""
+    from framework.loss import exit_cross_entropies
+
+    decoder.zero_grad(set_to_none=False)
+    states = decoder.hidden(tokens, plan=drop, all_layers=True)  # the same shapes as _grads: no new graph
+    targets = tokens.roll(-1, dims=1)
+    per_exit = exit_cross_entropies(states, targets, decoder.logits, range(1, len(states) + 1), chunk_tokens=16)
+    sum(exit * loss for exit, loss in per_exit.items()).backward()
+    return {name: p.grad.clone() for name, p in decoder.named_parameters()}
+
+
 def test_activation_checkpointing_keeps_names_and_gradients_under_layer_dropout():
     reference = tiny_decoder()
     checkpointed = parallelize(copy.deepcopy(reference), activation_checkpointing=True)
@@ -305,7 +318,9 @@ def test_compiled_blocks_match_eager_and_stop_compiling_once_warm():
     """ILD + DTS: kept-row counts (zero included) and r_train = 1/ρ change every step.
     After the first step nothing recompiles (a recompilation per step would soon hit
     torch._dynamo's recompile_limit and leave the blocks silently eager), and the
-    gradients are eager's. (How many graphs the first step makes depends on the
+    gradients are eager's, of the plain forward and of the early-exit loss (the stream
+    after every block through the shared final norm and head, as the training step
+    computes it). (How many graphs the first step makes depends on the
     attention kernel: CPU's SDPA splits the block at a graph break;
     benchmarks/gpu_check.sh counts them with FlexAttention on a GPU.)"""
     from torch._dynamo.utils import counters
@@ -322,9 +337,11 @@ def test_compiled_blocks_match_eager_and_stop_compiling_once_warm():
         drop = plan(cfg, dropout_rates(cfg, 4, step, steps), 4, StepKey(0, 0, step))
         kept.update(drop.kept_counts())
         tokens = torch.randint(0, 128, (4, 16), generator=torch.Generator().manual_seed(step))
-        expected, got = _grads(reference, tokens, drop), _grads(compiled, tokens, drop)
-        for name in expected:
-            torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-5, msg=name)
+        for grads in (_grads, _exit_loss_grads):
+            expected, got = grads(reference, tokens, drop), grads(compiled, tokens, drop)
+            for name in expected:
+                torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-5,
+                                           msg=f"{grads.__name__}: {name}")
         graphs.append(counters["stats"]["unique_graphs"])
     assert len({rows for rows, _ in kept}) >= 3 and (0, 0) in kept  # the row counts did change
     assert graphs[1:] == [graphs[0]] * (steps - 1), graphs  # every graph made in step 0, none later

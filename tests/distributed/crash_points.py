@@ -123,6 +123,11 @@ class PoisonGradient(pl.Callback):
         local.view(-1)[0] = float("inf")
 
 
+def skipped_line(step: int, rank: int = 1) -> str:
+    """What a run prints when every rank skipped ``step`` for a non-finite gradient on ``rank``."""
+    return f"step {step} (batch {step}): non-finite gradient norm on rank {rank}; skipped"
+
+
 class RecordLosses(pl.Callback):
     """Appends {"step", "loss", "weights"} of every optimizer step to
     ``<out_dir>/rank<R>.jsonl``: the exact loss, and the sum of this rank's parameters

@@ -22,6 +22,8 @@ LAUNCH_TIMEOUT_S = 420  # generous for 2 loaded cores; a healthy launch takes ~1
 VOCAB, SEQ_LEN, MICRO_BATCH, LAYERS = 512, 32, 4, 4
 STEPS, P_MAX = 30, 0.99  # the reference runs: ≥ 30 steps at p_max = 0.99
 NODES_STEPS = 20  # the 2 nodes x 2 devices runs (DDP reference, HSDP)
+POISONED_STEP = 2  # their step with a non-finite gradient on one rank
+EXITS = {"scale": 0.5, "curriculum": "rotational", "weighting": "linear"}  # exits 1, 2, 3: {1, 3}, {2}, ...
 
 
 def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps: int = 30, devices: int = 2,
@@ -29,8 +31,11 @@ def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps:
                 schedule: str = "constant", probe_dir: Path | None = None, save_parameters: bool = False,
                 activation_checkpointing: bool = False, every_n_steps: int = 1000,
                 val_check_interval: int | None = None, record_collectives: bool = False,
-                early_exit_loss: dict[str, Any] | None = None) -> Path:
-    """A recipe for the tiny model (d=32, L=4, vocab 512, seq 32, micro-batch 4), written to ``path``."""
+                early_exit_loss: dict[str, Any] | None = None, logits_out: Path | None = None,
+                callbacks: list[dict[str, Any]] = ()) -> Path:
+    """A recipe for the tiny model (d=32, L=4, vocab 512, seq 32, micro-batch 4), written to
+    ``path``. ``logits_out``: the live model's logits at the end (logits_probe.LogitsProbe);
+    ``callbacks``: more trainer callbacks (class paths)."""
     trainer: dict[str, Any] = {
         "accelerator": "cpu", "devices": devices, "num_nodes": num_nodes, "strategy": strategy,
         "precision": "32-true", "max_steps": steps, "log_every_n_steps": 5, "default_root_dir": str(root),
@@ -41,6 +46,11 @@ def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps:
         trainer["callbacks"] = [{"class_path": "rank_probe.RankProbe",
                                  "init_args": {"out_dir": str(probe_dir), "save_parameters": save_parameters,
                                                "record_collectives": record_collectives}}]
+    if logits_out is not None:
+        trainer.setdefault("callbacks", []).append({"class_path": "logits_probe.LogitsProbe",
+                                                    "init_args": {"out": str(logits_out)}})
+    if callbacks:
+        trainer.setdefault("callbacks", []).extend(callbacks)
     recipe = {
         "seed_everything": 1234,
         "trainer": trainer,
@@ -60,19 +70,25 @@ def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps:
 
 
 def ddp_reference_recipe(out: Path, data: Path, **changes: Any) -> Path:
-    """The DDP reference run the tests share: uniform p_max = 0.99, constant schedule,
-    30 steps, a checkpoint at step 15, the parameters saved per rank."""
+    """The DDP reference run the tests share, and the runs of other strategies that
+    compare with it: uniform p_max = 0.99, constant schedule, the early-exit loss on
+    (``EXITS``), 30 steps, a checkpoint at step 15, the parameters saved per rank."""
     settings = dict(data_dir=data, root=out / "run", strategy="ddp", steps=STEPS, p_max=P_MAX,
                     distribution="uniform", schedule="constant", probe_dir=out / "probe", save_parameters=True,
-                    every_n_steps=STEPS // 2)
+                    every_n_steps=STEPS // 2, early_exit_loss=EXITS)
     return tiny_recipe(out / "recipe.json", **{**settings, **changes})
 
 
 def nodes_recipe(out: Path, data: Path, strategy: Any, **changes: Any) -> Path:
-    """2 nodes x 2 devices, uniform p_max = 0.99, 20 steps, a checkpoint at step 10,
-    the parameters saved per rank."""
+    """2 nodes x 2 devices, uniform p_max = 0.99, the early-exit loss on (``EXITS``), 20
+    steps, a checkpoint at step 10, the parameters saved per rank; an infinite gradient
+    on global rank 1 alone at step ``POISONED_STEP`` (every rank must skip that step),
+    and every rank's loss and weights per step in ``out/records``."""
+    poison = [{"class_path": "crash_points.PoisonGradient", "init_args": {"step": POISONED_STEP, "rank": 1}},
+              {"class_path": "crash_points.RecordLosses", "init_args": {"out_dir": str(out / "records")}}]
     settings = dict(data_dir=data, root=out / "run", strategy=strategy, steps=NODES_STEPS, devices=2, num_nodes=2,
-                    p_max=P_MAX, probe_dir=out / "probe", save_parameters=True, every_n_steps=NODES_STEPS // 2)
+                    p_max=P_MAX, probe_dir=out / "probe", save_parameters=True, every_n_steps=NODES_STEPS // 2,
+                    early_exit_loss=EXITS, callbacks=poison)
     return tiny_recipe(out / "recipe.json", **{**settings, **changes})
 
 

@@ -95,6 +95,8 @@ class RankProbe(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
+        if self._log is not None:  # a step skipped for a non-finite gradient has no optimizer step
+            self.on_before_optimizer_step(trainer, pl_module, None)
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         step = {"step": trainer.global_step, "loss": float(loss.detach()), "rows_per_call": self._calls}
         if self.record_collectives:

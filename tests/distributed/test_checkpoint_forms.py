@@ -1,9 +1,10 @@
 """The checkpoints of real 2-rank runs, read in one process without a process group.
 
-Runs (each made once per session): FSDP2 (ModelParallelStrategy, gloo), DeepSpeed
-ZeRO-2 and ZeRO-3 (the test-only CPU strategy), and the DDP reference run (single-file
-.ckpt). The ZeRO-3 run uses a wider model (d=512: 86 MB of fp32 weights) so that a
-loader reading the optimizer's moments (172 MB) would show in its peak memory.
+Runs (each made once per session): the DDP reference run (single-file .ckpt) and its
+recipe under FSDP2 (ModelParallelStrategy, gloo) and DeepSpeed ZeRO-2 (the test-only
+CPU strategy), all from conftest.py; ZeRO-3 has a run of its own, with a
+wider model (d=512: 86 MB of fp32 weights) so that a loader reading the optimizer's
+moments (172 MB) would show in its peak memory.
 
 Checked: every form loads to the function the live model computed at the end of
 training (``logits_probe.LogitsProbe``), and so does the export written at the end of
@@ -36,13 +37,9 @@ from framework.checkpoint.tokenizer_record import sha256_of
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
 
-STEPS = 2
+STEPS = 2  # the ZeRO-3 run's
 WIDE = {"d_model": 512}  # 21.5M parameters: 86 MB fp32, 172 MB of Adam moments
-FORMS = {  # name: (strategy, decoder changes, expected form)
-    "fsdp": ("fsdp", {}, "dcp"),
-    "zero2": ({"class_path": "cpu_deepspeed.CPUDeepSpeedStrategy", "init_args": {"stage": 2}}, {}, "deepspeed"),
-    "zero3": ({"class_path": "cpu_deepspeed.CPUDeepSpeedStrategy", "init_args": {"stage": 3}}, WIDE, "deepspeed"),
-}
+FORMS = {"fsdp": "dcp", "zero2": "deepspeed", "zero3": "deepspeed"}  # name: expected form
 PLANTED = [  # (form, file) : every pickled file of every form
     ("single", "last.ckpt"),
     ("fsdp", ".metadata"), ("fsdp", "meta.pt"), ("fsdp", "__0_0.distcp"), ("fsdp", "__1_0.distcp"),
@@ -56,27 +53,22 @@ PLANTED = [  # (form, file) : every pickled file of every form
 ]
 
 
-def form_recipe(out: Path, data: Path, strategy, decoder: dict) -> Path:
+def zero3_recipe(out: Path, data: Path) -> Path:
+    strategy = {"class_path": "cpu_deepspeed.CPUDeepSpeedStrategy", "init_args": {"stage": 3}}
     recipe = tiny_recipe(out / "recipe.json", data_dir=data, root=out / "run", strategy=strategy, steps=STEPS,
-                         every_n_steps=1000)
+                         every_n_steps=1000, logits_out=out / "logits.pt")
     config = json.loads(recipe.read_text())
-    config["trainer"]["callbacks"] = [{"class_path": "logits_probe.LogitsProbe",
-                                       "init_args": {"out": str(out / "logits.pt")}}]
-    config["model"]["decoder"].update(decoder)
+    config["model"]["decoder"].update(WIDE)
     config["trainer"]["limit_val_batches"] = 0  # validation checks nothing here
     recipe.write_text(json.dumps(config, indent=2))
     return recipe
 
 
 @pytest.fixture(scope="module")
-def runs(shared_dir: Path, tiny_data: Path, ddp_run: Path) -> dict[str, Path]:
-    made = {"single": ddp_run}
-    for name, (strategy, decoder, _) in FORMS.items():
-        def train(out: Path, strategy=strategy, decoder=decoder) -> None:
-            run(pretrain_command(form_recipe(out, tiny_data, strategy, decoder)), out / "log.txt")
-
-        made[name] = shared_once(shared_dir, f"ckpt-{name}-run", train)
-    return made
+def runs(shared_dir: Path, tiny_data: Path, ddp_run: Path, fsdp2_fp32_run: Path, zero2_run: Path) -> dict[str, Path]:
+    zero3 = shared_once(shared_dir, "ckpt-zero3-run",
+                        lambda out: run(pretrain_command(zero3_recipe(out, tiny_data)), out / "log.txt"))
+    return {"single": ddp_run, "fsdp": fsdp2_fp32_run, "zero2": zero2_run, "zero3": zero3}
 
 
 def last(run_dir: Path) -> Path:
@@ -100,7 +92,7 @@ def test_every_form_loads_in_one_process_to_the_trained_function(runs, name, mon
 
         monkeypatch.setattr(torch.nn.functional, "linear", zero3_linear_wrap)
     ckpt = last(runs[name])
-    assert checkpoint_form(ckpt) == FORMS[name][2]
+    assert checkpoint_form(ckpt) == FORMS[name]
     decoder, cfg = load_decoder(ckpt)
     assert not torch.distributed.is_initialized()
     torch.testing.assert_close(logits_of(decoder, probe["tokens"]), probe["logits"], rtol=0, atol=0)

@@ -1,6 +1,7 @@
 """`strategy: hsdp` on two torchrun "nodes" of two CPU processes each (gloo): a 2 x 2
 (replicate, shard) mesh, FSDP2 inside each node, the gradient shards all-reduced
-across the nodes, at uniform p_max = 0.99 with per-device masks.
+across the nodes, at uniform p_max = 0.99 with per-device masks and the early-exit
+loss on (every rank adds the same exit heads, through the root's gathered head).
 
 It must compute what DDP computes at the same global batch (test_multinode_launch.py's
 run: the same 4 ranks, data and masks), move exactly the collectives
@@ -20,8 +21,9 @@ import torch
 
 from benchmarks.comm_volume import (expected_calls, micro_batch_collectives, optimizer_step_collectives,
                                      recorded_calls)
-from pretrain_launch import (LAYERS, MICRO_BATCH, NODES_STEPS, SEQ_LEN, VOCAB, launch_nodes, nodes_recipe, read_ranks,
-                             shared_once)
+from crash_points import read_records, skipped_line
+from pretrain_launch import (LAYERS, MICRO_BATCH, NODES_STEPS, POISONED_STEP, SEQ_LEN, VOCAB, launch_nodes, nodes_recipe,
+                             read_ranks, shared_once)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 
@@ -53,6 +55,10 @@ def test_hsdp_computes_what_ddp_computes_at_the_same_global_batch(hsdp_run, node
         # ... and the same loss, step for step (only the order of the gradient sums differs).
         assert [s["loss"] for s in sharded["steps"]] == pytest.approx([s["loss"] for s in replicated["steps"]],
                                                                        rel=1e-5)
+        exits = {k: v for k, v in replicated["logged"].items() if k.startswith("early_exit/")}
+        assert len(exits) == LAYERS - 1  # exits 1..3, each logged at some step
+        assert {k: v for k, v in sharded["logged"].items() if k.startswith("early_exit/")} == \
+            pytest.approx(exits, rel=1e-5)
     zero_row_calls = sum(rows == 0 for rank in hsdp for s in rank["steps"] for rows in s["rows_per_call"])
     assert zero_row_calls > 0.9 * 4 * NODES_STEPS * LAYERS
     # The weights after 20 steps: AdamW divides by the gradient's RMS, so on the entries
@@ -63,6 +69,17 @@ def test_hsdp_computes_what_ddp_computes_at_the_same_global_batch(hsdp_run, node
         final = _parameters(hsdp_run, rank)
         for name in reference:
             torch.testing.assert_close(final[name], reference[name], rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_hsdp_ranks_agree_to_skip_a_step_only_one_of_them_saw_go_non_finite(hsdp_run):
+    """nodes_recipe poisons one gradient element on rank 1 at step 2 (a DTensor shard
+    here): every rank skips that step, as DDP's do (test_nonfinite_ranks.py)."""
+    assert skipped_line(POISONED_STEP) in (hsdp_run / "node0.log").read_text()
+    for rank in range(4):
+        weights = {r["step"]: r["weights"] for r in read_records(hsdp_run / "records", rank)}  # this rank's shards
+        assert sorted(weights) == list(range(NODES_STEPS))
+        assert weights[POISONED_STEP] == weights[POISONED_STEP - 1]
+        assert weights[POISONED_STEP + 1] != weights[POISONED_STEP] != weights[POISONED_STEP - 2]
 
 
 def test_hsdp_moves_the_collectives_comm_volume_computes(hsdp_run):

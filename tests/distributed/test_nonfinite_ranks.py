@@ -1,34 +1,25 @@
-"""A non-finite gradient on one DDP rank only: every rank skips that optimizer step, so
-the replicas stay identical (2 processes over gloo). FSDP2 is covered by the crash
-chain in test_crash_resume.py, the policy itself by tests/test_nonfinite.py."""
+"""A non-finite gradient on one rank only: every rank skips that optimizer step, so the
+replicas stay identical. The run is the 4-rank DDP reference over two torchrun "nodes"
+(conftest.py's nodes_ddp_run: rank 1 poisons one gradient element at step 2); HSDP's
+run does the same (test_hsdp.py), FSDP2's is the crash chain in test_crash_resume.py,
+the policy itself is tests/test_nonfinite.py."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from crash_points import read_records
-from pretrain_launch import pretrain_command, run, tiny_recipe
+from crash_points import read_records, skipped_line
+from pretrain_launch import NODES_STEPS, POISONED_STEP
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]
 
 
-def test_ddp_ranks_agree_to_skip_a_step_only_one_of_them_saw_go_non_finite(tmp_path, tiny_data):
-    recipe = tiny_recipe(tmp_path / "recipe.json", data_dir=tiny_data, root=tmp_path / "run", strategy="ddp",
-                         steps=5, p_max=0.6, distribution="increasing", schedule="constant")
-    config = json.loads(recipe.read_text())
-    config["trainer"]["logger"] = False
-    config["trainer"]["callbacks"] = [
-        {"class_path": "crash_points.PoisonGradient", "init_args": {"step": 2, "rank": 1}},
-        {"class_path": "crash_points.RecordLosses", "init_args": {"out_dir": str(tmp_path / "records")}}]
-    recipe.write_text(json.dumps(config))
-    log = run(pretrain_command(recipe), tmp_path / "log.txt")
-
-    assert "step 2 (batch 2): non-finite gradient norm on rank 1; skipped" in log
-    ranks = [{r["step"]: r["weights"] for r in read_records(tmp_path / "records", rank)} for rank in range(2)]
-    assert ranks[0] == ranks[1]  # the replicas never diverged
+def test_ddp_ranks_agree_to_skip_a_step_only_one_of_them_saw_go_non_finite(nodes_ddp_run):
+    assert skipped_line(POISONED_STEP) in (nodes_ddp_run / "node0.log").read_text()
+    ranks = [{r["step"]: r["weights"] for r in read_records(nodes_ddp_run / "records", rank)} for rank in range(4)]
+    assert all(rank == ranks[0] for rank in ranks[1:])  # the replicas never diverged
     weights = ranks[0]
-    assert sorted(weights) == [0, 1, 2, 3, 4]
-    assert weights[2] == weights[1]  # no update at the skipped step...
-    assert len({weights[0], weights[1], weights[3], weights[4]}) == 4  # ...and at every other one
+    assert sorted(weights) == list(range(NODES_STEPS))
+    assert weights[POISONED_STEP] == weights[POISONED_STEP - 1]  # no update at the skipped step...
+    others = [weights[step] for step in weights if step != POISONED_STEP]
+    assert len(set(others)) == len(others)  # ...and at every other one

@@ -14,18 +14,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+from framework.training_health import _local, _replicas, _squared_sum
 from pretrain_launch import free_port
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 
 
 def _rank(rank: int, port: int, out: str) -> None:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-
-    from framework.training_health import _local, _replicas, _squared_sum
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     try:
@@ -48,7 +46,9 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 def test_squared_sums_count_every_element_once_over_shards_replicas_and_copies(tmp_path):
     out = tmp_path / "result.json"
-    mp.start_processes(_rank, args=(free_port(), str(out)), nprocs=2, join=True, start_method="spawn")
+    # fork: the ranks inherit this process's imports (spawn spent most of the test
+    # importing torch and Lightning again in each rank).
+    mp.start_processes(_rank, args=(free_port(), str(out)), nprocs=2, join=True, start_method="fork")
     result = json.loads(out.read_text())
     assert result["local_rows"] == 3  # really sharded: each rank holds half the rows
     for name, total in result["totals"].items():
