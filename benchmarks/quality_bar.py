@@ -20,8 +20,9 @@ within 1% of the better baseline at its best η.
 
     .venv/bin/python benchmarks/quality_bar.py --config sweeps/tune-cpu/tuned.yaml --data data/builtin-2k \\
         --lrs 1e-3 2e-3 4e-3 8e-3 --peer-lrs 1e-3 2e-3 4e-3 8e-3 \\
-        --framework "sweeps/tune-cpu/runs/<the chosen run>,seed=0" --threads 2
+        --framework "sweeps/tune-cpu/runs/<the chosen run>,seed=0" --jobs 2 --threads 1
     .venv/bin/python benchmarks/quality_bar.py --table      # the BENCHMARKS.md table from the JSON
+    .venv/bin/python benchmarks/quality_bar.py --table --framework RUN_DIR   # set (or replace) the framework's row
 
 Writes benchmarks/results/quality_bar.json (every η's held-out loss, the model sizes,
 the settings and the command).
@@ -30,8 +31,10 @@ the settings and the command).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
+import multiprocessing
 import shlex
 import sys
 import time
@@ -166,20 +169,43 @@ def heldout_loss(model: torch.nn.Module, data: ValidationData) -> dict:
     return {"heldout_loss": total / tokens, "heldout_tokens": tokens}
 
 
-def run_grid(name: str, make: Callable[[], torch.nn.Module], lrs: list[float], settings: dict, args) -> list[dict]:
-    rows = []
-    for lr in lrs:
-        torch.manual_seed(settings["seed"])
-        model = make()
-        row = {"lr": lr, **train(model, settings, args.data, lr, args.weight_decay)}
-        held = ValidationData(args.data, seq_len=settings["seq_len"], batch_size=args.heldout_batch_size,
-                              max_tokens=args.heldout_tokens, max_batches=None,
-                              model_vocab_size=settings["decoder"]["vocab_size"])
-        row.update(heldout_loss(model, held) if not row["diverged"] else {"heldout_loss": math.inf})
-        print(f"{name} lr={lr:g}: held-out loss {row['heldout_loss']:.4f} "
+def point(kind: str, lr: float, settings: dict, intermediate: int, args: argparse.Namespace) -> dict:
+    """One η of one trainer, start to end: its own process under ``--jobs``, so it sets its
+    own threads and seeds and shares nothing with the others."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(settings["seed"])
+    model = ours(settings) if kind == "plain" else llama(settings, intermediate)
+    row = {"lr": lr, **train(model, settings, args.data, lr, args.weight_decay)}
+    held = ValidationData(args.data, seq_len=settings["seq_len"], batch_size=args.heldout_batch_size,
+                          max_tokens=args.heldout_tokens, max_batches=None,
+                          model_vocab_size=settings["decoder"]["vocab_size"])
+    row.update(heldout_loss(model, held) if not row["diverged"] else {"heldout_loss": math.inf})
+    return row
+
+
+def run_grids(grids: dict[str, list[float]], settings: dict, intermediate: int, args) -> dict[str, list[dict]]:
+    """Every (trainer, η) point, ``args.jobs`` at a time (spawned processes: a forked
+    torch with live threads can deadlock), rows in grid order."""
+    names = {"plain": "ours, plain AdamW", "peer": "Llama"}
+    tasks = [(kind, lr) for kind, lrs in grids.items() for lr in lrs]
+    rows: dict[tuple[str, float], dict] = {}
+
+    def done(kind: str, lr: float, row: dict) -> None:
+        rows[kind, lr] = row
+        print(f"{names[kind]} lr={lr:g}: held-out loss {row['heldout_loss']:.4f} "
               f"(train {row['final_train_loss']:.4f}, {row['cpu_seconds']} CPU s)", flush=True)
-        rows.append(row)
-    return rows
+
+    if args.jobs == 1:
+        for kind, lr in tasks:
+            done(kind, lr, point(kind, lr, settings, intermediate, args))
+    else:
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+            futures = {pool.submit(point, kind, lr, settings, intermediate, args): (kind, lr) for kind, lr in tasks}
+            for future in concurrent.futures.as_completed(futures):
+                done(*futures[future], future.result())
+    return {kind: [rows[kind, lr] for lr in lrs] for kind, lrs in grids.items()}
 
 
 def best(rows: list[dict]) -> dict | None:
@@ -258,13 +284,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--heldout-batch-size", type=int, default=16, help="as `eval heldout`'s default (16)")
     parser.add_argument("--framework", metavar="RUN_DIR", help="a finished sweep run of the framework at this "
                                                                "setting: its evals/heldout.json is the framework's row")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (of each job)")
+    parser.add_argument("--jobs", type=int, default=1, help="η points trained at a time, each in its own process")
     parser.add_argument("--out", default=str(RESULTS), help=f"the JSON (default {RESULTS})")
     parser.add_argument("--table", action="store_true", help="print the table of --out's JSON and exit")
     args = parser.parse_args(argv)
     if not args.table and not (args.config and args.data):
         parser.error("--config and --data are required (or --table to print the table of an earlier run)")
-    for name in ("steps", "heldout_tokens", "heldout_batch_size", "threads"):
+    for name in ("steps", "heldout_tokens", "heldout_batch_size", "threads", "jobs"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')}={value} is invalid: must be >= 1")
@@ -276,7 +303,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.table:
-        print(table(json.loads(Path(args.out).read_text())))
+        result = json.loads(Path(args.out).read_text())
+        if args.framework:  # the framework's run set beside baselines trained before it finished
+            result["framework"] = framework_result(args.framework)
+            result["verdict"] = verdict(result)
+            Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
+        print(table(result))
         return 0
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -289,8 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     peer_params = non_embedding(llama(settings, intermediate))
     print(f"ours: {ours_params:,} non-embedding parameters; Llama with intermediate_size {intermediate}: "
           f"{peer_params:,} ({100 * (peer_params / ours_params - 1):+.2f}%)", flush=True)
-    plain_rows = run_grid("ours, plain AdamW", lambda: ours(settings), args.lrs, settings, args)
-    peer_rows = run_grid("Llama", lambda: llama(settings, intermediate), args.peer_lrs, settings, args)
+    grids = run_grids({"plain": args.lrs, "peer": args.peer_lrs}, settings, intermediate, args)
+    plain_rows, peer_rows = grids["plain"], grids["peer"]
     result = {
         "settings": {**settings, "betas": list(settings["betas"]), "weight_decay": args.weight_decay,
                      "config": args.config, "data": args.data},

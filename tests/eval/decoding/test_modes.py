@@ -74,7 +74,7 @@ def test_a_setting_the_mode_does_not_read_is_refused(model, spec, settings, mess
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("fast", "--mode 'fast' is invalid: allowed: full, exit:K, skip:SET, speculative, dynamic"),
+    ("fast", "--mode 'fast' is invalid: allowed: " + ", ".join(m.syntax for m in modes.modes().values())),
     ("full:2", "--mode 'full:2' is invalid"), ("exit", "--mode 'exit' is invalid"), ("exit:", "is invalid"),
     ("exit:5", f"K must be in 1..{LAYERS}"), ("skip:9", "outside 0..3"),
 ])
