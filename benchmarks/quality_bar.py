@@ -47,6 +47,7 @@ import yaml
 
 from eval.inputs import ValidationData
 from framework.config import ModelConfig, ParametrizationConfig
+from framework.atomic_write import write_json
 from framework.data import TokenDataModule
 from framework.lr_schedule import lr_factor
 from framework.model import Decoder
@@ -184,28 +185,51 @@ def point(kind: str, lr: float, settings: dict, intermediate: int, args: argpars
     return row
 
 
-def run_grids(grids: dict[str, list[float]], settings: dict, intermediate: int, args) -> dict[str, list[dict]]:
-    """Every (trainer, η) point, ``args.jobs`` at a time (spawned processes: a forked
-    torch with live threads can deadlock), rows in grid order."""
+def run_grids(grids: dict[str, list[float]], settings: dict, intermediate: int, args,
+              rows: dict[tuple[str, float], dict], save: Callable[[dict], None]) -> None:
+    """Every (trainer, η) point not yet in ``rows``, ``args.jobs`` at a time (spawned
+    processes: a forked torch with live threads can deadlock); ``save(rows)`` after each,
+    so an interrupted grid is finished later from what it wrote."""
     names = {"plain": "ours, plain AdamW", "peer": "Llama"}
-    tasks = [(kind, lr) for kind, lrs in grids.items() for lr in lrs]
-    rows: dict[tuple[str, float], dict] = {}
+    tasks = [(kind, lr) for kind, lrs in grids.items() for lr in lrs if (kind, lr) not in rows]
+    if len(tasks) < sum(map(len, grids.values())):
+        print(f"{sum(map(len, grids.values())) - len(tasks)} points done earlier (in {args.out}), "
+              f"{len(tasks)} to train", flush=True)
 
     def done(kind: str, lr: float, row: dict) -> None:
         rows[kind, lr] = row
+        save(rows)
         print(f"{names[kind]} lr={lr:g}: held-out loss {row['heldout_loss']:.4f} "
               f"(train {row['final_train_loss']:.4f}, {row['cpu_seconds']} CPU s)", flush=True)
 
     if args.jobs == 1:
         for kind, lr in tasks:
             done(kind, lr, point(kind, lr, settings, intermediate, args))
-    else:
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
-            futures = {pool.submit(point, kind, lr, settings, intermediate, args): (kind, lr) for kind, lr in tasks}
-            for future in concurrent.futures.as_completed(futures):
-                done(*futures[future], future.result())
-    return {kind: [rows[kind, lr] for lr in lrs] for kind, lrs in grids.items()}
+        return
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=context) as pool:
+        futures = {pool.submit(point, kind, lr, settings, intermediate, args): (kind, lr) for kind, lr in tasks}
+        for future in concurrent.futures.as_completed(futures):
+            done(*futures[future], future.result())
+
+
+def earlier_rows(out: Path, record: dict, overwrite: bool) -> dict[tuple[str, float], dict]:
+    """The points an earlier run of the same settings (paths aside) wrote to ``out``
+    (none with --overwrite); a file of other settings is never replaced unasked."""
+    if overwrite or not out.is_file():
+        return {}
+    try:
+        earlier = json.loads(out.read_text())
+    except ValueError:
+        earlier = None
+    paths = ("config", "data")  # where the files are on this machine: a grid may be finished on another
+    same = isinstance(earlier, dict) and isinstance(earlier.get("settings"), dict) and \
+        {k: v for k, v in earlier["settings"].items() if k not in paths} == {k: v for k, v in record.items()
+                                                                            if k not in paths}
+    if not same:
+        raise SystemExit(f"--out {str(out)!r} holds results of other settings (or is not this script's JSON): "
+                         "pass --overwrite to replace it, or another --out")
+    return {(kind, float(row["lr"])): row for kind in ("plain", "peer") for row in earlier[kind]["rows"]}
 
 
 def best(rows: list[dict]) -> dict | None:
@@ -262,6 +286,8 @@ def table(result: dict) -> str:
     lines += ["", f"Held-out loss on {result['heldout_tokens']:,} tokens, {result['settings']['steps']:,} steps of "
               f"{result['settings']['batch_size']} × {result['settings']['seq_len']} tokens, the same batches for "
               f"every row. `{result['command']}`"]
+    if result.get("partial"):
+        lines += ["", "Partial: the grid is not finished (run the same command again to finish it)."]
     line = verdict(result)
     if line:
         lines += ["", f"Verdict: {line}."]
@@ -287,6 +313,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (of each job)")
     parser.add_argument("--jobs", type=int, default=1, help="η points trained at a time, each in its own process")
     parser.add_argument("--out", default=str(RESULTS), help=f"the JSON (default {RESULTS})")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start the grid afresh even where --out holds points of the same settings, or replace a "
+                             "file of other settings")
     parser.add_argument("--table", action="store_true", help="print the table of --out's JSON and exit")
     args = parser.parse_args(argv)
     if not args.table and not (args.config and args.data):
@@ -307,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.framework:  # the framework's run set beside baselines trained before it finished
             result["framework"] = framework_result(args.framework)
             result["verdict"] = verdict(result)
-            Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
+            write_json(args.out, result)
         print(table(result))
         return 0
     if args.threads:
@@ -321,22 +350,35 @@ def main(argv: list[str] | None = None) -> int:
     peer_params = non_embedding(llama(settings, intermediate))
     print(f"ours: {ours_params:,} non-embedding parameters; Llama with intermediate_size {intermediate}: "
           f"{peer_params:,} ({100 * (peer_params / ours_params - 1):+.2f}%)", flush=True)
-    grids = run_grids({"plain": args.lrs, "peer": args.peer_lrs}, settings, intermediate, args)
-    plain_rows, peer_rows = grids["plain"], grids["peer"]
-    result = {
-        "settings": {**settings, "betas": list(settings["betas"]), "weight_decay": args.weight_decay,
-                     "config": args.config, "data": args.data},
-        "heldout_tokens": plain_rows[0].get("heldout_tokens") or peer_rows[0].get("heldout_tokens"),
-        "lrs_all": sorted(set(args.lrs) | set(args.peer_lrs)),
-        "plain": {"non_embedding_params": ours_params, "rows": plain_rows, "best": best(plain_rows)},
-        "peer": {"model": "transformers.LlamaForCausalLM", "intermediate_size": intermediate,
-                 "non_embedding_params": peer_params, "rows": peer_rows, "best": best(peer_rows)},
-        "framework": framework,
-        "command": shlex.join(["benchmarks/quality_bar.py", *(sys.argv[1:] if argv is None else argv)]),
-    }
-    result["verdict"] = verdict(result)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    record = json.loads(json.dumps({**settings, "betas": list(settings["betas"]), "weight_decay": args.weight_decay,
+                                    "config": args.config, "data": args.data, "heldout_tokens": args.heldout_tokens,
+                                    "heldout_batch_size": args.heldout_batch_size}, default=str))
+    out = Path(args.out)
+    rows = earlier_rows(out, record, args.overwrite)
+    grids = {"plain": args.lrs, "peer": args.peer_lrs}
+    command = shlex.join(["benchmarks/quality_bar.py", *(sys.argv[1:] if argv is None else argv)])
+
+    def result_of(rows: dict[tuple[str, float], dict]) -> dict:
+        parts = {kind: [rows[kind, lr] for lr in sorted({lr for k, lr in rows if k == kind})] for kind in grids}
+        measured = [r.get("heldout_tokens") for part in parts.values() for r in part if r.get("heldout_tokens")]
+        result = {
+            "settings": record,
+            "heldout_tokens": measured[0] if measured else None,
+            "lrs_all": sorted({lr for _, lr in rows}),
+            "plain": {"non_embedding_params": ours_params, "rows": parts["plain"], "best": best(parts["plain"])},
+            "peer": {"model": "transformers.LlamaForCausalLM", "intermediate_size": intermediate,
+                     "non_embedding_params": peer_params, "rows": parts["peer"], "best": best(parts["peer"])},
+            "framework": framework,
+            "partial": any((kind, lr) not in rows for kind, lrs in grids.items() for lr in lrs),
+            "command": command,
+        }
+        result["verdict"] = verdict(result)
+        return result
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run_grids(grids, settings, intermediate, args, rows, lambda rows: write_json(out, result_of(rows)))
+    result = result_of(rows)
+    write_json(out, result)
     print(table(result))
     print(f"wrote {args.out}")
     return 0

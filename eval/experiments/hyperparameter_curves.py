@@ -42,10 +42,12 @@ RISE_TOLERANCE = 1e-3
 
 
 def varying_keys(results: list[RunResult]) -> list[str]:
-    """The settings that differ between runs (seeds, paths and bookkeeping aside)."""
+    """The settings that differ between runs (seeds, paths and bookkeeping aside). A key
+    some configs lack does not vary by that alone: runs resolved by an older version (a
+    finished run adopted from a report) lack the settings added since."""
     flats = [flatten(r.config) for r in results]
     keys = sorted({k for flat in flats for k in flat} - set(IGNORED_KEYS))
-    return [k for k in keys if len({json.dumps(flat.get(k), default=str) for flat in flats}) > 1]
+    return [k for k in keys if len({json.dumps(flat[k], default=str) for flat in flats if k in flat}) > 1]
 
 
 def curves(results: list[RunResult], key: str) -> list[dict]:

@@ -204,7 +204,8 @@ def _parser() -> argparse.ArgumentParser:
                         "runs/ go (default: SWEEP_DIR/report)")
     parser.add_argument("--overwrite", action="store_true", help="replace the report already in --out (a folder "
                         "that holds something else is never written into)")
-    parser.add_argument("--title", default="Reproducing the paper", help="the report's heading")
+    parser.add_argument("--title", default=None, help="the report's heading (default: \"Tuning the base\" for a "
+                        "`layerdrop tune` folder, else \"Reproducing the paper\")")
     parser.add_argument("--path-alias", action="append", default=[], metavar="PATH=ALIAS",
                         help="write ALIAS for PATH in everything the report writes (repeatable), e.g. "
                              "/scratch/me/sweeps/paper-cpu=sweeps/paper-cpu, to commit a report without "
@@ -242,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                 and not w.startswith("--path-alias=")]
         report["report_command"] = shlex.join(["layerdrop", "report", *kept])
     (out / "report.json").write_text(with_aliases(json.dumps(report, indent=1, default=str), aliases) + "\n")
-    (out / "README.md").write_text(with_aliases(markdown(report, title=args.title), aliases))
+    title = args.title or ("Tuning the base" if (root / "tune.json").is_file() else "Reproducing the paper")
+    (out / "README.md").write_text(with_aliases(markdown(report, title=title), aliases))
     verdicts = ", ".join(f"{f['id']}: {f['verdict']}" for f in report["findings"])
     print(f"{len(results)} runs in {len(report['configurations'])} configurations ({verdicts})")
     print(f"wrote {out / 'README.md'}, {out / 'report.json'} and {len(report['images'])} images")

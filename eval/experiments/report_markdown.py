@@ -70,6 +70,9 @@ def _findings(report: dict) -> list[str]:
              "of seed noise and evaluation noise combined, and is left undecided (\"no noise estimate\") until some "
              "configuration has run with two seeds or more; **reproduced**: every comparison goes the paper's way; "
              "**not reproduced**: one goes the other way; **within noise**: neither.", ""]
+    if all(f["verdict"] == "not tested" for f in report["findings"]):  # a tuning or transfer sweep: dense runs only, nothing of the paper's to check
+        return ["## The paper's findings at this scale", "",
+                "None is tested: the sweep has no configurations a finding can be checked on.", ""]
     rows = []
     for f in report["findings"]:
         numbers = "<br>".join(_comparison(c) for c in f["comparisons"])

@@ -47,6 +47,16 @@ def test_both_trainers_run_and_jobs_do_not_change_the_rows(tmp_path, prepared_to
     assert [r["lr"] for r in first["plain"]["rows"]] == [1e-3, 4e-3]
     assert first["plain"]["best"]["heldout_loss"] == min(r["heldout_loss"] for r in first["plain"]["rows"])
     assert first["heldout_tokens"] == 512
+    assert first["partial"] is False
+    # an interrupted or widened grid: the points done are read back, only the new one trains
+    before = (tmp_path / "one.json").read_text()
+    refused = quality_bar(*common, "--steps", "3", "--out", str(tmp_path / "one.json"))
+    assert refused.returncode == 1 and "holds results of other settings" in refused.stderr
+    assert (tmp_path / "one.json").read_text() == before
+    wider = quality_bar(*common, "--lrs", "1e-3", "4e-3", "8e-3", "--out", str(tmp_path / "one.json"))
+    assert wider.returncode == 0 and "3 points done earlier" in wider.stdout and wider.stdout.count("held-out loss") == 1
+    widened = json.loads((tmp_path / "one.json").read_text())
+    assert widened["plain"]["rows"][:2] == first["plain"]["rows"] and widened["plain"]["rows"][2]["lr"] == 8e-3
     run = tmp_path / "framework-run"  # a finished sweep run's files, as the framework's row reads them
     (run / "evals").mkdir(parents=True)
     (run / "evals" / "heldout.json").write_text(json.dumps({"loss": 5.0, "tokens": 512}))

@@ -98,3 +98,13 @@ def test_runs_whose_validation_loss_rose_are_flagged_with_where():
     flagged = rising_validation([steady, spiky, flat])
     assert [f["run"] for f in flagged] == [spiky.name]
     assert flagged[0]["rises"] == [{"from_step": 100, "to_step": 200, "from": 5.0, "to": 5.3}]
+
+
+def test_a_setting_older_runs_lack_does_not_split_a_series():
+    # runs adopted from an earlier version's report lack settings added since (here
+    # model.decoder.family); they still share a curve with the new runs that set it
+    old = [run(5.0, lr=0.001), run(4.5, lr=0.01)]
+    new = [run(4.8, lr=0.1)]
+    new[0].config["model"]["decoder"]["family"] = "celerity"
+    (curve,) = curves(old + new, "model.parametrization.lr")
+    assert curve["label"] == "all runs" and [p["value"] for p in curve["points"]] == [0.001, 0.01, 0.1]

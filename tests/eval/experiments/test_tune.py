@@ -207,7 +207,9 @@ def test_tune_adopts_a_grid_already_run_and_finishes_for_real(tmp_path, prepared
     (std_curve,) = curves[STD]
     assert std_curve["optimum"] == std and std_curve["label"] == f"lr={lr}"
     assert (tmp_path / "report" / "images" / "loss_vs_lr.png").is_file()
-    assert "## Loss vs η" in (tmp_path / "report" / "README.md").read_text()
+    readme = (tmp_path / "report" / "README.md").read_text()
+    assert "## Loss vs η" in readme and readme.startswith("# Tuning the base\n")
+    assert "None is tested: the sweep has no configurations a finding can be checked on." in readme
     # Continued elsewhere from the committed report: every run adopted, none trained, the same choice.
     capsys.readouterr()
     other = tmp_path / "elsewhere"
