@@ -14,6 +14,7 @@ eval/experiments/sweep_spec.py) whose ``tune`` section replaces the grid:
         model.parametrization.tau_ema: [0.15, 0.3, 0.6, 1.2]
       start: {model.decoder.init_std: 0.02, model.parametrization.tau_ema: 0.6}
       confirm: {seeds: [1, 2], along: model.parametrization.lr, neighbours: 1}
+      passes: 2                       # sweep the keys again through the new best point (default 1)
 
 Stage k sweeps the k-th key over its values with every other key at the best point so
 far (earlier keys at their chosen values, later ones at ``start``); its choice is the
@@ -21,6 +22,11 @@ value of lowest mean loss over the sweep's ``seeds``. The last stage (``confirm`
 more seeds at the optimum and its ``neighbours`` on each side along one key, and the
 final choice is the lowest mean over all those seeds there: the only comparison made
 on equal, several-seed footing.
+
+One pass over the keys finds the optimum only when they do not interact; when they do
+(a larger init wants a larger LR), ``passes: N`` sweeps every key again through the
+best point the previous pass ended at, at most N times, and stops early once a whole
+pass leaves the point where it began. Points already run are not run again.
 
 Why a command and not a sweep kind: each stage's points depend on the previous stage's
 results, so no file written in advance can list them. Every point is an ordinary sweep
@@ -60,7 +66,7 @@ from framework.atomic_write import write_json, write_text
 from framework.command_parser import CommandParser
 
 PROG = "layerdrop tune"
-TUNE_KEYS = ("metric", "search", "start", "confirm")
+TUNE_KEYS = ("metric", "search", "start", "confirm", "passes")
 CONFIRM_KEYS = ("seeds", "along", "neighbours")
 
 
@@ -79,6 +85,7 @@ class TuneSpec:
     confirm: Confirm | None
     seeds: tuple[int, ...]  # the sweep's seeds: every point of every stage runs these
     labels: dict[str, str] = field(default_factory=dict)  # key -> its short name in run names
+    passes: int = 1  # the most sweeps over the keys (stopping early when one moves nothing)
 
 
 @dataclass
@@ -107,6 +114,7 @@ class Stage:
     key: str  # the key this stage varies
     points: list[Point]
     chosen: Point | None = None
+    final: bool = False  # the last stage the plan has: its choice is the result
 
     @property
     def complete(self) -> bool:
@@ -149,8 +157,11 @@ def load_tune(path: str | Path, *, data_dir: str | None = None) -> tuple[TuneSpe
                          "(its report's \"loss\") or val_loss (the end-of-training validation)")
     seeds = tuple(spec.get("seeds", [0]))
     confirm = _confirm(section.get("confirm"), keys, seeds)
+    passes = section.get("passes", 1)
+    if not isinstance(passes, int) or isinstance(passes, bool) or passes < 1:
+        raise SweepError(f"tune.passes={passes!r} is invalid: expected an integer >= 1")
     tune = TuneSpec(search={k: list(v) for k, v in search.items()}, start={k: start.get(k) for k in keys},
-                    metric=metric, confirm=confirm, seeds=seeds, labels=short_keys(keys))
+                    metric=metric, confirm=confirm, seeds=seeds, labels=short_keys(keys), passes=passes)
     sweep_of(spec, Path(path), text, data_dir=data_dir, extra_keys=("tune",), configs=[])  # the shared parts' checks
     return tune, spec, text
 
@@ -179,11 +190,11 @@ def point_name(tune: TuneSpec, values: dict[str, Any]) -> str:
 
 
 def stage_points(tune: TuneSpec, index: int, best: dict[str, Any]) -> tuple[str, list[dict[str, Any]], tuple[int, ...]]:
-    """Stage ``index``: (the key it varies, its points, their seeds). Stages 0..K-1 are
-    the searched keys; stage K is the confirmation."""
+    """Stage ``index``: (the key it varies, its points, their seeds). Stages 0..P·K-1 are
+    the searched keys, pass after pass; any index past the passes is the confirmation."""
     keys = list(tune.search)
-    if index < len(keys):
-        key = keys[index]
+    if index < len(keys) * tune.passes:
+        key = keys[index % len(keys)]
         return key, [{**best, key: value} for value in tune.search[key]], tune.seeds
     confirm = tune.confirm
     values = tune.search[confirm.along]
@@ -266,7 +277,15 @@ class Tuner:
         missing runs before it is read. Stops at the first stage not complete."""
         best = dict(self.tune.start)  # every searched key, in search order
         stages = []
-        for index in range(len(self.tune.search) + (1 if self.tune.confirm else 0)):
+        keys, began, settled = len(self.tune.search), None, False  # began: where the current pass started
+        searching = keys * self.tune.passes
+        for index in (*range(searching), *((searching,) if self.tune.confirm else ())):
+            if index < searching and index % keys == 0:
+                # a pass that left the point where it began: every further one would too
+                settled = settled or (index >= 2 * keys and best == began)
+                began = dict(best)
+            if settled and index < searching:
+                continue
             key, points, seeds = stage_points(self.tune, index, best)
             sweep = self.sweep(points, seeds)
             if execute is not None:
@@ -274,15 +293,20 @@ class Tuner:
             stage = Stage(title=self._title(index, key, best, seeds), key=key, points=self.read(sweep, points, seeds))
             stages.append(stage)
             if not stage.complete:
-                break
+                return stages
             stage.chosen = choose(stage.points)
             best = dict(stage.chosen.values)
+        if stages:
+            stages[-1].final = True
         return stages
 
     def _title(self, index: int, key: str, best: dict[str, Any], seeds: tuple[int, ...]) -> str:
         label = self.tune.labels[key]
         others = ", ".join(f"{self.tune.labels[k]}={v}" for k, v in best.items() if k != key and v is not None)
-        kind = "confirm" if index >= len(self.tune.search) else f"stage {index + 1}"
+        keys = len(self.tune.search)
+        kind = "confirm" if index >= keys * self.tune.passes else f"stage {index % keys + 1}"
+        if self.tune.passes > 1 and kind != "confirm":
+            kind = f"pass {index // keys + 1}, {kind}"
         return f"{kind}: {label} ({others}), seeds {list(seeds)}"
 
 
@@ -305,8 +329,7 @@ def stage_table(tune: TuneSpec, stage: Stage) -> list[str]:
 
 def summary(tune: TuneSpec, stages: list[Stage]) -> dict:
     return {"metric": tune.metric, "search": tune.search, "start": tune.start,
-            "finished": bool(stages) and stages[-1].chosen is not None
-            and len(stages) == len(tune.search) + (1 if tune.confirm else 0),
+            "finished": bool(stages) and stages[-1].final and stages[-1].chosen is not None,
             "chosen": stages[-1].chosen.values if stages and stages[-1].chosen else None,
             "stages": [{"title": s.title, "key": s.key,
                         "chosen": s.chosen.values if s.chosen else None,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -232,3 +233,41 @@ def test_dry_run_plans_on_from_runs_finished_in_a_done_from_folder(tmp_path, cap
     assert "stage 2: init_std (lr=0.01, tau_ema=0.6)" in text  # stage 1 decided from the committed runs
     assert "lr=0.01,init_std=0.05,tau_ema=0.6,seed=0: pending" in text
     assert not out.exists()
+
+
+def coupled_loss(lr: float, std: float, tau: float, seed: int) -> float:
+    """A valley whose best lr grows with std (0.001 below std 0.035, 0.01 above): one pass
+    from std 0.02 picks lr 0.001, then std 0.05, where lr 0.01 is better: a second pass moves."""
+    best_lr = -3 if std < 0.035 else -2
+    return 4.0 + (math.log10(lr) - best_lr) ** 2 + (std - 0.05) ** 2 * 2000 + (tau - 0.3) ** 2 + 0.01 * seed
+
+
+@pytest.mark.parametrize("passes", [1, 2, 3])
+def test_more_passes_follow_keys_that_interact_and_stop_once_nothing_moves(tmp_path, capsys, monkeypatch, passes):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "manifest.json").write_text("{}")
+    tune, root = tune_file(tmp_path, data, passes=passes), tmp_path / "out"
+    monkeypatch.setattr(sys.modules[__name__], "fake_loss", coupled_loss)
+    asked = finish_every_planned_run(root, tune, capsys)
+    assert len(asked) == len(set(asked))  # a point two passes share is run once
+    assert main([str(tune), "--out", str(root)]) == 0
+    result = json.loads((root / "tune.json").read_text())
+    titles = [stage["title"].split(":")[0] for stage in result["stages"]]
+    if passes == 1:
+        # one pass chose lr 0.001 at std 0.02; only the confirmation's neighbour shows 0.01 is better at 0.05
+        assert titles == ["stage 1", "stage 2", "stage 3", "confirm"] and result["stages"][0]["chosen"][LR] == 0.001
+        assert result["stages"][2]["chosen"][LR] == 0.001 and result["chosen"][LR] == 0.01
+    else:  # pass 2 moves lr to 0.01; pass 3 (where allowed) moves nothing, so no pass 4 would run
+        assert titles == ["pass 1, stage 1", "pass 1, stage 2", "pass 1, stage 3", "pass 2, stage 1",
+                          "pass 2, stage 2", "pass 2, stage 3", *(["pass 3, stage 1", "pass 3, stage 2",
+                                                                   "pass 3, stage 3"] if passes == 3 else []),
+                          "confirm"]
+        assert result["chosen"] == {LR: 0.01, STD: 0.05, TAU: 0.3} and result["finished"]
+
+
+def test_passes_must_be_a_positive_integer(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    with pytest.raises(SweepError, match=r"tune.passes=0 is invalid: expected an integer >= 1"):
+        load_tune(tune_file(tmp_path, data, passes=0), data_dir=str(data))
