@@ -55,7 +55,23 @@ def option(argv: list[str], flag: str) -> str | None:
 
 def test_every_recipe_is_covered():
     assert sorted(p.name for p in RECIPES.glob("*.yaml")) == sorted([*generated(), "tiny.yaml", "tiny-dense.yaml",
-                                                                      "base.yaml", "llama-continued.yaml"])
+                                                                      "base.yaml", "llama-continued.yaml",
+                                                                      "cpu-base.yaml"])
+
+
+def test_the_cpu_base_is_the_tunings_chosen_run():
+    """recipes/cpu-base.yaml trains what docs/tuning's chosen run trained (the tune's
+    tuned.yaml): the same model, parametrization, schedule and data shape."""
+    chosen = yaml.safe_load((RECIPES.parent / "docs" / "tuning" / "runs" /
+                             "lr=0.004,init_std=0.05,tau_ema=0.15,seed=0" / "config.yaml").read_text())
+    cli = instantiate(RECIPES / "cpu-base.yaml")
+    model, pcfg = cli.model.model_cfg, cli.model.param_cfg
+    assert model == ModelConfig.from_dict(chosen["model"]["decoder"])
+    for key in ("kind", "d_base", "n_layers_base", "lr", "tau_ema"):
+        assert getattr(pcfg, key) == chosen["model"]["parametrization"][key], key
+    assert cli.model.dropout_cfg.p_max == 0.0
+    for key in ("seq_len", "batch_size", "seed"):
+        assert getattr(cli.datamodule, key) == chosen["data"][key], key
 
 
 @pytest.mark.parametrize("name", sorted(generated()))
