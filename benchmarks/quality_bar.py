@@ -332,6 +332,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.table:
+        if not Path(args.out).is_file():
+            print(f"error: --out {args.out!r} does not exist: run the grid first (--config, --data)", file=sys.stderr)
+            return 2
         result = json.loads(Path(args.out).read_text())
         if args.framework:  # the framework's run set beside baselines trained before it finished
             result["framework"] = framework_result(args.framework)

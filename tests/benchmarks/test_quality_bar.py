@@ -71,6 +71,7 @@ def test_both_trainers_run_and_jobs_do_not_change_the_rows(tmp_path, prepared_to
     (["--jobs", "0"], "--jobs=0 is invalid: must be >= 1"),
     (["--lrs", "-1"], "every η must be > 0"),
     ([], "--config and --data are required"),
+    (["--table", "--out", "/nonexistent/quality_bar.json"], "does not exist: run the grid first"),
 ])
 def test_bad_arguments_stop_before_training(tmp_path, args, message):
     needed = ["--config", str(recipe(tmp_path)), "--data", str(tmp_path)] if args else []
