@@ -215,20 +215,27 @@ def run_grids(grids: dict[str, list[float]], settings: dict, intermediate: int, 
 
 def earlier_rows(out: Path, record: dict, overwrite: bool) -> dict[tuple[str, float], dict]:
     """The points an earlier run of the same settings (paths aside) wrote to ``out``
-    (none with --overwrite); a file of other settings is never replaced unasked."""
-    if overwrite or not out.is_file():
+    (none with --overwrite, which replaces only a file this script wrote); a file of other
+    settings is never replaced unasked, and nothing this script did not write ever is."""
+    if not out.exists():
         return {}
     try:
-        earlier = json.loads(out.read_text())
-    except ValueError:
+        earlier = json.loads(out.read_text()) if out.is_file() else None
+    except (ValueError, UnicodeDecodeError):
         earlier = None
+    ours = isinstance(earlier, dict) and isinstance(earlier.get("settings"), dict) and \
+        all(isinstance(earlier.get(kind), dict) and isinstance(earlier[kind].get("rows"), list)
+            for kind in ("plain", "peer"))
+    if not ours:
+        raise SystemExit(f"--out {str(out)!r} exists and is not this script's JSON: it is never replaced "
+                         "(even with --overwrite); choose another --out")
+    if overwrite:
+        return {}
     paths = ("config", "data")  # where the files are on this machine: a grid may be finished on another
-    same = isinstance(earlier, dict) and isinstance(earlier.get("settings"), dict) and \
-        {k: v for k, v in earlier["settings"].items() if k not in paths} == {k: v for k, v in record.items()
-                                                                            if k not in paths}
-    if not same:
-        raise SystemExit(f"--out {str(out)!r} holds results of other settings (or is not this script's JSON): "
-                         "pass --overwrite to replace it, or another --out")
+    if {k: v for k, v in earlier["settings"].items() if k not in paths} != \
+            {k: v for k, v in record.items() if k not in paths}:
+        raise SystemExit(f"--out {str(out)!r} holds results of other settings: pass --overwrite to replace it, "
+                         "or another --out")
     return {(kind, float(row["lr"])): row for kind in ("plain", "peer") for row in earlier[kind]["rows"]}
 
 
@@ -314,8 +321,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=1, help="η points trained at a time, each in its own process")
     parser.add_argument("--out", default=str(RESULTS), help=f"the JSON (default {RESULTS})")
     parser.add_argument("--overwrite", action="store_true",
-                        help="start the grid afresh even where --out holds points of the same settings, or replace a "
-                             "file of other settings")
+                        help="start the grid afresh even where --out holds points of the same settings, or replace "
+                             "this script's JSON of other settings (never a file it did not write)")
     parser.add_argument("--table", action="store_true", help="print the table of --out's JSON and exit")
     args = parser.parse_args(argv)
     if not args.table and not (args.config and args.data):

@@ -77,3 +77,14 @@ def test_bad_arguments_stop_before_training(tmp_path, args, message):
     needed = ["--config", str(recipe(tmp_path)), "--data", str(tmp_path)] if args else []
     result = quality_bar(*needed, *args)
     assert result.returncode == 2 and message in result.stderr
+
+
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]])
+def test_a_file_it_did_not_write_is_never_replaced(tmp_path, overwrite):
+    notes, folder = tmp_path / "notes.json", tmp_path / "a-folder"
+    notes.write_text('{"mine": true}')
+    folder.mkdir()
+    for out in (notes, folder):
+        result = quality_bar("--config", str(recipe(tmp_path)), "--data", str(tmp_path), "--out", str(out), *overwrite)
+        assert result.returncode == 1 and "is not this script's JSON: it is never replaced" in result.stderr
+    assert notes.read_text() == '{"mine": true}' and not any(folder.iterdir())
