@@ -79,7 +79,8 @@ def _findings(report: dict) -> list[str]:
         if f.get("correlations"):
             numbers = "<br>".join(f"{k.replace('_', ' ')}: ρ = {v['spearman']:+.2f}, p = {v['p_value']:.3f} "
                                   f"({v['runs']} runs)" for k, v in f["correlations"].items())
-        rows.append([f["claim"], f["test"], f"**{f['verdict']}**", numbers or "–"])
+        test = f"{f['test']} ({f['note']})" if f.get("note") else f["test"]
+        rows.append([f["claim"], test, f"**{f['verdict']}**", numbers or "–"])
     return lines + _table(["paper", "tested here as", "verdict", "numbers (a − b in loss, ± 1 SE)"], rows) + [""]
 
 

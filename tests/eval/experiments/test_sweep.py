@@ -291,6 +291,36 @@ def test_predictions_count_the_early_exit_heads():
     assert with_exits.flops_saved_pct == 0.0  # no layer dropout: the exit heads are not a saving
 
 
+def test_the_reproductions_dense_runs_are_the_tuned_base(tmp_path, monkeypatch):
+    """recipes/sweeps/paper-cpu.yaml trains recipes/cpu-base.yaml unchanged: its dense seed 0 is
+    the very run `layerdrop tune` chose (docs/tuning's copy), up to the machine's folders, and
+    every configuration differs from dense by its layer dropout alone."""
+    from eval.experiments.sweep_adoption import MACHINE_PATHS
+
+    monkeypatch.chdir(REPO)
+    paper = load_sweep(REPO / "recipes" / "sweeps" / "paper-cpu.yaml", data_dir=str(tmp_path))
+    runs = {run.name: run for run in paper.runs}
+    assert {name for name in runs if name.endswith("seed=2")} == {"dense,seed=2", "ild-dts-0.4,seed=2",
+                                                                  "ild-dts-0.8,seed=2"}
+
+    def without_paths(recipe: dict) -> dict:
+        recipe = json.loads(json.dumps(recipe))
+        for key in MACHINE_PATHS:
+            section, name = key.split(".")
+            recipe[section].pop(name, None)
+        return recipe
+
+    chosen = REPO / "docs" / "tuning" / "runs" / "lr=0.004,init_std=0.05,tau_ema=0.15,seed=0" / "recipe.yaml"
+    dense = without_paths(run_recipe(paper, runs["dense,seed=0"], tmp_path / "dense"))
+    assert dense == without_paths(yaml.safe_load(chosen.read_text()))
+    for name, run in runs.items():
+        recipe = without_paths(run_recipe(paper, run, tmp_path / name))
+        seed = runs[f"dense,seed={name.split('seed=')[1]}"]
+        reference = without_paths(run_recipe(paper, seed, tmp_path / "dense"))
+        assert {**recipe["model"], "layer_dropout": None} == {**reference["model"], "layer_dropout": None}, name
+        assert {k: v for k, v in recipe.items() if k != "model"} == {k: v for k, v in reference.items() if k != "model"}
+
+
 def test_the_committed_early_exit_sweep_is_three_configurations_at_two_seeds(tmp_path, monkeypatch):
     """recipes/sweeps/early-exit-cpu.yaml: paper-cpu's model and settings; the early-exit
     loss's run differs from ILD+DTS by that loss alone, whose heads its prediction counts."""
