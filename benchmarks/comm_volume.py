@@ -90,10 +90,10 @@ class Collective:
 
 def parameter_groups(cfg: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
     """FSDP2's units: "block" (the shapes of one block) and "root" (the rest)."""
-    from framework.model import Decoder
+    from framework.families import build_decoder
 
     with torch.device("meta"):
-        decoder = Decoder(cfg)
+        decoder = build_decoder(cfg)  # the config's family: its parameter shapes
     groups: dict[str, list[tuple[int, ...]]] = {"block": [], "root": []}
     for name, param in decoder.named_parameters():
         if name.startswith("blocks.0."):
@@ -237,7 +237,7 @@ def _verify_rank(rank: int, world: int, port: int, queue: Any) -> None:
     from framework.config import LayerDropoutConfig
     from framework.layer_dropout import StepKey, plan
     from framework.loss import chunked_cross_entropy
-    from framework.model import Decoder
+    from framework.families import build_decoder
     from framework.module import register_extra_forward_methods
     from framework.strategies import mixed_precision_policy, parallelize
     from torch.distributed.device_mesh import init_device_mesh
@@ -248,7 +248,7 @@ def _verify_rank(rank: int, world: int, port: int, queue: Any) -> None:
     results = []
     for name, strategy, param_dtype, reduce_dtype in SETUPS[1:] + (("hsdp fp32", "hsdp", "float32", "float32"),):
         torch.manual_seed(0)
-        decoder = Decoder(cfg)
+        decoder = build_decoder(cfg)
         mesh = (init_device_mesh("cpu", (world,), mesh_dim_names=("data_parallel",)) if strategy == "fsdp" else
                 init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard")))
         parallelize(decoder, device_mesh=mesh, mp_policy=mixed_precision_policy(param_dtype, reduce_dtype),

@@ -236,11 +236,6 @@ class ModelConfig:
     def ffn_dim(self) -> int:
         return self.ffn_hidden or self.ffn_mult * self.d_model
 
-    @property
-    def ffn_matrices(self) -> int:
-        """Weight matrices of the FFN: up and down (squared ReLU), gate, up and down (SwiGLU)."""
-        return 3 if self.family == "llama" else 2
-
     @classmethod
     def paper(cls, name: str, **overrides: Any) -> "ModelConfig":
         """The Table A.1 shape ``name`` ("271M" … "8.2B") with the Llama-3 vocabulary."""

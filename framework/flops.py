@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from framework.config import ModelConfig
+from framework.families import FAMILIES
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def block_flops_per_token(model_cfg: ModelConfig, seq_len: int, *, causal: bool 
     d, a, f = model_cfg.d_model, model_cfg.attn_dim, model_cfg.ffn_dim
     keys = attended_keys(seq_len, causal)
     attention = 2 * d * model_cfg.qkv_dim + 2 * a * d + 2 * 2 * a * keys
-    ffn = 2 * model_cfg.ffn_matrices * d * f
+    ffn = 2 * FAMILIES[model_cfg.family].block_class.ffn_matrices * d * f  # the family's FFN
     passes = _passes(training)
     return Flops(attention=passes * attention, ffn=passes * ffn)
 

@@ -58,6 +58,8 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-LN block. With a ``LayerDrop`` each branch runs on its kept rows only."""
 
+    ffn_matrices = 2  # the FFN's d×f weight matrices (up, down), for framework/flops.py
+
     def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
         super().__init__()
         self.attn_norm = self.new_norm(cfg)

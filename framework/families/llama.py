@@ -110,6 +110,8 @@ class SwiGLU(nn.Module):
 class LlamaBlock(Block):
     """Pre-norm block of the Llama family (Block's residual logic, Llama's parts)."""
 
+    ffn_matrices = 3  # SwiGLU: gate, up and down
+
     @staticmethod
     def new_norm(cfg: ModelConfig) -> nn.Module:
         return RMSNorm(cfg.d_model, cfg.norm_eps)

@@ -24,6 +24,10 @@ STEPS, P_MAX = 30, 0.99  # the reference runs: ≥ 30 steps at p_max = 0.99
 NODES_STEPS = 20  # the 2 nodes x 2 devices runs (DDP reference, HSDP)
 POISONED_STEP = 2  # their step with a non-finite gradient on one rank
 EXITS = {"scale": 0.5, "curriculum": "rotational", "weighting": "linear"}  # exits 1, 2, 3: {1, 3}, {2}, ...
+# The Llama family (framework/families) in the runs that use it: grouped-query attention and
+# tied embeddings, the SmolLM / Llama-3.2-1B layout (the HSDP and nodes-DDP runs here, ZeRO-3's
+# checkpoint-forms run untied).
+LLAMA = {"family": "llama", "bias": False, "n_kv_heads": 2, "tie_embeddings": True}
 
 
 def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps: int = 30, devices: int = 2,
@@ -32,10 +36,11 @@ def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps:
                 activation_checkpointing: bool = False, every_n_steps: int = 1000,
                 val_check_interval: int | None = None, record_collectives: bool = False,
                 early_exit_loss: dict[str, Any] | None = None, logits_out: Path | None = None,
-                callbacks: list[dict[str, Any]] = ()) -> Path:
+                callbacks: list[dict[str, Any]] = (), decoder: dict[str, Any] | None = None) -> Path:
     """A recipe for the tiny model (d=32, L=4, vocab 512, seq 32, micro-batch 4), written to
     ``path``. ``logits_out``: the live model's logits at the end (logits_probe.LogitsProbe);
-    ``callbacks``: more trainer callbacks (class paths)."""
+    ``callbacks``: more trainer callbacks (class paths); ``decoder``: changes to the model's
+    decoder settings (e.g. ``LLAMA``)."""
     trainer: dict[str, Any] = {
         "accelerator": "cpu", "devices": devices, "num_nodes": num_nodes, "strategy": strategy,
         "precision": "32-true", "max_steps": steps, "log_every_n_steps": 5, "default_root_dir": str(root),
@@ -56,7 +61,7 @@ def tiny_recipe(path: Path, *, data_dir: Path, root: Path, strategy: Any, steps:
         "trainer": trainer,
         "model": {
             "decoder": {"vocab_size": VOCAB, "d_model": 32, "n_layers": LAYERS, "n_heads": 4, "max_seq_len": SEQ_LEN,
-                        "attention": "sdpa"},
+                        "attention": "sdpa", **(decoder or {})},
             "layer_dropout": {"p_max": p_max, "distribution": distribution, "schedule": schedule, "seed": 0},
             "activation_checkpointing": activation_checkpointing,
             **({"early_exit_loss": early_exit_loss} if early_exit_loss else {}),
@@ -80,15 +85,16 @@ def ddp_reference_recipe(out: Path, data: Path, **changes: Any) -> Path:
 
 
 def nodes_recipe(out: Path, data: Path, strategy: Any, **changes: Any) -> Path:
-    """2 nodes x 2 devices, uniform p_max = 0.99, the early-exit loss on (``EXITS``), 20
-    steps, a checkpoint at step 10, the parameters saved per rank; an infinite gradient
+    """2 nodes x 2 devices, the Llama family (``LLAMA``: GQA, tied embeddings), uniform
+    p_max = 0.99, the early-exit loss on (``EXITS``), 20 steps, a checkpoint at step 10,
+    the parameters saved per rank; an infinite gradient
     on global rank 1 alone at step ``POISONED_STEP`` (every rank must skip that step),
     and every rank's loss and weights per step in ``out/records``."""
     poison = [{"class_path": "crash_points.PoisonGradient", "init_args": {"step": POISONED_STEP, "rank": 1}},
               {"class_path": "crash_points.RecordLosses", "init_args": {"out_dir": str(out / "records")}}]
     settings = dict(data_dir=data, root=out / "run", strategy=strategy, steps=NODES_STEPS, devices=2, num_nodes=2,
                     p_max=P_MAX, probe_dir=out / "probe", save_parameters=True, every_n_steps=NODES_STEPS // 2,
-                    early_exit_loss=EXITS, callbacks=poison)
+                    early_exit_loss=EXITS, callbacks=poison, decoder=LLAMA)
     return tiny_recipe(out / "recipe.json", **{**settings, **changes})
 
 

@@ -1,7 +1,9 @@
 """`strategy: hsdp` on two torchrun "nodes" of two CPU processes each (gloo): a 2 x 2
 (replicate, shard) mesh, FSDP2 inside each node, the gradient shards all-reduced
 across the nodes, at uniform p_max = 0.99 with per-device masks and the early-exit
-loss on (every rank adds the same exit heads, through the root's gathered head).
+loss on (every rank adds the same exit heads, through the root's gathered head), on
+a Llama-family model (grouped-query attention, tied embeddings: pretrain_launch.LLAMA;
+FSDP2 on the Celerity family is test_fsdp_layer_dropout.py's).
 
 It must compute what DDP computes at the same global batch (test_multinode_launch.py's
 run: the same 4 ranks, data and masks), move exactly the collectives
@@ -22,7 +24,7 @@ import torch
 from benchmarks.comm_volume import (expected_calls, micro_batch_collectives, optimizer_step_collectives,
                                      recorded_calls)
 from crash_points import read_records, skipped_line
-from pretrain_launch import (LAYERS, MICRO_BATCH, NODES_STEPS, POISONED_STEP, SEQ_LEN, VOCAB, launch_nodes, nodes_recipe,
+from pretrain_launch import (LAYERS, LLAMA, MICRO_BATCH, NODES_STEPS, POISONED_STEP, SEQ_LEN, VOCAB, launch_nodes, nodes_recipe,
                              read_ranks, shared_once)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
@@ -88,7 +90,7 @@ def test_hsdp_moves_the_collectives_comm_volume_computes(hsdp_run):
     CPU; bytes equal to benchmarks/comm_volume.py's arithmetic for this model."""
     from framework.config import ModelConfig
 
-    model = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=LAYERS, n_heads=4, max_seq_len=SEQ_LEN)
+    model = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=LAYERS, n_heads=4, max_seq_len=SEQ_LEN, **LLAMA)
     expected = expected_calls(micro_batch_collectives(model, "hsdp", nodes=2, gpus_per_node=2))
     assert {op for op, *_ in expected} == {"all_gather", "reduce_scatter", "all_reduce"}
     guard = expected_calls(optimizer_step_collectives(nodes=2, gpus_per_node=2))  # the non-finite flags
@@ -128,7 +130,8 @@ def _eval_commands_load(ckpt: Path, reference: dict[str, torch.Tensor], data: Pa
     from framework.checkpoint.export import main as export_main
 
     decoder, config = load_decoder(ckpt)
-    assert (config.d_model, config.n_layers, config.vocab_size) == (32, LAYERS, VOCAB)
+    assert (config.family, config.d_model, config.n_layers, config.vocab_size) == ("llama", 32, LAYERS, VOCAB)
+    assert config.tie_embeddings and decoder.head.weight is decoder.embed.weight
     for name, tensor in decoder.named_parameters():
         torch.testing.assert_close(tensor, reference[name], rtol=1e-6, atol=1e-7, msg=name)
     report = tmp_path / "exits.json"
