@@ -76,7 +76,7 @@ def compile_block(block: nn.Module) -> nn.Module:
     recompile_limit the block silently runs eager): the kept-row index tensors change
     length (0..B), so their size is marked unbacked (one graph for every length, where
     a plain dynamic shape recompiles for 0 and 1, ENVIRONMENT.md); r_train = 1/ρ
-    changes with the schedule, so it goes in as a 0-d tensor. tests/test_strategies.py
+    changes with the schedule, so it goes in as a 0-d tensor. tests/strategies/test_parallelize.py
     counts the graphs and checks the gradients against eager.
     """
     compiled = torch.compile(block.forward)

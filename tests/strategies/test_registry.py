@@ -1,5 +1,7 @@
 """framework/strategies/registry.py and entry.py: every registry entry owns what the
-framework does differently under its strategy, and a running strategy finds its entry.
+framework does differently under its strategy, and a running strategy finds its entry;
+names build the Lightning strategies they mean, and bad names, devices, nodes and
+accelerators are refused in one line.
 
 The behaviours themselves run for real in tests/distributed/ (the final export of each
 form, the non-finite checks on 2 ranks, the memory model in tests/test_device_memory.py);
@@ -17,7 +19,8 @@ import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
 from framework.device_memory import Footprint
-from framework.strategies import STRATEGIES, FSDP2Strategy, HSDPStrategy, build_strategy, entry_of
+from framework.strategies import (STRATEGIES, FSDP2Strategy, HSDPStrategy, build_strategy, entry_of, precision_for,
+                                  resolve_accelerator)
 from framework.strategies.entry import OTHER
 
 FRAMEWORK = Path(__file__).resolve().parents[2] / "framework"
@@ -101,3 +104,111 @@ def test_deepspeed_is_used_only_by_its_entry_and_the_checkpoint_forms_that_read_
             if any(m.split(".")[0] == "deepspeed" for m in modules) or "DeepSpeedStrategy" in names:
                 offenders.append(f"{where}:{node.lineno}")
     assert offenders == []
+
+
+# ------------------------------------------------------------------ name mapping
+
+
+def test_single_is_one_device():
+    strategy = build_strategy("single", accelerator="cpu", devices=1)
+    assert isinstance(strategy, SingleDeviceStrategy)
+    assert strategy.root_device == torch.device("cpu")
+
+
+def test_ddp_maps_to_lightning_ddp():
+    assert type(build_strategy("ddp", accelerator="cpu", devices=2)) is DDPStrategy
+
+
+def test_fsdp_is_fsdp2_over_every_device_of_every_node():
+    strategy = build_strategy("fsdp", accelerator="cpu", devices=2, num_nodes=3)
+    assert type(strategy) is FSDP2Strategy
+    assert (strategy.param_dtype, strategy.reduce_dtype) == ("auto", "float32")
+    assert strategy.distributed_sampler_kwargs is not None
+
+
+def test_hsdp_shards_within_a_node_by_default():
+    strategy = build_strategy("hsdp", accelerator="gpu", devices=8, num_nodes=2)
+    assert type(strategy) is HSDPStrategy and strategy.shard_size == 8
+
+
+@pytest.mark.parametrize("name, stage", [("deepspeed_stage_2", 2), ("deepspeed_stage_3", 3)])
+def test_deepspeed_stages_on_gpu(name, stage):
+    pytest.importorskip("deepspeed")
+    strategy = build_strategy(name, accelerator="gpu", devices=8, num_nodes=2)
+    assert isinstance(strategy, DeepSpeedStrategy)
+    assert strategy.config["zero_optimization"]["stage"] == stage
+
+
+def test_every_advertised_name_builds_somewhere():
+    pytest.importorskip("deepspeed")
+    for name in STRATEGIES:
+        devices = 1 if name == "single" else 2
+        accelerator = "gpu" if name.startswith("deepspeed") else "cpu"
+        assert build_strategy(name, accelerator=accelerator, devices=devices) is not None
+
+
+def test_precision_is_bf16_mixed_on_gpu_and_fp32_on_cpu():
+    assert precision_for("gpu") == "bf16-mixed"
+    assert precision_for("cuda") == "bf16-mixed"
+    assert precision_for("cpu") == "32-true"
+    assert precision_for("auto") == ("bf16-mixed" if torch.cuda.is_available() else "32-true")
+
+
+def test_auto_accelerator_follows_cuda():
+    assert resolve_accelerator("auto") == ("gpu" if torch.cuda.is_available() else "cpu")
+
+
+# ------------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize("name", ["fsdp1", "FSDP", "deepspeed", "ddp_spawn", "", "zero3"])
+def test_unknown_name_names_the_value_and_the_allowed_ones(name):
+    with pytest.raises(ValueError) as err:
+        build_strategy(name, accelerator="cpu", devices=2)
+    message = str(err.value)
+    assert repr(name) in message and all(allowed in message for allowed in STRATEGIES)
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("name", ["deepspeed_stage_2", "deepspeed_stage_3"])
+def test_deepspeed_on_cpu_is_refused(name):
+    with pytest.raises(ValueError, match=rf"strategy='{name}' needs accelerator='gpu'.*got 'cpu'"):
+        build_strategy(name, accelerator="cpu", devices=2)
+
+
+@pytest.mark.parametrize("name", ["fsdp", "hsdp"])
+def test_sharding_on_one_device_is_refused(name):
+    with pytest.raises(ValueError, match=f"strategy='{name}' shards over .* >= 2, got 1"):
+        build_strategy(name, accelerator="cpu", devices=1, num_nodes=1)
+
+
+def test_single_on_several_devices_is_refused():
+    with pytest.raises(ValueError, match="strategy='single' runs on one device, got 4"):
+        build_strategy("single", accelerator="cpu", devices=2, num_nodes=2)
+
+
+@pytest.mark.parametrize("devices", [0, -2, 1.5, True, "two", "0", []])
+def test_bad_device_count_is_refused(devices):
+    with pytest.raises(ValueError, match=r"devices=.* is invalid: must be a count >= 1, a list of device indices"):
+        build_strategy("ddp", accelerator="cpu", devices=devices)
+
+
+@pytest.mark.parametrize("devices, per_node", [("2", 2), ("0,1,2", 3), ([0, 3], 2), (2, 2)])
+def test_devices_are_read_as_lightning_reads_them(devices, per_node):
+    """A command line passes devices as a string; Lightning takes counts and index lists."""
+    assert build_strategy("hsdp", accelerator="gpu", devices=devices, num_nodes=2).shard_size == per_node
+
+
+@pytest.mark.parametrize("name", ["fsdp", "hsdp"])
+def test_sharding_over_nodes_of_one_device_each_is_allowed(name):
+    assert build_strategy(name, accelerator="cpu", devices="1", num_nodes=2) is not None
+
+
+def test_bad_node_count_is_refused():
+    with pytest.raises(ValueError, match=r"num_nodes=0 is invalid"):
+        build_strategy("ddp", accelerator="cpu", devices=2, num_nodes=0)
+
+
+def test_unknown_accelerator_is_refused():
+    with pytest.raises(ValueError, match=r"accelerator='tpu' is invalid: allowed are cpu, gpu, cuda, auto"):
+        precision_for("tpu")
