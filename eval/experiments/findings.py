@@ -70,7 +70,7 @@ def judge(a: Configuration, b: Configuration, metric: Metric, configurations: li
     eval_se = evaluation_noise(a, b) if with_eval_noise and metric is val_loss else None
     if higher_is_better:
         result = compare([-v for v in a_values], [-v for v in b_values], sigma, eval_se, a.label, b.label)
-        result.diff, result.pct = -result.diff, -result.pct
+        result.diff = -result.diff  # a − b again; the percentage of b is already the right way round
         return result
     return compare(a_values, b_values, sigma, eval_se, a.label, b.label)
 

@@ -160,6 +160,7 @@ def test_report_numbers_and_verdicts_from_the_run_folders(sweep, tmp_path):
     assert len(findings["finding-3"]["comparisons"]) == 2
     assert findings["skip-ald"]["verdict"] == "reproduced"  # ALD skips alternate layers best
     assert findings["speculative"]["comparisons"][0]["diff"] == pytest.approx(1.205 - 0.9)
+    assert findings["speculative"]["comparisons"][0]["pct"] == pytest.approx(100 * (1.205 - 0.9) / 0.9)
     assert report["speculative"][0]["configuration"] == "dense"
     points = {p["run"]: p for p in report["elasticity"]["points"]}
     assert points["good,seed=0"]["skip_degradation"] == pytest.approx(((2.90 + 1.0) + (2.90 + 0.3)) / 2 - 2.90)
@@ -197,6 +198,7 @@ def test_the_early_exit_loss_is_judged_against_its_twin_without_it_and_nowhere_e
     assert {c["b"] for c in buys["comparisons"]} == {"ILD+DTS p_max=0.4"}
     assert by_what["exit 1 loss"]["diff"] == pytest.approx((2.96 + 0.4) - (2.91 + 1.5))
     assert by_what["exit-2 draft speedup"]["diff"] == pytest.approx(1.505 - 0.805)
+    assert by_what["exit-2 draft speedup"]["pct"] == pytest.approx(100 * (1.505 - 0.805) / 0.805)
     assert buys["verdict"] == "reproduced"
     [cost] = costs["comparisons"]
     assert cost["diff"] == pytest.approx(2.96 - 2.91) and costs["verdict"] == "not reproduced"  # a cost beyond noise
