@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from eval.experiments.sweep_spec import DEFAULT_SEED_KEYS, get_dotted
+from eval.experiments.sweep_spec import DEFAULT_SEED_KEYS, EvalSpec, get_dotted, parse_evals
 from framework.config import LayerDropoutConfig
 
 SMALL_FILES = ("config.yaml", "recipe.yaml", "summary.json", "status.json", "curve.json")
@@ -97,13 +97,23 @@ def run_folders(root: Path) -> list[Path]:
 
 
 def load_results(root: Path) -> tuple[list[RunResult], list[str]]:
-    """Every finished run (one with summary.json), and a line for each folder left out."""
+    """Every finished run (its summary.json and every evaluation its sweep asks of it), and
+    a line for each folder left out. A run trained but not yet evaluated is left out, not
+    compared by its end-of-training validation beside the others' held-out loss."""
     results, skipped = [], []
+    asked = asked_evaluations(root)
     for folder in run_folders(root):
         config_file = folder / "config.yaml"
         if not (folder / "summary.json").is_file() or not config_file.is_file():
             status = _json(folder / "status.json") or {}
             skipped.append(f"{folder.name}: {status.get('state', 'not started')}"
+                           + (f" ({status['error']})" if status.get("error") else ""))
+            continue
+        pending = [spec.name for spec in asked
+                   if spec.applies_to(folder.name) and not (folder / "evals" / f"{spec.name}.json").is_file()]
+        if pending:
+            status = _json(folder / "status.json") or {}
+            skipped.append(f"{folder.name}: trained, evaluations pending: {', '.join(pending)}"
                            + (f" ({status['error']})" if status.get("error") else ""))
             continue
         evals = {p.stem: _json(p) for p in sorted((folder / "evals").glob("*.json"))}
@@ -115,6 +125,16 @@ def load_results(root: Path) -> tuple[list[RunResult], list[str]]:
         results.append(result)
     label_configurations(results)
     return results, skipped
+
+
+def asked_evaluations(root: Path) -> list[EvalSpec]:
+    """The evaluations the folder's sweep file (sweep.yaml, or tune.yaml of `layerdrop tune`)
+    asks of its runs; none when it has no such file (a folder of runs alone)."""
+    for name in ("sweep.yaml", "tune.yaml"):
+        if (root / name).is_file():
+            spec = yaml.safe_load((root / name).read_text()) or {}
+            return parse_evals(spec.get("evals") or []) if isinstance(spec, dict) else []
+    return []
 
 
 def _json(path: Path) -> Any:

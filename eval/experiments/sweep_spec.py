@@ -143,7 +143,7 @@ def sweep_of(spec: dict, path: Path, text: str, *, data_dir: str | None = None, 
     runs = [Run(f"{name},seed={seed}", name, {**shared, **overrides}, seed)
             for name, overrides, config_seeds in configs for seed in (config_seeds or seeds)]
     return Sweep(path=path, base=base, data_dir=Path(data_dir or data["dir"]), prepare=prepare, runs=runs,
-                 evals=_evals(spec.get("evals") or []), seed_keys=seed_keys, text=text)
+                 evals=parse_evals(spec.get("evals") or []), seed_keys=seed_keys, text=text)
 
 
 def check_keys(settings: dict[str, Any], where: str) -> None:
@@ -248,7 +248,7 @@ def _value_label(value: Any) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]", "_", text)
 
 
-def _evals(evals: Any) -> list[EvalSpec]:
+def parse_evals(evals: Any) -> list[EvalSpec]:
     if not isinstance(evals, list):
         raise SweepError(f"evals={evals!r} is invalid: expected a list of {{name, command, args}}")
     specs = []
@@ -383,6 +383,6 @@ def format_flops(value: float) -> str:
     return f"{value / 10 ** exponent:.2f}e{exponent}"
 
 
-__all__ = ["Sweep", "Run", "EvalSpec", "SweepError", "Prediction", "load_sweep", "read_spec", "sweep_of", "check_keys",
+__all__ = ["Sweep", "Run", "EvalSpec", "SweepError", "parse_evals", "Prediction", "load_sweep", "read_spec", "sweep_of", "check_keys",
            "config_name", "run_recipe", "predict",
            "set_dotted", "get_dotted", "short_keys", "non_embedding_parameters", "format_flops"]

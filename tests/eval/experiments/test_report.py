@@ -111,6 +111,25 @@ def test_settings_that_vary_outside_layer_dropout_join_the_label(sweep):
     assert by_name["alt,seed=0"].label == "ALD p_max=0.4, d_model=32"
 
 
+def test_a_run_trained_but_not_yet_evaluated_is_left_out_not_compared_by_its_training_val_loss(sweep):
+    """A sweep that asks for a held-out evaluation compares held-out losses only: a run whose
+    evaluation is still pending (summary.json written, evals/heldout.json not yet) would
+    otherwise enter with its end-of-training val loss, a different measure."""
+    (sweep / "sweep.yaml").write_text(yaml.safe_dump({"evals": [
+        {"name": "heldout", "command": "eval heldout"},
+        {"name": "skip", "command": "eval skip", "only": ["dense,*", "alt,*"]}]}))
+    (sweep / "runs" / "good,seed=1" / "evals" / "heldout.json").unlink()   # asked of every run
+    (sweep / "runs" / "alt,seed=0" / "evals" / "skip.json").unlink()        # asked of dense and alt only
+    (sweep / "runs" / "good,seed=0" / "evals" / "skip.json").unlink()       # not asked of good: still in
+    results, skipped = load_results(sweep)
+    names = {r.name for r in results}
+    assert "good,seed=1" not in names and "alt,seed=0" not in names and "good,seed=0" in names
+    assert "good,seed=1: trained, evaluations pending: heldout" in skipped
+    assert "alt,seed=0: trained, evaluations pending: skip" in skipped
+    (sweep / "sweep.yaml").unlink()  # a folder of runs alone: nothing is asked, every trained run is in
+    assert {r.name for r in load_results(sweep)[0]} == names | {"good,seed=1", "alt,seed=0"}
+
+
 def test_statistics_and_verdicts_by_hand():
     assert pooled_std([[1.0, 3.0], [2.0, 2.0, 5.0]])[0] == pytest.approx(math.sqrt((2 + 6) / 3))
     c = compare([2.0, 2.1], [3.0, 3.1], 0.1, 0.05)
