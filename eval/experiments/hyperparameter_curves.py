@@ -29,6 +29,7 @@ import statistics
 from typing import Any
 
 from eval.experiments.sweep_results import IGNORED_KEYS, RunResult, flatten
+from eval.experiments.sweep_spec import get_dotted as get
 from eval.measurements.plots import MARKERS, plt
 
 HYPERPARAMETERS = {"model.parametrization.lr": "η", "model.decoder.init_std": "σ",
@@ -102,10 +103,13 @@ def swept_curves(results: list[RunResult]) -> dict[str, list[dict]]:
 
 
 # -------------------------------------------------------------------- µTransfer
-def transfer_table(lr_curves: list[dict]) -> list[dict] | None:
-    """Per parametrization, the optimal η of each shape and its drift from the base
-    shape's (the smallest width, then depth) in log₂ — None when the sweep varies
-    neither width nor depth."""
+def transfer_table(lr_curves: list[dict], base_shape: tuple[int, int] | None = None) -> list[dict] | None:
+    """Per parametrization, the optimal η of each shape, its drift from the reference
+    shape's in log₂, and its regret: the loss at the reference's optimal η (what transfer
+    would have given this shape) minus the loss at its own optimum. The reference is the
+    parametrization's base shape (``base_shape`` = (d_base, n_layers_base)) where the sweep
+    ran it, else its smallest shape (width, then depth). None when the sweep varies neither
+    width nor depth."""
     if not any(WIDTH in c["settings"] or DEPTH in c["settings"] for c in lr_curves):
         return None
     rows = []
@@ -114,26 +118,46 @@ def transfer_table(lr_curves: list[dict]) -> list[dict] | None:
         by_kind.setdefault(str(curve["settings"].get(KIND, "")), []).append(curve)
     for kind, group in sorted(by_kind.items()):
         group.sort(key=lambda c: (c["settings"].get(WIDTH) or 0, c["settings"].get(DEPTH) or 0))
-        base = group[0]
+        reference = next((c for c in group if base_shape and _shape(c, base_shape) == base_shape), group[0])
         for curve in group:
+            best = curve["points"][curve["optimum_index"]]["mean"]
+            transferred = next((p["mean"] for p in curve["points"] if p["value"] == reference["optimum"]), None)
             rows.append({"parametrization": kind or None, "d_model": curve["settings"].get(WIDTH),
                          "n_layers": curve["settings"].get(DEPTH), "series": curve["label"],
-                         "optimal_lr": curve["optimum"], "loss": curve["points"][curve["optimum_index"]]["mean"],
-                         "drift_log2": math.log2(curve["optimum"] / base["optimum"]),
+                         "reference": curve is reference, "optimal_lr": curve["optimum"], "loss": best,
+                         "drift_log2": math.log2(curve["optimum"] / reference["optimum"]),
+                         "transferred_lr": reference["optimum"], "loss_at_transferred": transferred,
+                         "regret": None if transferred is None else transferred - best,
                          "at_edge": curve["at_edge"]})
     return rows
 
 
+def _shape(curve: dict, base_shape: tuple[int, int]) -> tuple[int, int]:
+    """The curve's (width, depth), the base's where the sweep does not vary it."""
+    return (curve["settings"].get(WIDTH, base_shape[0]), curve["settings"].get(DEPTH, base_shape[1]))
+
+
+def base_shape_of(results: list[RunResult]) -> tuple[int, int] | None:
+    """(d_base, n_layers_base) when every run names the same parametrization base."""
+    shapes = {(get(r.config, "model.parametrization.d_base"), get(r.config, "model.parametrization.n_layers_base"))
+              for r in results}
+    return next(iter(shapes)) if len(shapes) == 1 and None not in next(iter(shapes)) else None
+
+
 def transfer_verdicts(rows: list[dict]) -> list[dict]:
     """Per parametrization: does the optimal η stay put (the same grid value for every
-    shape), or how far does it move? An optimum at the edge of its grid is flagged: the
-    true one may lie beyond."""
+    shape), or how far does it move, and what does using the reference's η cost at the
+    worst shape? An optimum at the edge of its grid is flagged: the true one may lie beyond."""
     verdicts = []
     for kind in dict.fromkeys(r["parametrization"] for r in rows):
         group = [r for r in rows if r["parametrization"] == kind]
         worst = max(abs(r["drift_log2"]) for r in group)
+        regrets = [r["regret"] for r in group if r["regret"] is not None]
+        verdict = "optimum stays put" if worst == 0 else f"optimum moves (up to 2^{worst:.2g}×)"
+        if worst and regrets:
+            verdict += f"; the reference's η costs up to {max(regrets):.4f} nats"
         verdicts.append({"parametrization": kind, "max_drift_log2": worst,
-                         "verdict": "optimum stays put" if worst == 0 else f"optimum moves (up to 2^{worst:.2g}×)",
+                         "max_regret": max(regrets) if regrets else None, "verdict": verdict,
                          "edge": any(r["at_edge"] for r in group)})
     return verdicts
 
@@ -201,10 +225,10 @@ def curves_figure(found: list[dict], key: str):
 def hyperparameter_report(results: list[RunResult]) -> dict:
     """Everything above, for report.json."""
     by_key = swept_curves(results)
-    table = transfer_table(by_key.get("model.parametrization.lr", []))
+    table = transfer_table(by_key.get("model.parametrization.lr", []), base_shape_of(results))
     return {"curves": by_key, "transfer": table, "transfer_verdicts": transfer_verdicts(table) if table else None,
             "figure3": figure3(by_key), "rising_validation": rising_validation(results)}
 
 
-__all__ = ["HYPERPARAMETERS", "curves", "swept_curves", "transfer_table", "transfer_verdicts", "figure3",
+__all__ = ["HYPERPARAMETERS", "curves", "swept_curves", "transfer_table", "transfer_verdicts", "base_shape_of", "figure3",
            "rising_validation", "hyperparameter_report", "varying_keys", "curves_figure"]

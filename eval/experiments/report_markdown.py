@@ -183,12 +183,16 @@ def _hyperparameters(report: dict) -> list[str]:
             lines += [f"![loss vs {symbol}]({image})", ""]
     if section.get("transfer"):
         lines += ["## µTransfer: the optimal η_base per shape", "",
-                  "Drift: log₂ of the optimum over the smallest shape's, per parametrization (0: the optimum "
-                  "stays put; ±1: one factor of 2).", ""]
-        rows = [[str(r["parametrization"]), _f(r["d_model"]), _f(r["n_layers"]), f"{r['optimal_lr']:g}",
-                 _f(r["loss"]), f"{r['drift_log2']:+.2f}" + (" (edge)" if r["at_edge"] else "")]
+                  "Drift: log₂ of the optimum over the reference shape's (the parametrization's base, d_base × "
+                  "n_layers_base, where it ran; else the smallest shape), per parametrization (0: the optimum "
+                  "stays put; ±1: one factor of 2). Regret: the loss at the reference's optimal η minus the loss "
+                  "at this shape's own optimum (what trusting the transfer costs here).", ""]
+        rows = [[str(r["parametrization"]), _f(r["d_model"]), _f(r["n_layers"]) + (" (ref.)" if r.get("reference") else ""),
+                 f"{r['optimal_lr']:g}", _f(r["loss"]), f"{r['drift_log2']:+.2f}" + (" (edge)" if r["at_edge"] else ""),
+                 _f(r.get("loss_at_transferred")), "–" if r.get("regret") is None else f"{r['regret']:+.4f}"]
                 for r in section["transfer"]]
-        lines += _table(["parametrization", "d_model", "n_layers", "optimal η", "loss", "drift (log₂)"], rows) + [""]
+        lines += _table(["parametrization", "d_model", "n_layers", "optimal η", "loss", "drift (log₂)",
+                         "loss at the reference's η", "regret"], rows) + [""]
         for verdict in section.get("transfer_verdicts") or []:
             edge = " (an optimum at the grid's edge)" if verdict["edge"] else ""
             lines.append(f"- {verdict['parametrization']}: {verdict['verdict']}{edge}")

@@ -9,18 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from eval.experiments.hyperparameter_curves import (curves, curves_figure, figure3, hyperparameter_report, rising_validation,
-                                        transfer_table, transfer_verdicts)
+from eval.experiments.hyperparameter_curves import (base_shape_of, curves, curves_figure, figure3, hyperparameter_report,
+                                                    rising_validation, transfer_table, transfer_verdicts)
 from eval.experiments.sweep_results import RunResult, label_configurations
 
 
 def run(loss: float, *, seed: int = 0, lr: float = 0.01, std: float = 0.02, d: int = 64, layers: int = 12,
         kind: str = "complete_p", p_max: float = 0.0, r_train: str = "inverse_density", tau: float = 0.6,
-        curve: list[float] | None = None) -> RunResult:
+        curve: list[float] | None = None, base: tuple[int, int] = (64, 12)) -> RunResult:
     config = {"seed_everything": seed,
               "model": {"decoder": {"d_model": d, "n_layers": layers, "init_std": std},
                         "layer_dropout": {"p_max": p_max, "r_train": r_train},
-                        "parametrization": {"kind": kind, "lr": lr, "tau_ema": tau}}}
+                        "parametrization": {"kind": kind, "lr": lr, "tau_ema": tau, "d_base": base[0],
+                                            "n_layers_base": base[1]}}}
     name = f"lr={lr},std={std},d={d},L={layers},kind={kind},p={p_max},r={r_train},tau={tau},seed={seed}"
     losses = curve or [loss + 1, loss + 0.5, loss + 0.1]
     return RunResult(name=name, folder=Path("/nonexistent"), config=config, summary={"val_loss": loss + 0.05},
@@ -75,6 +76,32 @@ def test_mu_transfer_table_gives_each_shapes_optimum_and_its_drift_per_parametri
     assert verdicts["complete_p"]["verdict"] == "optimum stays put"
     assert verdicts["standard"]["verdict"].startswith("optimum moves") and verdicts["standard"]["max_drift_log2"] == 2
     assert verdicts["standard"]["edge"]  # d = 64's optimum, 0.008, is the grid's largest value
+
+
+def test_mu_transfer_drift_and_regret_are_measured_from_the_parametrizations_base_shape():
+    grid = [0.001, 0.002, 0.004, 0.008]
+    # the base (d 64, L 12) has its optimum at 0.004; d 32 at 0.008 (0.03 better than at 0.004);
+    # d 128 at 0.004; L 24 at 0.002, where 0.004 is 0.1 worse
+    loss = {(32, 12): {0.001: 4.6, 0.002: 4.4, 0.004: 4.33, 0.008: 4.3},
+            (64, 12): {0.001: 4.5, 0.002: 4.3, 0.004: 4.2, 0.008: 4.4},
+            (128, 12): {0.001: 4.4, 0.002: 4.2, 0.004: 4.1, 0.008: 4.3},
+            (64, 24): {0.001: 4.3, 0.002: 4.0, 0.004: 4.1, 0.008: 4.5}}
+    results = [run(v, lr=lr, d=d, layers=L) for (d, L), by_lr in loss.items() for lr, v in by_lr.items()]
+    assert base_shape_of(results) == (64, 12)
+    report = hyperparameter_report(results)
+    by = {(r["d_model"], r["n_layers"]): r for r in report["transfer"]}
+    assert by[(64, 12)]["reference"] and not by[(32, 12)]["reference"]
+    assert {k: r["drift_log2"] for k, r in by.items()} == {(32, 12): 1.0, (64, 12): 0.0, (128, 12): 0.0,
+                                                           (64, 24): -1.0}
+    assert by[(32, 12)]["transferred_lr"] == 0.004 and by[(32, 12)]["regret"] == pytest.approx(0.03)
+    assert by[(64, 24)]["regret"] == pytest.approx(0.1) and by[(128, 12)]["regret"] == 0.0
+    (verdict,) = report["transfer_verdicts"]
+    assert verdict["max_drift_log2"] == 1.0 and verdict["max_regret"] == pytest.approx(0.1)
+    assert verdict["verdict"] == "optimum moves (up to 2^1×); the reference's η costs up to 0.1000 nats"
+    # runs naming different bases: no base shape, the smallest shape is the reference
+    results[0].config["model"]["parametrization"]["d_base"] = 32
+    assert base_shape_of(results) is None
+    assert hyperparameter_report(results)["transfer"][0]["reference"]  # d 32, L 12: the smallest
 
 
 def test_figure3_verdict_holds_when_the_optimum_index_is_the_same_for_every_p_max():
