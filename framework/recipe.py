@@ -163,6 +163,7 @@ class BaseRun:
     batch_size: int  # B_base, sequences per optimizer step
     seq_len: int
     steps: int
+    evidence: list[str]  # the base's "What its hyperparameters rest on" paragraph, or []
 
     @property
     def tokens(self) -> int:
@@ -192,7 +193,28 @@ def read_base(path: str) -> BaseRun:
                           f"(kind complete_p, d_model = d_base, n_layers = n_layers_base); it has {pcfg.kind}, "
                           f"d_model {decoder.d_model} / d_base {pcfg.d_base}, n_layers {decoder.n_layers} / "
                           f"n_layers_base {pcfg.n_layers_base}")
-    return BaseRun(recipe, decoder, pcfg, parameter_count(decoder), batch, seq_len, steps)
+    return BaseRun(recipe, decoder, pcfg, parameter_count(decoder), batch, seq_len, steps,
+                   evidence_paragraph(Path(path).read_text()))
+
+
+EVIDENCE = "What its hyperparameters rest on"
+
+
+def evidence_paragraph(text: str) -> list[str]:
+    """The paragraph of the base's leading comment that starts with EVIDENCE, up to the
+    next blank comment line: where η, σ, τ_EMA were tuned and which transfer evidence
+    they carry. Every recipe derived from the base repeats it in its header, so a
+    paper-size recipe says what it rests on."""
+    header = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line[1:].removeprefix(" ").rstrip())
+    start = next((i for i, line in enumerate(header) if line.startswith(EVIDENCE)), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start + 1, len(header)) if not header[i].strip()), len(header))
+    return header[start:end]
 
 
 def parameter_count(cfg: ModelConfig) -> int:
@@ -357,6 +379,10 @@ def derive(args: argparse.Namespace) -> Recipe:
         f"({plan.strategy.name}, micro-batch {plan.micro_batch}"
         f"{', activation checkpointing' if plan.checkpointing else ''})",
         "Every number with a comment below is derived as it says; the others are the base recipe's.",
+        "",
+        *(["The base recipe's η, σ and τ_EMA, as its header says:", *(f"  {line}" for line in base.evidence)]
+          if base.evidence else [f"The base recipe does not say what its hyperparameters rest on (no paragraph "
+                                 f"\"{EVIDENCE} ...\" in its header): treat them as untuned."]),
     ]
     return Recipe(values, comments, header)
 

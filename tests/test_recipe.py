@@ -98,15 +98,22 @@ def strategy_of(capsys, *extra: str) -> dict:
             "checkpointing": recipe["model"]["activation_checkpointing"]}
 
 
+def share(size: str, devices: int) -> int:
+    """Sequences per device of a 20-TPP run of ``size``: B = B_base·m_D^0.4 over the devices."""
+    base, n = read_base("recipes/base.yaml"), parameter_count(ModelConfig.paper(size))
+    return round(base.batch_size * (20 * n / base.tokens) ** 0.4 / devices)
+
+
 def test_the_strategy_and_micro_batch_follow_the_memory(in_repo, capsys):
     roomy = strategy_of(capsys, "--size", "1.8B", "--devices", "8", "--nodes", "2", "--memory", "141GB")
-    assert roomy == {"strategy": "ddp", "micro": 7, "accumulate": 1, "checkpointing": False}
-    sharded = strategy_of(capsys, "--size", "1.8B", "--devices", "8", "--nodes", "1", "--memory", "80GB")
+    assert roomy == {"strategy": "ddp", "micro": share("1.8B", 16), "accumulate": 1, "checkpointing": False}
+    # 40 GB: a full replica's weights and AdamW state (29 GB) leave no room to work: sharded
+    sharded = strategy_of(capsys, "--size", "1.8B", "--devices", "8", "--nodes", "1", "--memory", "40GB")
     assert sharded["strategy"] == "fsdp" and not sharded["checkpointing"]
     assert strategy_of(capsys, "--size", "8.2B", "--devices", "8", "--nodes", "13",
                        "--memory", "141GB")["strategy"] == "hsdp"
     tight = strategy_of(capsys, "--size", "8.2B", "--devices", "8", "--nodes", "13", "--memory", "40GB")
-    assert tight["micro"] * tight["accumulate"] == 2 and (tight["checkpointing"] or tight["micro"] == 1)
+    assert tight["micro"] * tight["accumulate"] == share("8.2B", 104) and (tight["checkpointing"] or tight["micro"] == 1)
     assert strategy_of(capsys, "--size", "271M", "--devices", "1", "--memory", "141GB")["strategy"] == "single"
 
 
@@ -183,10 +190,12 @@ def test_the_flop_prediction_counts_layer_dropout_and_the_early_exit_heads(in_re
 
 
 def llama_base(tmp_path) -> str:
-    """recipes/base.yaml as a tied Llama with grouped-query attention (2 query heads per K/V head)."""
+    """recipes/base.yaml as a tied Llama with grouped-query attention (2 query heads per K/V head)
+    and a SwiGLU 4·d wide."""
     base = yaml.safe_load((RECIPES / "base.yaml").read_text())
-    base["model"]["decoder"].update(family="llama", bias=False, attention="sdpa", n_kv_heads=2, ffn_hidden=1024,
-                                    tie_embeddings=True, rope_theta=500000.0)
+    decoder = base["model"]["decoder"]
+    decoder.update(family="llama", bias=False, attention="sdpa", n_kv_heads=decoder["n_heads"] // 2,
+                   ffn_hidden=4 * decoder["d_model"], tie_embeddings=True, rope_theta=500000.0)
     (tmp_path / "llama-base.yaml").write_text(yaml.safe_dump(base))
     return str(tmp_path / "llama-base.yaml")
 
@@ -225,3 +234,19 @@ def test_a_llama_base_lends_its_grouping_and_ffn_width_per_d_model(in_repo, caps
                          "--tpp", "20", "--memory", "141GB")
     assert code == 2 and out == "" and err.strip() == ("error: n_heads=3 is invalid: the base shares each key/value "
                                                        "head among 2 query heads; give --kv-heads")
+
+
+def test_every_recipe_repeats_what_its_bases_hyperparameters_rest_on(in_repo, capsys, tmp_path):
+    base_text = (RECIPES / "base.yaml").read_text()
+    evidence = next(line for line in base_text.splitlines() if line.startswith("# What its hyperparameters rest on"))
+    for name in generated():
+        header = [line for line in (RECIPES / name).read_text().splitlines() if line.startswith("#")]
+        assert "# The base recipe's η, σ and τ_EMA, as its header says:" in header
+        assert "#   " + evidence[2:] in header and any("docs/tuning" in line for line in header)
+    # a base that says nothing of where its values came from is called untuned, not trusted silently
+    bare = "\n".join(line for line in base_text.splitlines() if not line.startswith("#"))
+    (tmp_path / "bare.yaml").write_text(bare + "\n")
+    code, out, err = run(capsys, "--base", str(tmp_path / "bare.yaml"), "--size", "271M", "--tpp", "20",
+                         "--memory", "141GB")
+    assert code == 0, err
+    assert "does not say what its hyperparameters rest on" in out and "treat them as untuned" in out
