@@ -103,19 +103,21 @@ def swept_curves(results: list[RunResult]) -> dict[str, list[dict]]:
 
 
 # -------------------------------------------------------------------- µTransfer
-def transfer_table(lr_curves: list[dict], base_shape: tuple[int, int] | None = None) -> list[dict] | None:
+def transfer_table(lr_curves: list[dict], base_shape: tuple[int, int] | None = None,
+                   kind_of_all: str | None = None) -> list[dict] | None:
     """Per parametrization, the optimal η of each shape, its drift from the reference
     shape's in log₂, and its regret: the loss at the reference's optimal η (what transfer
     would have given this shape) minus the loss at its own optimum. The reference is the
     parametrization's base shape (``base_shape`` = (d_base, n_layers_base)) where the sweep
-    ran it, else its smallest shape (width, then depth). None when the sweep varies neither
+    ran it, else its smallest shape (width, then depth). ``kind_of_all``: the
+    parametrization when the sweep does not vary it. None when the sweep varies neither
     width nor depth."""
     if not any(WIDTH in c["settings"] or DEPTH in c["settings"] for c in lr_curves):
         return None
     rows = []
     by_kind: dict[str, list[dict]] = {}
     for curve in lr_curves:
-        by_kind.setdefault(str(curve["settings"].get(KIND, "")), []).append(curve)
+        by_kind.setdefault(str(curve["settings"].get(KIND, kind_of_all or "")), []).append(curve)
     for kind, group in sorted(by_kind.items()):
         group.sort(key=lambda c: (c["settings"].get(WIDTH) or 0, c["settings"].get(DEPTH) or 0))
         reference = next((c for c in group if base_shape and _shape(c, base_shape) == base_shape), group[0])
@@ -166,7 +168,8 @@ def transfer_verdicts(rows: list[dict]) -> list[dict]:
 def figure3(curves_by_key: dict[str, list[dict]]) -> list[dict] | None:
     """For loss vs η and vs τ_EMA: per r_train, the optimum per p_max and whether its
     index along the grid is the same for every p_max ("stays put") — None when the sweep
-    does not vary p_max."""
+    does not vary p_max. The dense curve (p_max 0, where r_train has no effect) belongs to
+    every r_train's group."""
     found = []
     for key in ("model.parametrization.lr", "model.parametrization.tau_ema"):
         series = [c for c in curves_by_key.get(key, []) if P_MAX in c["settings"]]
@@ -175,6 +178,10 @@ def figure3(curves_by_key: dict[str, list[dict]]) -> list[dict] | None:
         by_r: dict[str, list[dict]] = {}
         for curve in series:
             by_r.setdefault(str(curve["settings"].get(R_TRAIN, "as configured")), []).append(curve)
+        dense = [c for c in series if float(c["settings"][P_MAX]) == 0]
+        for group in by_r.values():  # without dropout r_train changes nothing: the dense curve is every group's
+            if dense and not any(float(c["settings"][P_MAX]) == 0 for c in group):
+                group.append(dense[0])
         for r_train, group in sorted(by_r.items()):
             group.sort(key=lambda c: float(c["settings"][P_MAX]))
             optima = [{"p_max": c["settings"][P_MAX], "optimum": c["optimum"], "index": c["optimum_index"],
@@ -225,7 +232,9 @@ def curves_figure(found: list[dict], key: str):
 def hyperparameter_report(results: list[RunResult]) -> dict:
     """Everything above, for report.json."""
     by_key = swept_curves(results)
-    table = transfer_table(by_key.get("model.parametrization.lr", []), base_shape_of(results))
+    kinds = {get(r.config, KIND) for r in results}
+    table = transfer_table(by_key.get("model.parametrization.lr", []), base_shape_of(results),
+                           next(iter(kinds)) if len(kinds) == 1 else None)
     return {"curves": by_key, "transfer": table, "transfer_verdicts": transfer_verdicts(table) if table else None,
             "figure3": figure3(by_key), "rising_validation": rising_validation(results)}
 

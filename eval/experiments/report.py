@@ -155,6 +155,19 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
     return report, results
 
 
+def default_title(root: Path, report: dict) -> str:
+    """What the sweep is, from what it holds: a tuning, a µTransfer check (η over shapes),
+    Fig. 3 (η over dropout rates), or the paper's grid."""
+    section = report.get("hyperparameters") or {}
+    if (root / "tune.json").is_file():
+        return "Tuning the base"
+    if section.get("transfer"):
+        return "The µTransfer check: the optimal η_base across width and depth"
+    if section.get("figure3"):
+        return "Fig. 3: the optimal η across dropout rates"
+    return "Reproducing the paper"
+
+
 def run_row(run: RunResult) -> dict:
     heldout = run.eval_with("groups")
     data = run.config.get("data", {})
@@ -243,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 and not w.startswith("--path-alias=")]
         report["report_command"] = shlex.join(["layerdrop", "report", *kept])
     (out / "report.json").write_text(with_aliases(json.dumps(report, indent=1, default=str), aliases) + "\n")
-    title = args.title or ("Tuning the base" if (root / "tune.json").is_file() else "Reproducing the paper")
+    title = args.title or default_title(root, report)
     (out / "README.md").write_text(with_aliases(markdown(report, title=title), aliases))
     verdicts = ", ".join(f"{f['id']}: {f['verdict']}" for f in report["findings"])
     print(f"{len(results)} runs in {len(report['configurations'])} configurations ({verdicts})")

@@ -3,14 +3,18 @@ the rising-validation flag, recomputed from run records."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
 
 import pytest
+import yaml
 
 from eval.experiments.hyperparameter_curves import (base_shape_of, curves, curves_figure, figure3, hyperparameter_report,
                                                     rising_validation, transfer_table, transfer_verdicts)
+from eval.experiments.report import main as report_main
+from eval.experiments.sweep import main as sweep_main
 from eval.experiments.sweep_results import RunResult, label_configurations
 
 
@@ -96,6 +100,7 @@ def test_mu_transfer_drift_and_regret_are_measured_from_the_parametrizations_bas
     assert by[(32, 12)]["transferred_lr"] == 0.004 and by[(32, 12)]["regret"] == pytest.approx(0.03)
     assert by[(64, 24)]["regret"] == pytest.approx(0.1) and by[(128, 12)]["regret"] == 0.0
     (verdict,) = report["transfer_verdicts"]
+    assert verdict["parametrization"] == "complete_p"  # every run's, though the sweep does not vary it
     assert verdict["max_drift_log2"] == 1.0 and verdict["max_regret"] == pytest.approx(0.1)
     assert verdict["verdict"] == "optimum moves (up to 2^1×); the reference's η costs up to 0.1000 nats"
     # runs naming different bases: no base shape, the smallest shape is the reference
@@ -135,3 +140,77 @@ def test_a_setting_older_runs_lack_does_not_split_a_series():
     new[0].config["model"]["decoder"]["family"] = "celerity"
     (curve,) = curves(old + new, "model.parametrization.lr")
     assert curve["label"] == "all runs" and [p["value"] for p in curve["points"]] == [0.001, 0.01, 0.1]
+
+
+# ----------------------------------------------------------------- end to end
+TINY = Path(__file__).resolve().parents[3] / "recipes" / "tiny.yaml"
+LR = "model.parametrization.lr"
+
+
+def sweep_file(folder: Path, data: Path, name: str, runs: dict) -> Path:
+    """A test-sized sweep (as tests/eval/experiments/test_tune.py's) with the named runs."""
+    spec = {"base": str(TINY), "data": {"dir": str(data)},
+            "overrides": {"model.decoder.vocab_size": 300, "model.decoder.d_model": 32, "model.decoder.n_layers": 2,
+                          "model.decoder.n_heads": 1, "model.decoder.max_seq_len": 32,
+                          "model.parametrization.d_base": 32, "model.parametrization.n_layers_base": 2,
+                          "model.lr_schedule": {"warmup_steps": 0, "warmup_fraction": 0.1},
+                          "data.seq_len": 32, "data.batch_size": 4, "data.val_batches": 2,
+                          "trainer.max_steps": 12, "trainer.val_check_interval": 6, "trainer.limit_val_batches": 2,
+                          "trainer.log_every_n_steps": 4, "checkpoint.every_n_steps": 6},
+            "seeds": [0], "seed_keys": ["seed_everything", "model.layer_dropout.seed"],
+            "evals": [{"name": "heldout", "command": "eval heldout",
+                       "args": {"max-tokens": 1024, "groups": 2, "batch-size": 4}}],
+            "runs": runs}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def heldout(root: Path) -> dict[str, float]:
+    return {p.name.removesuffix(",seed=0"): json.loads((p / "evals" / "heldout.json").read_text())["loss"]
+            for p in (root / "runs").iterdir()}
+
+
+def test_a_real_transfer_sweep_and_a_real_figure3_sweep_report_their_optima(tmp_path, prepared_tokens):
+    """Both checks end to end on test-sized runs: `layerdrop sweep`, then `layerdrop report`,
+    whose optima, drifts, regrets and verdicts are recomputed here from the runs' own
+    held-out evaluations."""
+    lrs = [0.003, 0.03]
+    transfer = {f"{shape},lr={lr}": {"model.decoder.d_model": d, "model.decoder.n_heads": d // 32, LR: lr,
+                                     "model.layer_dropout.p_max": 0.0}
+                for shape, d in (("base", 32), ("d64", 64)) for lr in lrs}
+    figure = {f"{name},lr={lr}": {"model.layer_dropout": {"p_max": p, "r_train": r}, LR: lr}
+              for name, p, r in (("dense", 0.0, "inverse_density"), ("p0.5-rinv", 0.5, "inverse_density"),
+                                 ("p0.5-r1", 0.5, "one")) for lr in lrs}
+    outcome = {}
+    for name, runs in (("transfer", transfer), ("fig3", figure)):
+        root = tmp_path / name
+        assert sweep_main([str(sweep_file(tmp_path, prepared_tokens, name, runs)), "--out", str(root),
+                           "--jobs", "2", "--threads-per-job", "1"]) == 0
+        assert report_main([str(root), "--out", str(tmp_path / f"{name}-report")]) == 0
+        outcome[name] = (heldout(root), json.loads((tmp_path / f"{name}-report" / "report.json").read_text()),
+                         (tmp_path / f"{name}-report" / "README.md").read_text())
+
+    loss, report, readme = outcome["transfer"]
+    rows = {r["d_model"]: r for r in report["hyperparameters"]["transfer"]}
+    best = {shape: min(lrs, key=lambda lr: loss[f"{shape},lr={lr}"]) for shape in ("base", "d64")}
+    assert rows[32]["reference"] and rows[32]["optimal_lr"] == best["base"]
+    assert rows[64]["optimal_lr"] == best["d64"]
+    assert rows[64]["drift_log2"] == pytest.approx(math.log2(best["d64"] / best["base"]))
+    assert rows[64]["regret"] == pytest.approx(loss[f"d64,lr={best['base']}"] - loss[f"d64,lr={best['d64']}"])
+    (verdict,) = report["hyperparameters"]["transfer_verdicts"]
+    assert verdict["parametrization"] == "complete_p"
+    assert verdict["verdict"].startswith("optimum stays put" if best["base"] == best["d64"] else "optimum moves")
+    assert readme.startswith("# The µTransfer check") and "## µTransfer: the optimal η_base per shape" in readme
+    assert (tmp_path / "transfer-report" / "images" / "loss_vs_lr.png").is_file()
+
+    loss, report, readme = outcome["fig3"]
+    found = {f["r_train"]: f for f in report["hyperparameters"]["figure3"] if f["key"] == LR}
+    best = {name: min(lrs, key=lambda lr: loss[f"{name},lr={lr}"]) for name in ("dense", "p0.5-rinv", "p0.5-r1")}
+    # p_max 0 runs once (r_train has no effect without dropout): it is each r_train's p_max-0 point
+    for r_train, name in (("inverse_density", "p0.5-rinv"), ("one", "p0.5-r1")):
+        assert [(o["p_max"], o["optimum"]) for o in found[r_train]["optima"]] == [(0.0, best["dense"]),
+                                                                                 (0.5, best[name])]
+        assert found[r_train]["verdict"] == ("the optimum stays put across p_max" if best["dense"] == best[name]
+                                             else "the optimum moves with p_max")
+    assert readme.startswith("# Fig. 3") and "## Fig. 3: does the optimum stay put across p_max?" in readme
