@@ -176,7 +176,8 @@ class BaseRun:
 
 def read_base(path: str) -> BaseRun:
     try:
-        recipe = yaml.safe_load(Path(path).read_text())
+        text = Path(path).read_text()
+        recipe = yaml.safe_load(text)
     except (OSError, yaml.YAMLError) as err:
         raise RecipeError(f"--base={path!r} is invalid: {str(err).splitlines()[0]}") from None
     try:
@@ -194,7 +195,7 @@ def read_base(path: str) -> BaseRun:
                           f"d_model {decoder.d_model} / d_base {pcfg.d_base}, n_layers {decoder.n_layers} / "
                           f"n_layers_base {pcfg.n_layers_base}")
     return BaseRun(recipe, decoder, pcfg, parameter_count(decoder), batch, seq_len, steps,
-                   evidence_paragraph(Path(path).read_text()))
+                   evidence_paragraph(text))
 
 
 EVIDENCE = "What its hyperparameters rest on"

@@ -139,11 +139,17 @@ def _shape(curve: dict, base_shape: tuple[int, int]) -> tuple[int, int]:
     return (curve["settings"].get(WIDTH, base_shape[0]), curve["settings"].get(DEPTH, base_shape[1]))
 
 
+def shared_value(results: list[RunResult], key: str) -> Any:
+    """The value of ``key`` every run has, or None when they differ or lack it."""
+    values = {json.dumps(get(r.config, key), default=str) for r in results}
+    return json.loads(values.pop()) if len(values) == 1 else None
+
+
 def base_shape_of(results: list[RunResult]) -> tuple[int, int] | None:
     """(d_base, n_layers_base) when every run names the same parametrization base."""
-    shapes = {(get(r.config, "model.parametrization.d_base"), get(r.config, "model.parametrization.n_layers_base"))
-              for r in results}
-    return next(iter(shapes)) if len(shapes) == 1 and None not in next(iter(shapes)) else None
+    shape = (shared_value(results, "model.parametrization.d_base"),
+             shared_value(results, "model.parametrization.n_layers_base"))
+    return None if None in shape else shape
 
 
 def transfer_verdicts(rows: list[dict]) -> list[dict]:
@@ -232,9 +238,8 @@ def curves_figure(found: list[dict], key: str):
 def hyperparameter_report(results: list[RunResult]) -> dict:
     """Everything above, for report.json."""
     by_key = swept_curves(results)
-    kinds = {get(r.config, KIND) for r in results}
     table = transfer_table(by_key.get("model.parametrization.lr", []), base_shape_of(results),
-                           next(iter(kinds)) if len(kinds) == 1 else None)
+                           shared_value(results, KIND))
     return {"curves": by_key, "transfer": table, "transfer_verdicts": transfer_verdicts(table) if table else None,
             "figure3": figure3(by_key), "rising_validation": rising_validation(results)}
 
