@@ -220,14 +220,18 @@ def configuration_key(config: dict) -> str:
 
 
 def label_configurations(results: list[RunResult]) -> None:
-    """Label each run by its layer dropout, plus the other settings that vary in the sweep."""
+    """Label each run by its layer dropout, plus the other settings that vary in the sweep.
+
+    A key only some runs' configs have (a setting added to the schema after the older runs were
+    made, adopted from a committed report) varies only if the runs that have it disagree: its
+    absence is not a value, or every adopted run's label would list every newer setting."""
     flats = [flatten(r.config) for r in results]
     keys = sorted({k for flat in flats for k in flat})
     varying = [k for k in keys if k not in IGNORED_KEYS and not k.startswith(("model.layer_dropout.",
                                                                                "model.early_exit_loss."))
-               and len({json.dumps(flat.get(k), default=str) for flat in flats}) > 1]
+               and len({json.dumps(flat[k], default=str) for flat in flats if k in flat}) > 1]
     for result, flat in zip(results, flats):
-        extras = [f"{k.split('.')[-1]}={flat.get(k)}" for k in varying]
+        extras = [f"{k.split('.')[-1]}={flat[k]}" for k in varying if k in flat]
         exits = early_exit_label(get_dotted(result.config, "model.early_exit_loss") or {})
         result.label = ", ".join([dropout_label(result.layer_dropout) + exits, *extras])
 

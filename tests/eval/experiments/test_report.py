@@ -111,6 +111,22 @@ def test_settings_that_vary_outside_layer_dropout_join_the_label(sweep):
     assert by_name["alt,seed=0"].label == "ALD p_max=0.4, d_model=32"
 
 
+def test_a_setting_older_runs_lack_does_not_join_their_labels(sweep):
+    """Runs adopted from an older report lack settings the schema gained since: the label lists
+    what the runs that have a setting disagree on, not "family=None" for every older run."""
+    results, _ = load_results(sweep)
+    by_name = {r.name: r for r in results}
+    for name in ("dense,seed=0", "alt,seed=0"):
+        by_name[name].config["model"]["decoder"]["family"] = "celerity"
+    label_configurations(results)
+    assert by_name["dense,seed=0"].label == "dense" and by_name["dense,seed=1"].label == "dense"
+    by_name["alt,seed=0"].config["model"]["decoder"]["family"] = "llama"
+    label_configurations(results)
+    assert by_name["dense,seed=0"].label == "dense, family=celerity"
+    assert by_name["alt,seed=0"].label == "ALD p_max=0.4, family=llama"
+    assert by_name["dense,seed=1"].label == "dense"
+
+
 def test_a_run_trained_but_not_yet_evaluated_is_left_out_not_compared_by_its_training_val_loss(sweep):
     """A sweep that asks for a held-out evaluation compares held-out losses only: a run whose
     evaluation is still pending (summary.json written, evals/heldout.json not yet) would
