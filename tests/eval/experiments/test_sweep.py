@@ -385,13 +385,13 @@ def test_keys_below_a_mapping_valued_key_are_the_values_own(tmp_path, data, key,
 
 
 def test_every_committed_sweep_file_has_only_recipe_keys(monkeypatch, tmp_path):
-    """recipes/sweeps/*.yaml load (every key checked against `pretrain`'s parser); a tune
-    file through tune's own reader. No run starts."""
+    """recipes/sweeps/*.yaml and probes/*.yaml load (every key checked against `pretrain`'s
+    parser); a tune file through tune's own reader. No run starts."""
     from eval.experiments.tune import load_tune
 
     monkeypatch.chdir(REPO)  # the files name their bases relative to the repository
-    files = sorted((REPO / "recipes" / "sweeps").glob("*.yaml"))
-    assert len(files) >= 6
+    files = sorted((REPO / "recipes" / "sweeps").glob("*.yaml")) + sorted((REPO / "recipes" / "sweeps").glob("probes/*.yaml"))
+    assert len(files) >= 8
     for path in files:
         if "tune" in yaml.safe_load(path.read_text()):
             load_tune(path, data_dir=str(tmp_path))
