@@ -390,7 +390,8 @@ def test_every_committed_sweep_file_has_only_recipe_keys(monkeypatch, tmp_path):
     from eval.experiments.tune import load_tune
 
     monkeypatch.chdir(REPO)  # the files name their bases relative to the repository
-    files = sorted((REPO / "recipes" / "sweeps").glob("*.yaml")) + sorted((REPO / "recipes" / "sweeps").glob("probes/*.yaml"))
+    sweeps = REPO / "recipes" / "sweeps"
+    files = sorted(sweeps.glob("*.yaml")) + sorted(sweeps.glob("probes/*.yaml"))
     assert len(files) >= 8
     for path in files:
         if "tune" in yaml.safe_load(path.read_text()):
