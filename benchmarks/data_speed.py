@@ -39,7 +39,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from data_prep.prepare import main as prepare  # noqa: E402
-from framework.data import TokenDataModule  # noqa: E402
+from framework.training.data import TokenDataModule  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "data_speed.json"
 GOAL_RATIO = 20
@@ -90,7 +90,7 @@ def measure_streaming(folder: str, args: argparse.Namespace, num_workers: int) -
 
 def measure_training(args: argparse.Namespace) -> dict:
     from framework.config import ModelConfig
-    from framework.model import Decoder
+    from framework.model.decoder import Decoder
 
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=args.vocab_size, d_model=256, n_layers=6, n_heads=4,

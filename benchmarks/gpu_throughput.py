@@ -3,9 +3,9 @@
     python benchmarks/gpu_throughput.py --name fsdp-ild --out results/ -- \
         --config recipes/271m.yaml --trainer.max_steps 100 ...   # any pretrain arguments
 
-Runs the real command's code (framework.pretrain.build_cli, then Trainer.fit) with
+Runs the real command's code (framework.training.pretrain.build_cli, then Trainer.fit) with
 one more callback, which times every optimizer step between CUDA synchronisations and
-reads the FLOPs the module says the step executed (framework/flops.py: matmuls,
+reads the FLOPs the module says the step executed (framework/model/flops.py: matmuls,
 causal attention, 3x forward; the rows each block really ran on). The first
 ``--warmup`` steps (CUDA/cuDNN autotuning, compilation) are left out of the means.
 
@@ -64,7 +64,7 @@ def step_timer_class():
                 self._start = time.perf_counter()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            from framework.callbacks import optimizer_step_finished
+            from framework.training.callbacks import optimizer_step_finished
 
             stats = outputs["stats"]
             self._tokens += stats.tokens
@@ -89,7 +89,7 @@ def step_timer_class():
 def measure(name: str, pretrain_args: list[str], warmup: int, peak: float) -> dict[str, Any]:
     import torch
 
-    from framework.pretrain import build_cli
+    from framework.training.pretrain import build_cli
 
     from lightning.pytorch.callbacks import ModelCheckpoint
 

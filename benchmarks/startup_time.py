@@ -58,7 +58,7 @@ def demo_shaped_export(folder: Path) -> Path:
 
     from framework.checkpoint import export_decoder
     from framework.config import ModelConfig
-    from framework.model import Decoder
+    from framework.model.decoder import Decoder
 
     torch.manual_seed(0)
     export_decoder(Decoder(ModelConfig(vocab_size=8192, d_model=256, n_layers=6, n_heads=4, max_seq_len=128,

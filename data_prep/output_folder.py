@@ -20,7 +20,7 @@ import shutil
 from typing import Iterable, Mapping
 
 from data_prep.errors import PrepareError
-from framework.manifest import MANIFEST_FILE
+from framework.files.manifest import MANIFEST_FILE
 
 
 def check_output_folder(path: str, overwrite: bool, inputs: Mapping[str, Iterable[str]] = {}) -> None:

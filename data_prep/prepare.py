@@ -26,7 +26,7 @@ from data_prep.errors import PrepareError
 from data_prep.sources import (Document, FileSource, JsonlSource, ParquetSource, Source, SourceStats,
                                check_every_record)
 from framework.command_parser import CommandParser
-from framework.manifest import MANIFEST_FORMAT, sha256_of, write_manifest
+from framework.files.manifest import MANIFEST_FORMAT, sha256_of, write_manifest
 
 # Bytes of text per token assumed when a --max-tokens cap decides how much text the
 # tokenizer trains on (byte-level BPE with an 8k-32k vocabulary: ~3.5-4.5 on code and

@@ -45,7 +45,7 @@ def validation_batches(data_dir: str, *, seq_len: int, batch_size: int, max_batc
                        model_vocab_size: int | None = None) -> Iterable[Batch]:
     """The validation split of a folder made by `layerdrop prepare`, in order (the whole
     split unless ``max_batches``); the manifest is checked against the model's vocab."""
-    from framework.data import TokenDataModule  # the data layer is only needed here
+    from framework.training.data import TokenDataModule  # the data layer is only needed here
 
     module = TokenDataModule(data_dir, seq_len=seq_len, batch_size=batch_size, val_batches=max_batches or 2**40,
                              model_vocab_size=model_vocab_size)

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from framework.output_path import exists_message, file_problem
+from framework.files.output_path import exists_message, file_problem
 
 LAYERS = "blocks are numbered 0..L-1; exit K runs blocks 0..K-1 (K in 1..L)"
 EXIT_HELP = f"early exit K: run blocks 0..K-1 then the final norm + head ({LAYERS})"
@@ -103,7 +103,7 @@ def add_output(parser: argparse.ArgumentParser, *, plot: bool = False, required:
 
 
 def refuse_existing(parser: argparse.ArgumentParser, paths: Sequence[str | Path | None], overwrite: bool) -> None:
-    """Before any work: each output file can be written (framework/output_path.py's rule:
+    """Before any work: each output file can be written (framework/files/output_path.py's rule:
     never a folder, an existing file only with --overwrite, a writable folder to hold it)."""
     for path in paths:
         if path is not None and (problem := file_problem(path, overwrite)) is not None:

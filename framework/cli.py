@@ -11,13 +11,13 @@ import importlib
 import sys
 
 from framework import __version__
-from framework.library_noise import quiet_library_noise
+from framework.training.library_noise import quiet_library_noise
 
 # command -> (module:function, one-line help). Two-word commands are groups.
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("data_prep.prepare:main", "corpus -> tokenizer -> litdata token chunks (+ manifest.json)"),
-    "pretrain": ("framework.pretrain:main", "pretrain with layer dropout (LightningCLI fit)"),
-    "recipe": ("framework.recipe:main", "write a recipe for a size, token budget and devices (Table A.2's rules)"),
+    "pretrain": ("framework.training.pretrain:main", "pretrain with layer dropout (LightningCLI fit)"),
+    "recipe": ("framework.recipes.recipe:main", "write a recipe for a size, token budget and devices (Table A.2's rules)"),
     "export": ("framework.checkpoint.export:main", "any checkpoint -> model.safetensors + config.json + tokenizer.json"),
     "eval exits": ("eval.measurements.exits:exits_main", "validation loss at every early-exit layer (one pass)"),
     "eval skip": ("eval.measurements.exits:skip_main", "loss vs parameters kept when skipping layer sets"),

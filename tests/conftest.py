@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tiny_training import prepare_tiny_data, shared_once
+from tests.helpers.tiny_training import prepare_tiny_data, shared_once
 
 
 @pytest.fixture(scope="session")

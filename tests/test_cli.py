@@ -11,7 +11,7 @@ import pytest
 from framework import __version__
 from framework.cli import COMMANDS
 from framework.cli import main
-from refusals import refused
+from tests.helpers.refusals import refused
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("layerdrop")
 

@@ -22,10 +22,10 @@ from framework.config import (
     PositiveInt,
     check,
 )
-from framework.early_exit_loss import CURRICULA, SCALE_FUNCTIONS
+from framework.training.early_exit_loss import CURRICULA, SCALE_FUNCTIONS
 from framework.layer_dropout import MASK_MODES
-from framework.lr_schedule import LRScheduleConfig
-from framework.model import Decoder
+from framework.training.lr_schedule import LRScheduleConfig
+from framework.model.decoder import Decoder
 from framework.schedules import DISTRIBUTIONS, TIME_SCHEDULES
 
 # Table A.1 of the paper: name -> (parameters, d, L, heads, head size).
@@ -180,7 +180,7 @@ def test_what_enters_adamw_is_bounded_and_the_message_says_the_bound(field, valu
 
 
 def test_pretrain_refuses_a_huge_learning_rate_in_one_line(tmp_path):
-    from refusals import refused
+    from tests.helpers.refusals import refused
 
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
     line = refused("pretrain", "--config", str(recipe), "--model.parametrization.lr", "1e39",

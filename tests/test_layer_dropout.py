@@ -9,9 +9,9 @@ import torch
 
 from framework.config import LayerDropoutConfig, ModelConfig
 from framework.layer_dropout import DropPlan, LayerDrop, StepKey, plan
-from framework.model import Block, Decoder
+from framework.model.decoder import Block, Decoder
 from framework.schedules import dropout_rates, mean_dropout
-from reference_decoder import reference_logits
+from tests.helpers.reference_decoder import reference_logits
 
 VOCAB, BATCH, SEQ = 61, 5, 7
 

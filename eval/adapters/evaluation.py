@@ -17,12 +17,12 @@ import torch.nn.functional as F
 from eval import options
 from eval.adapters.exit_adapters import ExitAdapters, load_adapters, load_backbone, read_meta
 from eval.measurements.exits import exit_losses
-from framework.atomic_write import write_json
+from framework.files.atomic_write import write_json
 from framework.checkpoint import CheckpointError
 from framework.command_parser import CommandParser
 from framework.config import ModelConfig
-from framework.loss import IGNORE_INDEX, chunked_sum, counted_tokens, inference_chunk_tokens
-from framework.model import Decoder
+from framework.model.loss import IGNORE_INDEX, chunked_sum, counted_tokens, inference_chunk_tokens
+from framework.model.decoder import Decoder
 
 
 @torch.inference_mode()
@@ -30,7 +30,7 @@ def adapter_losses(backbone: Decoder, adapters: ExitAdapters, batches: Iterable,
                    chunk_tokens: int | None = None) -> dict:
     """Token-averaged, at every adapter exit: cross-entropy with the adapter, and the KL
     to the full model with and without the adapter (plain early exit); the logits exist
-    a chunk of tokens at a time (framework/loss.py's reducer)."""
+    a chunk of tokens at a time (framework/model/loss.py's reducer)."""
     cfg = backbone.config
     device = backbone.embed.weight.device
     chunk_tokens = chunk_tokens or inference_chunk_tokens(cfg.vocab_size, cfg.d_model, device.type == "cuda")
@@ -100,7 +100,7 @@ def eval_parser() -> argparse.ArgumentParser:
 
 def eval_main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, ValidationData
-    from framework.loop_progress import shown
+    from framework.training.loop_progress import shown
 
     parser = eval_parser()
     args = parser.parse_args(argv)

@@ -28,7 +28,7 @@ from eval import options
 from framework.checkpoint import CheckpointError, load_decoder
 from framework.config import ModelConfig
 from framework.families import new_block
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 
 WEIGHTS_FILE = "adapters.safetensors"
 META_FILE = "adapters.json"

@@ -7,7 +7,7 @@ layer:
 
 (per token, not per sequence). The backbone never receives a gradient and is not in
 the optimizer. Training runs in a LightningModule under the pretraining stack's
-Trainer, strategies (framework/strategies/) and token data (framework/data.py).
+Trainer, strategies (framework/strategies/) and token data (framework/training/data.py).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from eval import options
 from eval.adapters.exit_adapters import (INITS, WEIGHTS_FILE, ExitAdapters, check_exits, default_exits, layer_list,
                                          load_backbone, save_adapters)
 from framework.command_parser import CommandParser
-from framework.loss import chunked_sum
-from framework.lr_schedule import LRScheduleConfig, schedule_for
-from framework.model import Decoder
+from framework.model.loss import chunked_sum
+from framework.training.lr_schedule import LRScheduleConfig, schedule_for
+from framework.model.decoder import Decoder
 
 # Strategies whose frozen, replicated backbone needs nothing special: the optimizer and
 # the gradient all-reduce only see the adapters. "auto": single on one device, else ddp.
@@ -45,7 +45,7 @@ def distillation_kl(student_logits: torch.Tensor, teacher_logprobs: torch.Tensor
 def chunked_distillation_kl(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor,
                             logits_fn: Callable[[torch.Tensor], torch.Tensor], chunk_tokens: int) -> torch.Tensor:
     """``distillation_kl`` of the logits of two residual streams [..., d], ``chunk_tokens``
-    rows at a time (framework/loss.py's reducer): with a 128k vocabulary the logits of a
+    rows at a time (framework/model/loss.py's reducer): with a 128k vocabulary the logits of a
     micro-batch would be the largest tensors of the step, so only one chunk's exist at
     once, the student's recomputed in backward."""
     student = student_hidden.reshape(-1, student_hidden.shape[-1])
@@ -175,7 +175,7 @@ def fit_main(argv: list[str] | None = None) -> int:
         trainer = _trainer(args)
     except ValueError as err:
         parser.error(str(err))
-    from framework.data import TokenDataModule
+    from framework.training.data import TokenDataModule
 
     data = TokenDataModule(args.data, seq_len=args.seq_len or backbone.config.max_seq_len,
                            batch_size=args.batch_size, val_batches=args.val_batches, seed=args.seed,
@@ -199,7 +199,7 @@ def _trainer(args: argparse.Namespace) -> pl.Trainer:
     from lightning.pytorch.loggers import TensorBoardLogger
 
     from framework.strategies import build_strategy, precision_for, resolve_accelerator
-    from framework.training_progress import StepProgressBar, StepProgressLines
+    from framework.training.progress import StepProgressBar, StepProgressLines
 
     name = args.strategy
     if name == "auto":

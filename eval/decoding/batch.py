@@ -28,8 +28,8 @@ import torch
 from eval.decoding.sampling import Sampling, row_generators, sequence_keys
 from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import Clock, GenerationStats, OnTokens, StopStrings, Transcript, Transcripts
-from framework.kv_cache import KVCache
-from framework.model import Decoder
+from framework.model.kv_cache import KVCache
+from framework.model.decoder import Decoder
 
 
 class Route(Protocol):

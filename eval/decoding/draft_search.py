@@ -38,13 +38,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from framework.atomic_write import write_json
+from framework.files.atomic_write import write_json
 from eval import options
 from eval.decoding.batch import BatchGenerator, left_padded
 from eval.decoding.drafts import SkipDraft
 from eval.decoding.speedup import compare
 from framework.command_parser import CommandParser
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 
 COSTS = ("measured", "layers")
 Mask = tuple[bool, ...]  # mask[i] is True when the draft skips layer i
@@ -390,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, check_vocabulary, load_prompts
     from eval.tokenizer import CodecLoader
     from framework.checkpoint import CheckpointError, load_decoder, read_model_config
-    from framework.loop_progress import progress
+    from framework.training.loop_progress import progress
 
     parser = _parser()
     args = parser.parse_args(argv)

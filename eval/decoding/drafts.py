@@ -22,8 +22,8 @@ from typing import Sequence
 import torch
 
 from eval.skip_sets import parse_skip_set
-from framework.kv_cache import KVCache
-from framework.model import Block, Decoder
+from framework.model.kv_cache import KVCache
+from framework.model.decoder import Block, Decoder
 
 
 class SkipDraft:

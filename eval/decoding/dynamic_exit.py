@@ -35,8 +35,8 @@ from typing import Sequence
 
 import torch
 
-from framework.kv_cache import KVCache
-from framework.model import Decoder
+from framework.model.kv_cache import KVCache
+from framework.model.decoder import Decoder
 
 
 def default_candidates(num_layers: int) -> list[int]:

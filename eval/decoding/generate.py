@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from framework.atomic_write import write_json
+from framework.files.atomic_write import write_json
 from eval import options
 from framework.command_parser import CommandParser
 
@@ -207,7 +207,7 @@ class Streamer:
 def _run(decode, prompts, texts, codec, args, *, stream: bool):
     from eval.decoding.batch import generate_in_batches
     from eval.decoding.transcripts import StopStrings
-    from framework.loop_progress import progress
+    from framework.training.loop_progress import progress
 
     stop = StopStrings(args.stop, codec.decode)
     eos = None if args.ignore_eos else codec.eos_id

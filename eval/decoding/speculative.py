@@ -44,8 +44,8 @@ from eval.decoding.drafts import Draft
 from eval.decoding.sampling import Sampling, draw, row_generators, sequence_keys, uniforms
 from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import Clock, GenerationStats, OnTokens, StopStrings, Transcript, Transcripts
-from framework.kv_cache import KVCache
-from framework.model import Decoder
+from framework.model.kv_cache import KVCache
+from framework.model.decoder import Decoder
 
 
 class AdaptiveThreshold:

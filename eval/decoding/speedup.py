@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from framework.atomic_write import write_json
+from framework.files.atomic_write import write_json
 from eval import options
 from eval.decoding.batch import BatchGenerator
 from eval.decoding.drafts import Draft, make_draft
@@ -26,7 +26,7 @@ from eval.decoding.speculative import AdaptiveThreshold, SelfSpeculativeDecoder
 from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import GenerationStats
 from framework.command_parser import CommandParser
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 
 
 def _median(values: Sequence[float]) -> float:
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, check_vocabulary, load_prompts
     from eval.tokenizer import CodecLoader
     from framework.checkpoint import CheckpointError, load_decoder, read_model_config
-    from framework.loop_progress import progress
+    from framework.training.loop_progress import progress
 
     parser = _parser()
     args = parser.parse_args(argv)

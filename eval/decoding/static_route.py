@@ -11,8 +11,8 @@ from typing import Sequence
 
 import torch
 
-from framework.kv_cache import KVCache
-from framework.model import Block, Decoder
+from framework.model.kv_cache import KVCache
+from framework.model.decoder import Block, Decoder
 
 
 class StaticRoute:

@@ -27,14 +27,14 @@ from typing import Sequence
 
 import torch
 
-from framework.atomic_write import write_json
+from framework.files.atomic_write import write_json
 from eval import options
 from eval.decoding.batch import BatchGenerator, generate_in_batches
 from eval.decoding.dynamic_exit import DynamicExit, check_threshold, dynamic_forward, parse_candidates
 from eval.decoding.static_route import StaticRoute
 from framework.command_parser import CommandParser
-from framework.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
-from framework.model import Decoder
+from framework.model.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
+from framework.model.decoder import Decoder
 
 # Wide on purpose: a briefly trained model is rarely confident (the demo model's margins
 # are mostly under 0.3), a well-trained one often is.
@@ -160,7 +160,7 @@ def _thresholds(text: str) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, ValidationData, validation_prompts
     from framework.checkpoint import CheckpointError, load_decoder, read_model_config
-    from framework.loop_progress import progress
+    from framework.training.loop_progress import progress
 
     parser = _parser()
     args = parser.parse_args(argv)

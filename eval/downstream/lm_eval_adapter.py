@@ -24,7 +24,10 @@ Model arguments (in an lm-eval argument string, separate skip layers with ';'):
     seed                seed of sampled generation (default 0)
 
 Log-likelihoods go through eval.downstream.multiple_choice.score_continuations, the same scorer
-as the native multiple-choice metric. Generation goes through the same batched
+as the native multiple-choice metric; after ``share_exits([1, 2, ...])`` they are scored at
+every one of those exits from one forward (``score_exits``) and ``use_exit(K)`` picks the
+exit lm-eval reads (`eval downstream --exit-layers`). A continuation longer than
+max_length is scored over its last max_length tokens (one warning). Generation goes through the same batched
 generator as `layerdrop generate` (the mode registry, eval/decoding/modes/: exit:K,
 skip:SET or full, from exit_layer/skip_layers): requests with the same
 generation arguments decode together, left-padded, with the KV cache, stopping at EOS,
@@ -42,15 +45,15 @@ import torch
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from tqdm import tqdm
 
 from eval.decoding import modes
 from eval.decoding.sampling import Sampling
 from eval.decoding.transcripts import StopStrings
-from eval.downstream.multiple_choice import score_continuations
+from eval.downstream.multiple_choice import score_continuations, score_exits
 from eval.skip_sets import parse_skip_set
 from eval.tokenizer import EOS_CANDIDATES, TextCodec, eos_id_of, find_tokenizer
 from framework.checkpoint import load_decoder
+from framework.training.loop_progress import progress
 
 log = logging.getLogger(__name__)
 _SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p")
@@ -116,6 +119,24 @@ class LayerDropLM(TemplateLM):
         self.info = {"ckpt": str(path), "tokenizer": str(self.codec.path), "exit_layer": self.exit_layer,
                      "skip_layers": list(self.skip_layers), "adapters": adapters, "num_layers": n,
                      "parameters": self.decoder.num_parameters()}
+        self.exit_scores: ExitScores | None = None
+
+    def share_exits(self, exits: list[int]) -> None:
+        """Score log-likelihoods at every exit in ``exits`` from one forward (the first
+        request computes them all, the same request at another exit is read back);
+        ``use_exit(K)`` then picks the exit lm-eval sees. Generation still runs per exit."""
+        if self.skip_layers or self.adapter is not None:
+            raise ValueError("sharing exits runs plain early exits: no skip_layers, no adapters")
+        for k in exits:
+            self.decoder.active_layers(k)
+        self.exit_scores = ExitScores(self.decoder, sorted(set(exits)), self.batch_size, self.max_length)
+
+    def use_exit(self, exit_layer: int) -> None:
+        if self.exit_scores is None or exit_layer not in self.exit_scores.exits:
+            raise ValueError(f"exit {exit_layer} is not among the shared exits; call share_exits first")
+        self.exit_layer = exit_layer
+        self.mode = modes.parse(self._mode_spec(), self.model_cfg.n_layers)
+        self.info["exit_layer"] = exit_layer
 
     def _adapter(self, adapters: str | None):
         if adapters in (None, "", "None"):
@@ -172,9 +193,16 @@ class LayerDropLM(TemplateLM):
     # ------------------------------------------------------------ log-likelihoods
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         scored = [i for i, (_, _, continuation) in enumerate(requests) if continuation]
-        values = score_continuations(self.decoder, [(requests[i][1], requests[i][2]) for i in scored],
-                                     batch_size=self.batch_size, max_length=self.max_length,
-                                     exit_layer=self.exit_layer, skip_layers=self.skip_layers, adapter=self.adapter)
+        pairs = [self._fitting(requests[i][1], requests[i][2]) for i in scored]
+        what = "eval downstream: log-likelihood requests"
+        if self.exit_scores is not None:
+            values = self.exit_scores.scores(pairs, self.exit_layer, what if not disable_tqdm else None)
+        else:
+            with progress(len(scored), what, enabled=not disable_tqdm) as bar:
+                values = score_continuations(self.decoder, pairs, batch_size=self.batch_size,
+                                             max_length=self.max_length, exit_layer=self.exit_layer,
+                                             skip_layers=self.skip_layers, adapter=self.adapter,
+                                             on_batch=bar.advance)
         results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)  # empty continuation: log 1
         for i, value in zip(scored, values):
             results[i] = value
@@ -182,6 +210,16 @@ class LayerDropLM(TemplateLM):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, value)
         return results
+
+    def _fitting(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
+        """A continuation longer than the window is scored over its last max_length tokens,
+        its first ones read as context (a model cannot score more than its window at once)."""
+        if len(continuation) <= self.max_length:
+            return context, continuation
+        self._warn_once(f"continuations longer than max_length {self.max_length} tokens are scored over their "
+                        "last max_length tokens only (pass a larger --max-length to score them whole)")
+        cut = len(continuation) - self.max_length
+        return list(context) + list(continuation[:cut]), list(continuation[cut:])
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Σ log p of each whole string, in disjoint windows of at most max_length tokens
@@ -194,7 +232,7 @@ class LayerDropLM(TemplateLM):
                 windows.append((None, context, continuation))
                 owners.append(number)
         totals = [0.0] * len(requests)
-        for owner, (loglikelihood, _) in zip(owners, self._loglikelihood_tokens(windows)):
+        for owner, (loglikelihood, _) in zip(owners, self._loglikelihood_tokens(windows, disable_tqdm)):
             totals[owner] += loglikelihood
         for req, total in zip(requests, totals):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
@@ -211,19 +249,18 @@ class LayerDropLM(TemplateLM):
             groups.setdefault(key, []).append(number)
             settings.append(key)
         outputs: list[str] = [""] * len(requests)
-        bar = tqdm(total=len(requests), desc="generate_until", disable=disable_tqdm)
-        for (until, max_new, sampling), members in groups.items():
-            decode = self._decode(sampling)
-            stop = StopStrings(list(until), self.tok_decode)
-            for start in range(0, len(members), self.batch_size):
-                chunk = members[start:start + self.batch_size]
-                prompts = [self._context(requests[i].args[0], max_new) for i in chunk]
-                items, _ = decode(prompts, max_new, eos_id=self.eot_token_id, stop=stop, numbers=chunk)
-                for i, item in zip(chunk, items):
-                    outputs[i] = stop.cut(self.tok_decode(item.tokens))
-                    self.cache_hook.add_partial("generate_until", requests[i].args, outputs[i])
-                bar.update(len(chunk))
-        bar.close()
+        with progress(len(requests), "eval downstream: generation requests", enabled=not disable_tqdm) as bar:
+            for (until, max_new, sampling), members in groups.items():
+                decode = self._decode(sampling)
+                stop = StopStrings(list(until), self.tok_decode)
+                for start in range(0, len(members), self.batch_size):
+                    chunk = members[start:start + self.batch_size]
+                    prompts = [self._context(requests[i].args[0], max_new) for i in chunk]
+                    items, _ = decode(prompts, max_new, eos_id=self.eot_token_id, stop=stop, numbers=chunk)
+                    for i, item in zip(chunk, items):
+                        outputs[i] = stop.cut(self.tok_decode(item.tokens))
+                        self.cache_hook.add_partial("generate_until", requests[i].args, outputs[i])
+                    bar.advance(len(chunk))
         return outputs
 
     def _context(self, context: str, max_new: int) -> list[int]:
@@ -279,4 +316,27 @@ class LayerDropLM(TemplateLM):
         return items[0].tokens
 
 
-__all__ = ["LayerDropLM", "find_tokenizer", "eos_id_of", "EOS_CANDIDATES"]
+class ExitScores:
+    """Log-likelihoods at several exits, computed together and kept by (context, continuation)."""
+
+    def __init__(self, decoder: torch.nn.Module, exits: list[int], batch_size: int, max_length: int) -> None:
+        self.decoder, self.exits, self.batch_size, self.max_length = decoder, exits, batch_size, max_length
+        self.table: dict[int, dict[tuple, tuple[float, bool]]] = {k: {} for k in exits}
+        self.pairs_scored = 0  # each once for every exit
+
+    def scores(self, pairs: list[tuple[list[int], list[int]]], exit_layer: int, what: str | None):
+        keys = [(tuple(context), tuple(continuation)) for context, continuation in pairs]
+        table = self.table[exit_layer]
+        new = list(dict.fromkeys(key for key in keys if key not in table))
+        if new:
+            with progress(len(new), f"{what} (exits {','.join(map(str, self.exits))} in one pass)",
+                          enabled=what is not None) as bar:
+                found = score_exits(self.decoder, [(list(c), list(t)) for c, t in new], self.exits,
+                                    batch_size=self.batch_size, max_length=self.max_length, on_batch=bar.advance)
+            for k, values in found.items():
+                self.table[k].update(zip(new, values))
+            self.pairs_scored += len(new)
+        return [table[key] for key in keys]
+
+
+__all__ = ["LayerDropLM", "ExitScores", "find_tokenizer", "eos_id_of", "EOS_CANDIDATES"]

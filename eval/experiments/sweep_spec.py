@@ -38,8 +38,8 @@ from typing import Any
 import yaml
 
 from framework.config import EarlyExitLossConfig, LayerDropoutConfig, ModelConfig
-from framework.early_exit_loss import mean_exit_heads
-from framework.flops import dense_step_flops
+from framework.training.early_exit_loss import mean_exit_heads
+from framework.model.flops import dense_step_flops
 from framework.schedules import mean_dropout
 
 DEFAULT_SEED_KEYS = ("seed_everything", "data.seed", "model.layer_dropout.seed")
@@ -150,7 +150,7 @@ def check_keys(settings: dict[str, Any], where: str) -> None:
     """Refuse a key `layerdrop pretrain` does not have, naming the nearest one (before
     any run folder is written; `pretrain --print_config` would say it per run, later)."""
     # Lightning's import (seconds), paid where a sweep file is read, not by `layerdrop report`.
-    from framework.recipe_keys import recipe_keys
+    from framework.recipes.recipe_keys import recipe_keys
 
     keys = recipe_keys()
     unknown = keys.first_unknown(settings)
@@ -326,7 +326,7 @@ class Prediction:
 
 
 def predict(recipe: dict) -> Prediction:
-    """P̄ and training FLOPs of a recipe (framework.schedules / framework.flops)."""
+    """P̄ and training FLOPs of a recipe (framework.schedules / framework.model.flops)."""
     decoder = dict(get_dotted(recipe, "model.decoder", {}))
     _known_fields(decoder, ModelConfig, "model.decoder", ("logit_multiplier", "residual_multiplier"))
     for section, config in (("model.layer_dropout", LayerDropoutConfig),
@@ -368,7 +368,7 @@ def non_embedding_parameters(model_cfg: ModelConfig) -> int:
     embedding, no unembedding)."""
     import torch
 
-    from framework.model import Decoder
+    from framework.model.decoder import Decoder
 
     with torch.device("meta"):
         decoder = Decoder(model_cfg)

@@ -62,7 +62,7 @@ from eval.experiments.sweep_adoption import adopt_finished
 from eval.experiments.sweep_spec import (Sweep, SweepError, check_keys, config_name, predict, read_spec, run_recipe,
                                          set_dotted, short_keys, sweep_of)
 from eval.options import check_positive
-from framework.atomic_write import write_json, write_text
+from framework.files.atomic_write import write_json, write_text
 from framework.command_parser import CommandParser
 
 PROG = "layerdrop tune"
@@ -238,7 +238,7 @@ def read_loss(folder: RunFolder, metric: str) -> tuple[float | None, str]:
 
 
 def diverged(folder: RunFolder) -> bool:
-    """Training stopped by the non-finite guard (framework/nonfinite.py's message)."""
+    """Training stopped by the non-finite guard (framework/training/nonfinite.py's message)."""
     log = folder.log("pretrain")
     return log.is_file() and "skipped for non-finite values" in log.read_text(errors="replace")
 

@@ -29,14 +29,14 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from framework.atomic_write import write_json
+from framework.files.atomic_write import write_json
 from eval import options
 from framework.command_parser import CommandParser
 from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig
 from framework.layer_dropout import StepKey, plan
-from framework.model import Decoder
-from framework.parametrization import adamw, init_decoder_, model_multipliers
-from framework.loop_progress import progress
+from framework.model.decoder import Decoder
+from framework.training.parametrization import adamw, init_decoder_, model_multipliers
+from framework.training.loop_progress import progress
 
 R_TRAIN = ("one", "inverse_density")
 DEFAULT_DENSITIES = (0.25, 0.5, 0.75, 1.0)

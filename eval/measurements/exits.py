@@ -27,15 +27,15 @@ from typing import Iterable, Sequence
 
 import torch
 
-from framework.atomic_write import write_json
+from framework.files.atomic_write import write_json
 from eval import options
 from eval import skip_sets as sets
 from eval.inputs import Batch, ContextLimit, ValidationData
 from framework.checkpoint import Checkpoint, CheckpointError
 from framework.command_parser import CommandParser
-from framework.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
-from framework.model import Decoder
-from framework.loop_progress import Advancing, progress
+from framework.model.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
+from framework.model.decoder import Decoder
+from framework.training.loop_progress import Advancing, progress
 
 # `eval skip` without --sets/--sweep: the full model, the paper's "skip alternate layers"
 # (the odd ones, which ALD trains to be skippable) and the middle-out loss-vs-memory curve.

@@ -31,11 +31,11 @@ import torch
 
 from eval.measurements.exits import Batch, ValidationData, exit_losses
 from eval.options import add_checkpoint, add_output, add_threads, apply_threads, check_positive, refuse_existing
-from framework.atomic_write import write_json
+from framework.files.atomic_write import write_json
 from framework.checkpoint import Checkpoint, CheckpointError
 from framework.command_parser import CommandParser
-from framework.model import Decoder
-from framework.loop_progress import Advancing, progress
+from framework.model.decoder import Decoder
+from framework.training.loop_progress import Advancing, progress
 
 
 def grouped(batches: Sequence[Batch] | Iterable[Batch], per_group: int) -> Iterator[list[Batch]]:

@@ -20,7 +20,7 @@ import torch
 from framework.config import ModelConfig
 
 if TYPE_CHECKING:  # annotations only: a form fills a Decoder, it never builds one
-    from framework.model import Decoder
+    from framework.model.decoder import Decoder
 
 CKPT_KEY = "layerdrop"  # checkpoint["layerdrop"]: model_config, tokenizer, data_dir, ...
 MODEL_PREFIX = "model."  # the LightningModule keeps the decoder as ``self.model``

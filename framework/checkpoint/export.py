@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from framework.atomic_write import copy_file, write_text
+from framework.files.atomic_write import copy_file, write_text
 from framework.checkpoint.base import CKPT_KEY, CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
 from framework.checkpoint.folder import finish_replacement, publish, remove_path, staging_path
 from framework.checkpoint.hf_folder import INDEX_FILE, write_hf_folder
@@ -43,7 +43,7 @@ from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.checkpoint.tokenizer_record import sha256_of
 from framework.command_parser import CommandParser
 from framework.families.llama_hf import HFConfigError, to_hf_config
-from framework.output_path import folder_problem
+from framework.files.output_path import folder_problem
 
 EXPORT_FOLDER = "export"
 EXPORT_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE)

@@ -17,7 +17,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from framework.atomic_write import copy_file
+from framework.files.atomic_write import copy_file
 from framework.checkpoint.base import TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
 from framework.checkpoint.export import EXPORT_FOLDER, write_config
 from framework.checkpoint.folder import finish_replacement, publish, remove_path, staging_path

@@ -23,12 +23,12 @@ import re
 import shutil
 from pathlib import Path
 
-from framework.atomic_write import fsync_dir
+from framework.files.atomic_write import fsync_dir
 
 LAST = "last.ckpt"
 STEP_NAME = re.compile(r"^step-(\d+)\.ckpt$")
 # Hidden names a save, a replacement, a removal or a link swap goes through; a
-# ``.partial-PID-TID`` file is framework/atomic_write.py's (AtomicCheckpointIO's).
+# ``.partial-PID-TID`` file is framework/files/atomic_write.py's (AtomicCheckpointIO's).
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<kind>staging|replaced|deleting|link)$|^\..+\.partial-\d+(-\d+)?$")
 
 

@@ -23,7 +23,7 @@ from typing import Any, Iterator
 
 import torch
 
-from framework.atomic_write import copy_file, write_text
+from framework.files.atomic_write import copy_file, write_text
 from framework.checkpoint.base import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, copy_into, read_json
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.config import ModelConfig

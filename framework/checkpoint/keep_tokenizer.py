@@ -17,7 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from framework.atomic_write import copy_file, replacing
+from framework.files.atomic_write import copy_file, replacing
 from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE
 from framework.checkpoint.tokenizer_record import is_url, record_for, sha256_of
 

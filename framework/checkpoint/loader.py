@@ -38,7 +38,7 @@ from framework.checkpoint.forms import form_of
 from framework.checkpoint.tokenizer_record import find_tokenizer_of, record_of
 from framework.config import ModelConfig
 from framework.families import build_decoder
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 

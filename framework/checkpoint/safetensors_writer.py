@@ -19,7 +19,7 @@ import torch
 
 from contextlib import ExitStack
 
-from framework.atomic_write import replacing
+from framework.files.atomic_write import replacing
 from framework.checkpoint.base import CheckpointError
 
 _DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -30,7 +30,7 @@ _DTYPE_NAMES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16"
 class SafetensorsWriter:
     """Writes a safetensors file one tensor at a time, in the order of ``specs``
     ((name, dtype, shape) known up front); the file appears under its name only when
-    complete (framework/atomic_write.py: a hidden partial file, fsynced, renamed)."""
+    complete (framework/files/atomic_write.py: a hidden partial file, fsynced, renamed)."""
 
     def __init__(self, path: str | os.PathLike, specs: list[tuple[str, torch.dtype, tuple[int, ...]]]) -> None:
         self.path = Path(path)

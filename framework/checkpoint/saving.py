@@ -14,12 +14,12 @@ import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
-from framework.atomic_write import fsync_dir, replacing
+from framework.files.atomic_write import fsync_dir, replacing
 from framework.checkpoint.export import EXPORT_FOLDER
 from framework.checkpoint.folder import (LAST, clean_leftovers, point_last, publish, remove_path, retire, staging_path,
                                          step_checkpoints)
 from framework.config import PositiveInt, check
-from framework.nonfinite import guard_of, refuse_nonfinite_state
+from framework.training.nonfinite import guard_of, refuse_nonfinite_state
 
 
 class PeriodicCheckpoint(Checkpoint):

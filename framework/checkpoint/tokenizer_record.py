@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE, CheckpointError
-from framework.manifest import sha256_of
+from framework.files.manifest import sha256_of
 
 # The usual end-of-text names, in the order a tokenizer without a recorded EOS is
 # searched for one (GPT-2/our BPE, Llama 3, SentencePiece models, Gemma, ...).

@@ -1,6 +1,6 @@
 """Model families behind the one Decoder interface: ``model.decoder.family``.
 
-    celerity   framework/model.py: pre-LN, ALiBi, squared-ReLU FFN (the paper's; the default)
+    celerity   framework/model/decoder.py: pre-LN, ALiBi, squared-ReLU FFN (the paper's; the default)
     llama      framework/families/llama.py: RMSNorm, RoPE, SwiGLU, grouped-query attention
 
 Build decoders (and single blocks, e.g. exit adapters) through ``build_decoder`` /
@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from framework.config import ModelConfig
 from framework.families.llama import LlamaDecoder
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 
 FAMILIES: dict[str, type[Decoder]] = {"celerity": Decoder, "llama": LlamaDecoder}
 

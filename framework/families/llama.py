@@ -1,6 +1,6 @@
 """The Llama family: RMSNorm, RoPE, SwiGLU and grouped-query attention, no biases.
 
-The same Decoder interface as Celerity (framework/model.py): the residual logic of a
+The same Decoder interface as Celerity (framework/model/decoder.py): the residual logic of a
 block (layer dropout's gather -> branch -> scatter-add, per-row early exit), the
 block loop, exits, skip sets and the KV cache are the base classes'; this module only
 supplies the parts. Parameter names are Celerity's too (``attn.qkv`` holds the
@@ -21,11 +21,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from framework.attention import alibi_causal_bias
+from framework.model.attention import alibi_causal_bias
 from framework.config import ModelConfig
 from framework.families.rotary import rotary_cos_sin, rotary_frequencies, rotate
-from framework.kv_cache import KVCache
-from framework.model import Block, Decoder
+from framework.model.kv_cache import KVCache
+from framework.model.decoder import Block, Decoder
 
 
 @dataclass

@@ -2,7 +2,7 @@
 framework does differently under it.
 
 - Its engine runs the optimizer step itself and cannot skip one: a non-finite step
-  stops the run (framework/nonfinite.py) instead of being skipped.
+  stops the run (framework/training/nonfinite.py) instead of being skipped.
 - It trains low-precision copies of fp32 master weights: the export writes the
   masters, gathered with ``safe_get_full_fp32_param`` (ZeRO-3: a parameter is an empty
   placeholder on each rank, its shape in ``ds_shape``, this rank's partition in

@@ -4,7 +4,7 @@ and everything the framework does differently under that strategy.
     build(layout)          the Lightning strategy, or a one-line refusal before any process starts
     footprint(dev, nodes)  what it keeps per device, for `layerdrop recipe`'s memory model
                            (None: the recipe does not propose it there)
-    can_skip_step          whether an optimizer step can be skipped (framework/nonfinite.py)
+    can_skip_step          whether an optimizer step can be skipped (framework/training/nonfinite.py)
     checkpoint_form(s)     the form its checkpoints take on disk (framework/checkpoint.py's FORMS)
     local_tensor(t)        this rank's part of a parameter or gradient (the non-finite checks)
     full_tensor(t)         its full value on every rank, a collective (the final export)
@@ -25,7 +25,7 @@ import torch
 if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
 
-    from framework.device_memory import Footprint
+    from framework.recipes.device_memory import Footprint
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ Checkpointing comes first so FSDP's hooks run around the recomputation too (the
 recomputed forward all-gathers the block's parameters again); FSDP comes last so it
 shards the module that will actually be called. Every step keeps the parameters'
 names ("blocks.3.attn.qkv.weight"): the optimizer's parameter groups
-(framework/parametrization.py) and checkpoints match on them.
+(framework/training/parametrization.py) and checkpoints match on them.
 
 Layer dropout needs nothing special here, because ``Decoder`` calls every block on
 every forward (on zero rows if the block is dropped for the whole micro-batch): FSDP2
@@ -97,7 +97,7 @@ def shard(decoder: nn.Module, mesh: "DeviceMesh", mp_policy: "MixedPrecisionPoli
     """FSDP2: one all-gather unit per block, then the root (embedding, norm, head).
 
     The root keeps its parameters gathered after forward (reshard_after_forward=False):
-    the loss calls ``decoder.logits`` once per chunk of tokens (framework/loss.py), and
+    the loss calls ``decoder.logits`` once per chunk of tokens (framework/model/loss.py), and
     those calls reuse the root's gathered weights instead of all-gathering the
     embedding and unembedding again. A 2-D mesh shards over its second dim and
     replicates over its first (HSDP).

@@ -17,8 +17,8 @@ from framework.checkpoint import CheckpointError, load_decoder
 from framework.checkpoint.tokenizer_record import sha256_of
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.checkpoint.export import main as export_main
-from battery import hashes, layerdrop, refusal
-from checkpoint_run import moved_copy, pretrained_run
+from tests.helpers.battery import hashes, layerdrop, refusal
+from tests.helpers.checkpoint_run import moved_copy, pretrained_run
 
 
 @pytest.fixture(scope="module")

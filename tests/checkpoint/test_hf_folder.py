@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM
 from framework.checkpoint import CheckpointError, checkpoint_form, export_decoder, find_tokenizer, load_decoder
 from framework.config import ModelConfig
 from framework.checkpoint.export import main as export_main
-from framework.model import Decoder
-from hf_llama import LLAMA3_ROPE, VOCAB, tiny_hf_llama
+from framework.model.decoder import Decoder
+from tests.helpers.hf_llama import LLAMA3_ROPE, VOCAB, tiny_hf_llama
 
 TOKENS = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(0))
 

@@ -13,8 +13,8 @@ import torch
 from framework.checkpoint import (FORMS, CheckpointError, checkpoint_form, export_decoder, load_decoder, read_metadata,
                                   read_model_config)
 from framework.config import ModelConfig
-from framework.model import Decoder
-from battery import hashes, layerdrop, refusal
+from framework.model.decoder import Decoder
+from tests.helpers.battery import hashes, layerdrop, refusal
 
 
 def make_decoder(**overrides) -> Decoder:

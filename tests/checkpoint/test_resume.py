@@ -13,17 +13,17 @@ import shutil
 
 import pytest
 
-from framework.pretrain import main
+from framework.training.pretrain import main
 from framework.checkpoint.resume import choose_checkpoint, incomplete_reason
-from battery import hashes, layerdrop, refusal
-from step_records import callbacks_arg, records
-from tiny_training import SimulatedCrash, tiny_cli_args
+from tests.helpers.battery import hashes, layerdrop, refusal
+from tests.helpers.step_records import callbacks_arg, records
+from tests.helpers.tiny_training import SimulatedCrash, tiny_cli_args
 
 N = 4
 
 
 def run_args(data_dir, root, record, *extra):
-    callbacks = [{"class_path": "tiny_training.RecordLosses", "init_args": {"path": str(record)}}]
+    callbacks = [{"class_path": "tests.helpers.tiny_training.RecordLosses", "init_args": {"path": str(record)}}]
     return tiny_cli_args(data_dir, root, steps=2 * N, p_max=0.6) + [
         "--trainer.accumulate_grad_batches", "2", "--trainer.val_check_interval", "2",
         "--checkpoint.every_n_steps", str(N), "--trainer.logger", "false",
@@ -36,7 +36,7 @@ def test_resumed_run_repeats_the_uninterrupted_losses_exactly(prepared_tokens, t
     straight, resumed = tmp_path / "straight.jsonl", tmp_path / "resumed.jsonl"
     assert main(run_args(data_dir, tmp_path / "a", straight)) == 0
 
-    crash = {"class_path": "tiny_training.CrashAtStep", "init_args": {"step": N + 2}}
+    crash = {"class_path": "tests.helpers.tiny_training.CrashAtStep", "init_args": {"step": N + 2}}
     with pytest.raises(SimulatedCrash):
         main(run_args(data_dir, tmp_path / "b", resumed) + ["--trainer.callbacks+", json.dumps(crash)])
     before_crash = records(resumed)
@@ -60,7 +60,7 @@ def test_resume_auto_without_a_checkpoint_starts_fresh(prepared_tokens, tmp_path
     record = tmp_path / "losses.jsonl"
     args = tiny_cli_args(data_dir, tmp_path / "run", steps=2) + [
         "--resume", "auto", "--trainer.logger", "false",
-        "--trainer.callbacks", json.dumps([{"class_path": "tiny_training.RecordLosses",
+        "--trainer.callbacks", json.dumps([{"class_path": "tests.helpers.tiny_training.RecordLosses",
                                             "init_args": {"path": str(record)}}])]
     assert main(args) == 0
     assert [r["step"] for r in records(record)] == [0, 1]
@@ -102,7 +102,7 @@ def saved_steps(tmp_path_factory):
     import torch
 
     from framework.checkpoint.saving import PeriodicCheckpoint
-    from tiny_training import RandomTokens, quiet_trainer, tiny_module
+    from tests.helpers.tiny_training import RandomTokens, quiet_trainer, tiny_module
 
     folder = tmp_path_factory.mktemp("saved") / "checkpoints"
     torch.manual_seed(0)

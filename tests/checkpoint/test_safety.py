@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from battery import layerdrop, refusal
+from tests.helpers.battery import layerdrop, refusal
 from framework.checkpoint import CheckpointError
 from framework.checkpoint.safety import (LibraryObject, RestrictedUnpickler, load_dcp_metadata, load_torch_file,
                                      prove_checkpoint_harmless)

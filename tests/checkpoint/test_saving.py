@@ -9,8 +9,8 @@ import torch
 
 import framework.checkpoint.saving as checkpointing_module
 from framework.checkpoint.saving import AtomicCheckpointIO, PeriodicCheckpoint
-from battery import hashes, layerdrop, refusal
-from tiny_training import RandomTokens, quiet_trainer, tiny_cli_args, tiny_module
+from tests.helpers.battery import hashes, layerdrop, refusal
+from tests.helpers.tiny_training import RandomTokens, quiet_trainer, tiny_cli_args, tiny_module
 
 
 def test_periodic_checkpoints_keep_the_newest_and_the_final_step(tmp_path):
@@ -112,7 +112,7 @@ def test_the_final_checkpoint_is_saved_before_the_export(prepared_tokens, tmp_pa
     """Lightning runs checkpoint callbacks last: a failed export once lost every step
     since the last periodic save."""
     from framework.checkpoint.safetensors_writer import SafetensorsWriter
-    from framework.pretrain import main
+    from framework.training.pretrain import main
 
     def out_of_memory(self, name, tensor):  # what an OOM gathering a full tensor looks like
         raise MemoryError("gathering a full tensor")

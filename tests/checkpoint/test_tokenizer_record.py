@@ -14,7 +14,7 @@ from framework.checkpoint import CKPT_KEY, CheckpointError, find_tokenizer, read
 from framework.checkpoint import tokenizer_record
 from framework.checkpoint.keep_tokenizer import KeepTokenizer
 from framework.checkpoint.tokenizer_record import sha256_of
-from checkpoint_run import moved_copy, pretrained_run
+from tests.helpers.checkpoint_run import moved_copy, pretrained_run
 
 
 @pytest.fixture(scope="module")

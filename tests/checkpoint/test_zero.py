@@ -17,8 +17,8 @@ import torch
 
 from framework.checkpoint import CheckpointError, load_decoder
 from framework.config import ModelConfig
-from framework.model import Decoder
-from battery import hashes, layerdrop, refusal
+from framework.model.decoder import Decoder
+from tests.helpers.battery import hashes, layerdrop, refusal
 
 WORLD = 3
 

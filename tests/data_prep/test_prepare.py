@@ -11,10 +11,10 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from data_prep.chunks import read_split_tokens
-from framework.manifest import read_manifest
+from framework.files.manifest import read_manifest
 from data_prep.split import VAL, split_key, split_of
 from data_prep.tokenizer import train_tokenizer
-from refusals import hashes, refused
+from tests.helpers.refusals import hashes, refused
 
 SMALL = ["--vocab-size", "400", "--val-fraction", "0.2", "--chunk-tokens", "8192", "--workers", "2"]
 
@@ -326,7 +326,7 @@ def test_tiny_recipe_data_through_the_console_command(tmp_path):
     manifest = read_manifest(out)
     assert sum(split["tokens"] for split in manifest["splits"].values()) == 3_000_000
     assert manifest["tokenizer"]["vocab_size"] == 8192 and manifest["dtype"] == "uint16"
-    from framework.data import TokenDataModule
+    from framework.training.data import TokenDataModule
 
     module = TokenDataModule(out, seq_len=128, batch_size=8, model_vocab_size=8192)
     module.setup("fit")

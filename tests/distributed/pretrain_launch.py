@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tiny_training import prepare_tiny_data, shared_once  # noqa: F401  (for the distributed tests)
+from tests.helpers.tiny_training import prepare_tiny_data, shared_once  # noqa: F401  (for the distributed tests)
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -48,7 +48,7 @@ def eight_sequences(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -
 def backbone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from framework.checkpoint import export_decoder
     from framework.config import ModelConfig
-    from framework.model import Decoder
+    from framework.model.decoder import Decoder
 
     torch.manual_seed(0)
     model = Decoder(ModelConfig(vocab_size=512, d_model=32, n_layers=4, n_heads=4, max_seq_len=64, attention="sdpa"))

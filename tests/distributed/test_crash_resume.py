@@ -53,7 +53,7 @@ def run_here(recipe: Path) -> tuple[int, str]:
     launched runs (their OMP_NUM_THREADS=1), so its losses are comparable bit for bit."""
     import torch
 
-    from framework.pretrain import main
+    from framework.training.pretrain import main
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

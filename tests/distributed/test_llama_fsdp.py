@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from framework.checkpoint import load_decoder
-from hf_llama import heldout_tokens, loss_of, tiny_hf_llama
+from tests.helpers.hf_llama import heldout_tokens, loss_of, tiny_hf_llama
 from pretrain_launch import REPO, pretrain_command, run
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(600)]

@@ -2,7 +2,7 @@
 replicas stay identical. The run is the 4-rank DDP reference over two torchrun "nodes"
 (conftest.py's nodes_ddp_run: rank 1 poisons one gradient element at step 2); HSDP's
 run does the same (test_hsdp.py), FSDP2's is the crash chain in test_crash_resume.py,
-the policy itself is tests/test_nonfinite.py."""
+the policy itself is tests/training/test_nonfinite.py."""
 
 from __future__ import annotations
 

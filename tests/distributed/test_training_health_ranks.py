@@ -17,7 +17,7 @@ import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
-from framework.training_health import _local, _replicas, _squared_sum
+from framework.training.health import _local, _replicas, _squared_sum
 from pretrain_launch import free_port
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]

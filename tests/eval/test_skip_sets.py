@@ -3,7 +3,7 @@ import pytest
 from eval.skip_sets import (describe, order_by_params_kept, params_kept, parse_skip_set, resolve_sets,
                             sweep_sets)
 from framework.config import ModelConfig
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 
 
 @pytest.mark.parametrize("spec, expected", [

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from framework.checkpoint import export_decoder
 from framework.config import ModelConfig
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TASKS = FIXTURES / "lm_eval_tasks"

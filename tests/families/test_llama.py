@@ -14,10 +14,10 @@ import framework.families.llama as llama
 from framework.checkpoint import load_decoder
 from framework.config import ModelConfig
 from framework.families import FAMILIES, build_decoder, new_block
-from framework.flops import dense_step_flops, executed_step_flops
+from framework.model.flops import dense_step_flops, executed_step_flops
 from framework.layer_dropout import DropPlan
-from framework.model import Decoder
-from hf_llama import LLAMA3_ROPE, VOCAB, tiny_hf_llama
+from framework.model.decoder import Decoder
+from tests.helpers.hf_llama import LLAMA3_ROPE, VOCAB, tiny_hf_llama
 
 SHAPES = {"gqa-untied": {}, "gqa-tied": {"tie": True}, "mha-llama3-rope": {"kv_heads": 4, "rope_scaling": LLAMA3_ROPE},
           "tied-llama3-sharded": {"tie": True, "rope_scaling": LLAMA3_ROPE, "shard": True}}

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from framework.cli import main as layerdrop
-from hf_llama import tiny_hf_llama
+from tests.helpers.hf_llama import tiny_hf_llama
 
 
 @pytest.fixture(scope="module")

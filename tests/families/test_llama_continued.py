@@ -14,8 +14,8 @@ import yaml
 from transformers import AutoModelForCausalLM
 
 from framework.checkpoint import load_decoder
-from framework.pretrain import main
-from hf_llama import heldout_tokens, loss_of, tiny_hf_llama
+from framework.training.pretrain import main
+from tests.helpers.hf_llama import heldout_tokens, loss_of, tiny_hf_llama
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "llama-continued.yaml"
 
@@ -62,7 +62,7 @@ def test_continued_pretraining_from_an_hf_folder_lowers_its_loss(tmp_path, prepa
 
 def test_init_from_refuses_a_model_that_is_not_its_own_base(tmp_path, hf_dir):
     from framework.config import ModelConfig, ParametrizationConfig
-    from framework.module import LayerDropModule
+    from framework.training.module import LayerDropModule
 
     decoder, cfg = load_decoder(hf_dir)
     with pytest.raises(ValueError, match="its own parametrization base"):
@@ -97,12 +97,12 @@ def test_the_recipe_builds_a_llama_3_2_1b_shape_with_multipliers_one(tmp_path):
 
 
 def test_the_recipe_fits_an_h200_and_recomputes_only_where_it_must():
-    """The memory model (framework/device_memory.py, Llama's block activations) on the
+    """The memory model (framework/recipes/device_memory.py, Llama's block activations) on the
     recipe's layout: it fits 90% of an H200, and it checkpoints activations only if the
     step would not fit without (layerdrop recipe's rule)."""
     from framework.config import ModelConfig
-    from framework.device_memory import ModelSizes, device_memory
-    from framework.recipe import HEADROOM
+    from framework.recipes.device_memory import ModelSizes, device_memory
+    from framework.recipes.recipe import HEADROOM
     from framework.strategies import STRATEGIES
 
     # Llama-3.2-1B's shape, as the test above reads it from its config.json

@@ -12,7 +12,7 @@ from eval.decoding.drafts import ExitDraft, SkipDraft
 from eval.decoding.speculative import SelfSpeculativeDecoder
 from eval.decoding.static_route import StaticRoute
 from framework.checkpoint import load_decoder
-from hf_llama import VOCAB, tiny_hf_llama
+from tests.helpers.hf_llama import VOCAB, tiny_hf_llama
 
 PROMPTS = [[5, 9, 17, 3, 44, 12, 8], [61, 2], [7, 7, 30, 90]]
 

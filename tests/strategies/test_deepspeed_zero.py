@@ -3,7 +3,7 @@
 import torch
 
 from framework.config import ModelConfig
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 from framework.strategies import full_parameters
 
 

@@ -11,7 +11,7 @@ import torch
 
 from framework.config import LayerDropoutConfig, ModelConfig
 from framework.layer_dropout import DropPlan, StepKey, plan
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 from framework.strategies import mixed_precision_policy, parallelize
 
 
@@ -44,8 +44,8 @@ def _grads(decoder: Decoder, tokens: torch.Tensor, drop: DropPlan | None) -> dic
 
 def _exit_loss_grads(decoder: Decoder, tokens: torch.Tensor, drop: DropPlan | None) -> dict[str, torch.Tensor]:
     """Gradients of the early-exit objective at every exit, final layer included
-    (framework/module.py's route: the stream after each block, the shared head)."""
-    from framework.loss import exit_cross_entropies
+    (framework/training/module.py's route: the stream after each block, the shared head)."""
+    from framework.model.loss import exit_cross_entropies
 
     decoder.zero_grad(set_to_none=False)
     states = decoder.hidden(tokens, plan=drop, all_layers=True)  # the same shapes as _grads: no new graph

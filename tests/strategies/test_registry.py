@@ -4,7 +4,7 @@ names build the Lightning strategies they mean, and bad names, devices, nodes an
 accelerators are refused in one line.
 
 The behaviours themselves run for real in tests/distributed/ (the final export of each
-form, the non-finite checks on 2 ranks, the memory model in tests/test_device_memory.py);
+form, the non-finite checks on 2 ranks, the memory model in tests/recipes/test_device_memory.py);
 here: that each entry says what its strategy does, and that nothing outside the
 registry keeps a second table of strategy names.
 """
@@ -18,7 +18,7 @@ import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
-from framework.device_memory import Footprint
+from framework.recipes.device_memory import Footprint
 from framework.strategies import (STRATEGIES, FSDP2Strategy, HSDPStrategy, build_strategy, entry_of, precision_for,
                                   resolve_accelerator)
 from framework.strategies.entry import OTHER

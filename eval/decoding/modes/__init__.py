@@ -22,7 +22,7 @@ from functools import lru_cache
 from typing import Any, Callable, Sequence
 
 from eval.decoding.sampling import Sampling
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 
 Decode = Callable[..., Any]  # generate(prompts, max_new_tokens, *, eos_id, stop, on_tokens, numbers) -> (items, stats)
 

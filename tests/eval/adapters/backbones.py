@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from framework.checkpoint import export_decoder
 from framework.config import ModelConfig
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 
 SEQ_LEN = 32
 
@@ -27,7 +27,7 @@ def random_backbone(seed: int = 0) -> Decoder:
 def trained_backbone(prepared: Path, out: Path) -> Path:
     """A backbone trained for a short while with a plain loop on the prepared tokens (30
     steps leave the plain exits' KL ~100 times what 20 adapter steps bring it to)."""
-    from framework.data import TokenDataModule
+    from framework.training.data import TokenDataModule
 
     torch.manual_seed(0)
     model = Decoder(small_config())

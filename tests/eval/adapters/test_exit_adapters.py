@@ -8,7 +8,7 @@ import torch
 from eval.adapters.exit_adapters import ExitAdapters, check_exits, default_exits, load_adapters, save_adapters
 from framework.checkpoint import CheckpointError
 from framework.config import ModelConfig
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 from tests.eval.adapters.backbones import SEQ_LEN, random_backbone
 
 

@@ -16,7 +16,7 @@ from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import StopStrings, Transcripts
 from eval.decoding.sampling import Sampling
 from framework.config import ModelConfig
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 
 VOCAB, LAYERS = 64, 4
 

@@ -15,7 +15,7 @@ from eval.decoding.drafts import ExitDraft
 from eval.decoding.speculative import SelfSpeculativeDecoder
 from framework.checkpoint import export_decoder
 from framework.config import ModelConfig
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 
 
 L = 8

@@ -24,7 +24,7 @@ from eval.decoding.transcripts import StopStrings
 from eval.tokenizer import TextCodec
 from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 
 
 NUM_LAYERS = 4

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from torch.utils.data import DataLoader
 
 from framework.config import ModelConfig
-from framework.model import Decoder
+from framework.model.decoder import Decoder
 from eval.downstream.multiple_choice import (Example, MultipleChoiceAccuracy, MultipleChoiceEval, choice_predictions,
                                              encode_pair, read_examples, score_continuations, score_examples)
 
@@ -204,7 +204,7 @@ def test_pretraining_names_the_callback_by_class_path(task_file, capsys):
     """framework/ never imports eval/: a recipe reaches the callback by its class path."""
     from pathlib import Path
 
-    from framework.pretrain import main as pretrain
+    from framework.training.pretrain import main as pretrain
 
     recipe = Path(__file__).resolve().parents[3] / "recipes" / "tiny.yaml"
     assert pretrain(["--config", str(recipe), "--trainer.callbacks+=eval.downstream.multiple_choice.MultipleChoiceEval",

@@ -23,7 +23,7 @@ from eval.experiments.sweep import LAUNCH_SCRIPT, Runner, cli_args, main
 from eval.experiments.sweep_spec import SweepError, load_sweep, predict, run_recipe, short_keys
 from framework.config import LayerDropoutConfig
 from framework.schedules import mean_dropout
-from refusals import hashes, refused
+from tests.helpers.refusals import hashes, refused
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "recipes" / "tiny.yaml"
@@ -278,7 +278,7 @@ def test_a_value_the_recipe_does_not_accept_fails_that_run_at_its_config(tmp_pat
 def test_predictions_count_the_early_exit_heads():
     """Each early-exit head a step (on average over the curriculum) is one more head on every token."""
     from framework.config import ModelConfig
-    from framework.flops import dense_step_flops
+    from framework.model.flops import dense_step_flops
 
     recipe = {"model": {"decoder": {"vocab_size": 256, "d_model": 32, "n_layers": 4, "n_heads": 2},
                         "layer_dropout": {"p_max": 0.0}},

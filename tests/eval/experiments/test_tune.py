@@ -16,7 +16,7 @@ from eval.experiments.report import main as report_main
 from eval.experiments.sweep import main as sweep_main
 from eval.experiments.sweep_spec import SweepError
 from eval.experiments.tune import load_tune, main
-from refusals import hashes, refused
+from tests.helpers.refusals import hashes, refused
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "recipes" / "tiny.yaml"

@@ -8,9 +8,9 @@ from eval.measurements.exits import default_labels, exit_losses, exits_main, par
 from eval.inputs import ValidationData, capped_batches
 from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
-from framework.loss import IGNORE_INDEX
-from framework.model import Decoder
-from battery import layerdrop, refusal
+from framework.model.loss import IGNORE_INDEX
+from framework.model.decoder import Decoder
+from tests.helpers.battery import layerdrop, refusal
 
 VOCAB = 300
 

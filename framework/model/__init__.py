@@ -1,0 +1,10 @@
+"""The single-device model: the Celerity decoder (pre-LN, ALiBi attention, squared-ReLU
+FFN) in ``decoder.py``, with the pieces it is made of or measured by beside it: the
+attention kernels and ALiBi bias, the KV cache for decoding, the training loss and the
+FLOP accounting. Nothing here knows of ranks or strategies (framework/strategies/ applies
+them). ``from framework.model import Decoder`` is the public name of the decoder.
+"""
+
+from framework.model.decoder import Attention, Block, Decoder, FeedForward, StepOutput
+
+__all__ = ["Attention", "Block", "Decoder", "FeedForward", "StepOutput"]

@@ -1,0 +1,319 @@
+"""The Celerity-style decoder: pre-LN blocks of ALiBi attention and a squared-ReLU FFN.
+
+Single-device and unaware of ranks: data/tensor parallelism, activation checkpointing
+and compilation are applied from outside (framework/strategies/parallelize.py).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Callable, Iterable, Mapping, NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from framework.model.attention import alibi_causal_bias, alibi_slopes, flex_attention, sdpa_attention
+from framework.config import ModelConfig
+from framework.model.kv_cache import KVCache
+from framework.layer_dropout import DropPlan, LayerDrop, residual_update
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.attn_dim, bias=cfg.bias)
+        self.proj = nn.Linear(cfg.attn_dim, cfg.d_model, bias=cfg.bias)
+        self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None, cache: KVCache | None,
+                rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Every row's K/V goes to the cache; with ``rows`` only those rows' queries run."""
+        batch, seq, _ = x.shape
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if cache is not None:
+            k, v = cache.update(self.layer_index, k, v)
+        if rows is not None:
+            q, k, v = q[rows], k[rows], v[rows]
+            bias = bias[rows] if bias is not None and bias.shape[0] > 1 else bias
+        if bias is None:
+            out = flex_attention(q, k, v, self.slopes)
+        else:
+            out = sdpa_attention(q, k, v, bias)
+        return self.proj(out.transpose(1, 2).reshape(q.shape[0], seq, self.n_heads * self.head_dim))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=cfg.bias)
+        self.down = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.relu(self.up(x)).square())
+
+
+class Block(nn.Module):
+    """Pre-LN block. With a ``LayerDrop`` each branch runs on its kept rows only."""
+
+    ffn_matrices = 2  # the FFN's d×f weight matrices (up, down), for framework/model/flops.py
+
+    def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.attn_norm = self.new_norm(cfg)
+        self.attn = self.new_attention(cfg, layer_index)
+        self.ffn_norm = self.new_norm(cfg)
+        self.ffn = self.new_ffn(cfg)
+        # CompleteP's 1/m_L; the layer-density part (1/ρ) comes with the drop plan.
+        self.residual_multiplier = cfg.residual_multiplier
+
+    # The parts a model family (framework/families) replaces; the residual logic stays.
+    @staticmethod
+    def new_norm(cfg: ModelConfig) -> nn.Module:
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+
+    @staticmethod
+    def new_attention(cfg: ModelConfig, layer_index: int) -> nn.Module:
+        return Attention(cfg, layer_index)
+
+    @staticmethod
+    def new_ffn(cfg: ModelConfig) -> nn.Module:
+        return FeedForward(cfg)
+
+    @staticmethod
+    def activation_bytes_per_token(cfg: ModelConfig, mixed: bool) -> int:
+        """Bytes one block saves for backward per token (framework/recipes/device_memory.py's
+        activation term), e = 2 under bf16-mixed, 4 under 32-true: each LayerNorm's
+        residual input (fp32) and its output (8d + 2e·d), q/k/v, the attention output
+        and its copy (5e·a), the FFN's ReLU output and its square (2e·f)."""
+        e = 2 if mixed else 4
+        d, a, f = cfg.d_model, cfg.attn_dim, cfg.ffn_dim
+        return 8 * d + 2 * e * d + 5 * e * a + 2 * e * f
+
+    def forward(self, h: torch.Tensor, bias: torch.Tensor | None, drop: LayerDrop | None = None,
+                cache: KVCache | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """``drop`` (training) runs each branch on its kept rows; ``rows`` (decoding with
+        per-row early exit) updates only those rows, while every row still writes this
+        layer's K/V from its current state (see ``Decoder.run_blocks``)."""
+        if rows is not None:
+            return self._update_rows(h, bias, cache, rows)
+        drop = drop or LayerDrop(None, None, 1.0)
+        scale = self.residual_multiplier * drop.scale
+        h = residual_update(h, lambda x: self.attn(self.attn_norm(x), bias, cache), drop.attn_rows, scale)
+        return residual_update(h, lambda x: self.ffn(self.ffn_norm(x)), drop.ffn_rows, scale)
+
+    def _update_rows(self, h: torch.Tensor, bias: torch.Tensor | None, cache: KVCache | None,
+                     rows: torch.Tensor) -> torch.Tensor:
+        scale = self.residual_multiplier
+        h = h.index_add(0, rows, self.attn(self.attn_norm(h), bias, cache, rows), alpha=scale)
+        return residual_update(h, lambda x: self.ffn(self.ffn_norm(x)), rows, scale)
+
+
+# leave(exit K, running rows [R], what their exit head reads [R, T, d]) -> [R] bool: stop at K
+LeaveRule = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class StepOutput(NamedTuple):
+    """What ``Decoder.step`` computed: the stream after its last block [B, T, d] (rows
+    that left early keep their exit state), what each requested exit's head reads, and
+    the rows still running at the end (None: all of them)."""
+
+    hidden: torch.Tensor
+    reads: dict[int, torch.Tensor]
+    running: torch.Tensor | None
+
+
+class Decoder(nn.Module):
+    """The Celerity decoder; other families subclass it (``framework.families.build_decoder``)."""
+
+    family = "celerity"
+    block_class = Block
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if cfg.family != self.family:
+            raise ValueError(f"family={cfg.family!r} is invalid for {type(self).__name__}: "
+                             "build the decoder with framework.families.build_decoder")
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(self.block_class(cfg, i) for i in range(cfg.n_layers))
+        self.norm = self.block_class.new_norm(cfg)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, std: float | None = None) -> None:
+        """Plain N(0, std²) init; framework.training.parametrization re-initialises per Table A.2."""
+        std = self.config.init_std if std is None else std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """Recompute the non-persistent buffers (ALiBi slopes): a decoder built on the
+        meta device and moved with ``to_empty`` has none, and checkpoints do not hold them."""
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.slopes = alibi_slopes(module.n_heads).to(module.qkv.weight.device)
+
+    def forward(self, tokens: torch.Tensor, *, plan: DropPlan | None = None, exit_layer: int | None = None,
+                skip_layers: Iterable[int] = (), cache: KVCache | None = None,
+                padding: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, V]. ``plan`` only in training; ``exit_layer=k`` runs blocks
+        0..k-1; ``skip_layers`` are passed through by the residual; ``cache`` decodes;
+        ``padding`` [B, T] marks positions of left-padded rows that hold no token."""
+        return self.logits(self.hidden(tokens, plan=plan, exit_layer=exit_layer,
+                                       skip_layers=skip_layers, cache=cache, padding=padding))
+
+    def hidden(self, tokens: torch.Tensor, *, plan: DropPlan | None = None, exit_layer: int | None = None,
+               skip_layers: Iterable[int] = (), cache: KVCache | None = None, padding: torch.Tensor | None = None,
+               all_layers: bool = False) -> torch.Tensor | list[torch.Tensor]:
+        """Residual stream before the final norm; with ``all_layers`` the stream after
+        every block that ran (the early-exit points), in order. ``padding`` [B, T] marks
+        the positions of left-padded rows that hold no token (kept in ``cache``)."""
+        active = self.active_layers(exit_layer, skip_layers)
+        if plan is not None:
+            self.check_plan(plan, tokens.shape[0], cache)
+        if cache is not None and padding is not None:
+            cache.mark_padding(padding)
+            padding = None
+        states: list[torch.Tensor] | None = [] if all_layers else None
+        h = self.run_blocks(self.embed(tokens), active, cache=cache, plan=plan,
+                            bias=self.attention_bias(tokens.shape[1], cache, padding), states=states)
+        if cache is not None:
+            cache.advance(tokens.shape[1])
+        return states if states is not None else h
+
+    def run_blocks(self, h: torch.Tensor, layers: Iterable[int], *, bias: torch.Tensor | None = None,
+                   cache: KVCache | None = None, plan: DropPlan | None = None, rows: torch.Tensor | None = None,
+                   states: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Run the blocks ``layers`` once each, in the order given, on the residual stream
+        ``h`` [B, T, d]; the one loop every forward, draft and resumed pass goes through.
+
+        K/V are written to ``cache`` at its current length (the caller advances it).
+        ``bias`` defaults to the causal ALiBi mask of T queries (and the cache's padding).
+        ``rows`` (decoding with per-row early exit): only those rows are updated; the
+        others keep their state and still write every layer's K/V from it, so later
+        tokens attend to the state a row exited with (CALM's state propagation).
+        ``states`` collects the stream after each block.
+        """
+        if bias is None:  # (stays None where FlexAttention computes the mask itself)
+            bias = self.attention_bias(h.shape[1], cache)
+        for index in layers:
+            drop = plan.layers[index] if plan is not None else None
+            block = self.blocks[index]
+            # rows only when given: a compiled block (framework/strategies/parallelize.py) takes the training arguments
+            h = block(h, bias, drop, cache) if rows is None else block(h, bias, drop, cache, rows)
+            if states is not None:
+                states.append(h)
+        return h
+
+    def step(self, inputs: torch.Tensor, cache: KVCache, *, layers: Iterable[int] | None = None,
+             padding: torch.Tensor | None = None, exits: Mapping[int, nn.Module | None] | None = None,
+             leave: LeaveRule | None = None, advance: bool = True) -> StepOutput:
+        """One decoding forward of T new positions through ``cache``: the sequence every
+        decoding route goes through (mark padding -> attention bias -> embed -> blocks ->
+        exit reads -> cache advance), whatever family the blocks belong to.
+
+        ``inputs``: token ids [B, T], or a residual stream [B, T, d] to resume from
+        (verification above a draft's exit). ``layers``: the blocks to run, in order
+        (default: all). ``padding`` [B, T] marks positions holding no token.
+        ``exits`` {K: adapter or None}: after the blocks below K have run, the state
+        exit K's head reads (through its adapter block, which writes its own K/V) goes
+        to ``StepOutput.reads[K]``. ``leave(K, rows, read)`` may then return which of
+        the still-running ``rows`` stop there: later blocks update only the others,
+        while every row writes their K/V from its current state (CALM's state
+        propagation, see ``run_blocks``). ``advance=False`` leaves the cache length
+        alone (a forward whose positions are rewritten next).
+        """
+        if padding is not None:
+            cache.mark_padding(padding)
+        h = self.embed(inputs) if inputs.dim() == 2 else inputs
+        bias = self.attention_bias(h.shape[1], cache)
+        layers = list(range(len(self.blocks)) if layers is None else layers)
+        reads: dict[int, torch.Tensor] = {}
+        running: torch.Tensor | None = None  # rows still updated (None: all)
+        done = 0
+        for exit_layer in sorted(exits or {}):
+            below = [i for i in layers[done:] if i < exit_layer]
+            h = self.run_blocks(h, below, bias=bias, cache=cache, rows=running)
+            done += len(below)
+            adapter = (exits or {})[exit_layer]
+            read = h if adapter is None else (adapter(h, bias, None, cache) if running is None
+                                              else adapter(h, bias, None, cache, running))
+            reads[exit_layer] = read
+            if leave is not None:
+                rows = torch.arange(h.shape[0], device=h.device) if running is None else running
+                if rows.numel():
+                    stays = ~leave(exit_layer, rows, read[rows])
+                    running = None if bool(stays.all()) and running is None else rows[stays]
+        h = self.run_blocks(h, layers[done:], bias=bias, cache=cache, rows=running)
+        if advance:
+            cache.advance(h.shape[1])
+        return StepOutput(h, reads, running)
+
+    def check_plan(self, plan: DropPlan, batch_size: int, cache: KVCache | None) -> None:
+        if len(plan) != len(self.blocks):
+            raise ValueError(f"plan has {len(plan)} layers; the model has {len(self.blocks)}")
+        if plan.batch_size != batch_size:
+            raise ValueError(f"plan.batch_size={plan.batch_size} is invalid: the tokens have {batch_size} rows")
+        if cache is not None:  # a cache holds every row; dropped rows would leave stale K/V
+            raise ValueError("plan and cache are exclusive: a drop plan is for training, a cache for decoding")
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Final norm and unembedding (with µP's 1/m_d forward multiplier)."""
+        return self.head(self.norm(h)) * self.config.logit_multiplier
+
+    def active_layers(self, exit_layer: int | None = None, skip_layers: Iterable[int] = ()) -> list[int]:
+        n = len(self.blocks)
+        if exit_layer is not None and not (_is_int(exit_layer) and 1 <= exit_layer <= n):
+            raise ValueError(f"exit_layer={exit_layer!r} is invalid: must be an integer in 1..{n}")
+        skip = set(skip_layers)
+        outside = sorted((i for i in skip if not (_is_int(i) and 0 <= i < n)), key=str)
+        if outside:
+            raise ValueError(f"skip_layers={sorted(skip, key=str)} is invalid: layers must be in 0..{n - 1}")
+        return [i for i in range(exit_layer or n) if i not in skip]
+
+    def attention_bias(self, q_len: int, cache: KVCache | None = None,
+                       padding: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The SDPA mask shared by all blocks, or None when FlexAttention computes it.
+        Padding keys come from ``cache`` or, without one, from ``padding`` [B, q_len]."""
+        device = self.embed.weight.device
+        k_len = q_len + (cache.length if cache is not None else 0)
+        key_padding = cache.key_padding(k_len) if cache is not None else padding
+        if key_padding is None and self.use_flex(cache):
+            return None
+        return alibi_causal_bias(self.blocks[0].attn.slopes if len(self.blocks) else alibi_slopes(1),
+                                 q_len, k_len, dtype=self.embed.weight.dtype, device=device,
+                                 key_padding=key_padding)
+
+    def use_flex(self, cache: KVCache | None) -> bool:
+        backend = self.config.attention
+        if backend == "auto":
+            return self.embed.weight.is_cuda and cache is None
+        return backend == "flex"
+
+    def new_cache(self, batch_size: int, max_len: int | None = None, *, extra_layers: int = 0) -> KVCache:
+        """An empty cache; ``extra_layers`` slots after the model's for exit adapters."""
+        cfg = self.config
+        weight = self.embed.weight
+        return KVCache(cfg.n_layers + extra_layers, batch_size, cfg.n_heads, cfg.head_dim,
+                       max_len or cfg.max_seq_len, dtype=weight.dtype, device=weight.device)
+
+    def num_parameters(self, *, non_embedding: bool = False) -> int:
+        total = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            total -= self.embed.weight.numel() + self.head.weight.numel()
+        return total
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)  # numpy ints too

@@ -1,0 +1,387 @@
+"""Callbacks of a pretraining run: the layer-dropout schedule and its FLOP accounting,
+throughput/MFU, and the end-of-run summary (checkpoints: framework/checkpoint/saving.py;
+the non-finite guard: framework/training/nonfinite.py).
+
+Metrics they log (TensorBoard by default; `layer_dropout/*` and `flops/*` once per
+optimizer step, `throughput/*` every ``trainer.log_every_n_steps`` steps):
+
+    layer_dropout/mean_p           mean drop rate over layers at this step, p̄_t
+    layer_dropout/effective_depth  Σ_ℓ (1 - p_ℓ,t): blocks a sequence passes through
+    flops/executed_step            non-embedding training FLOPs this step ran (this device)
+    flops/dense_step               the same step without layer dropout
+    flops/saved_pct                100·(1 - Σ executed / Σ dense) since the run began
+    throughput/tokens_per_sec      tokens/s over all devices
+    throughput/flops_per_sec       executed FLOPs/s per device (blocks and head; mean over devices)
+    throughput/mfu                 flops_per_sec / the device's peak (when known)
+    early_exit/loss_K              cross-entropy at exit K this step (the exits the early-exit
+                                   loss's curriculum ran; mean over micro-batches, this device)
+
+FLOPs are counted as framework/model/flops.py describes (matmuls, causal attention, 3× the
+forward for training) from the rows each block actually ran on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.fabric.utilities.throughput import get_available_flops
+from lightning.pytorch.utilities import rank_zero_info
+
+from framework.schedules import effective_depth_of, mean_dropout
+
+if TYPE_CHECKING:
+    from framework.training.module import MicroBatchStats
+
+
+def log_step_metrics(trainer: pl.Trainer, metrics: dict[str, float], every: int | None = None) -> None:
+    """Hand metrics of the optimizer step just finished straight to the loggers, on the
+    steps Lightning logs at (``log_every_n_steps``) and under the same step number as
+    ``train/loss``. ``LightningModule.log`` would do the same bookkeeping at several
+    milliseconds per call and per step, a measurable share of a small model's step."""
+    step = trainer.global_step - 1
+    if (step + 1) % max(1, trainer.log_every_n_steps if every is None else every):
+        return
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=step)
+
+
+# ------------------------------------------------------------------ the step's outputs
+
+
+def micro_batch_stats(outputs: Any) -> "MicroBatchStats | None":
+    """What the micro-batch ran, from ``training_step``'s outputs (None when the step
+    returned a bare loss, e.g. another module or a skipped step)."""
+    return outputs.get("stats") if isinstance(outputs, dict) else None
+
+
+def optimizer_step_finished(trainer: pl.Trainer, stats: "MicroBatchStats") -> bool:
+    """Whether the micro-batch that produced ``stats`` closed its optimizer step: the
+    trainer's step counter has moved past the step the micro-batch belonged to. The
+    one test of a step's end in these callbacks (gradient accumulation, the epoch's
+    last batch and resumed runs included)."""
+    return trainer.global_step > stats.step
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+class LayerDropoutSchedule(pl.Callback):
+    """Logs the layer-dropout schedule of every optimizer step (p̄_t, effective depth)
+    and keeps the run's FLOP account; installed by ``LayerDropModule.configure_callbacks``."""
+
+    def __init__(self) -> None:
+        self.tokens = 0  # this device's, since the run began (survives resume)
+        self.executed = 0.0  # non-embedding FLOPs this device ran
+        self.dense = 0.0  # ... and would have run without layer dropout
+        self.rate_sum = 0.0  # Σ over steps of the scheduled mean rate
+        self.steps = 0
+        self._step_executed = 0.0
+        self._step_dense = 0.0
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer  # state_dict/load_state_dict need the ranks
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        stats = micro_batch_stats(outputs)
+        if stats is None:
+            return
+        self.tokens += stats.tokens
+        self._step_executed += stats.executed.blocks
+        self._step_dense += stats.dense.blocks
+        if optimizer_step_finished(trainer, stats):
+            self._close_step(trainer, stats.rates)
+
+    def _close_step(self, trainer: pl.Trainer, rates: tuple[float, ...]) -> None:
+        self.executed += self._step_executed
+        self.dense += self._step_dense
+        self.rate_sum += sum(rates) / len(rates)
+        self.steps += 1
+        log_step_metrics(trainer, {
+            "layer_dropout/mean_p": sum(rates) / len(rates),
+            "layer_dropout/effective_depth": effective_depth_of(rates),
+            "flops/executed_step": self._step_executed,
+            "flops/dense_step": self._step_dense,
+            "flops/saved_pct": 100.0 * self.saved_fraction(),
+        })
+        self._step_executed = self._step_dense = 0.0
+
+    def saved_fraction(self) -> float:
+        """This device's realised P̄: the share of non-embedding FLOPs not run."""
+        return 1.0 - self.executed / self.dense if self.dense > 0 else 0.0
+
+    def totals(self, trainer: pl.Trainer) -> dict[str, float]:
+        """Tokens and FLOPs summed over all devices (a collective: call on every rank)."""
+        local = torch.tensor([self.tokens, self.executed, self.dense], dtype=torch.float64,
+                             device=trainer.strategy.root_device)
+        total = trainer.strategy.reduce(local, reduce_op="sum") if trainer.world_size > 1 else local
+        tokens, executed, dense = (float(v) for v in total.cpu())
+        return {"tokens": tokens, "executed_flops": executed, "dense_flops": dense,
+                "saved_fraction": 1.0 - executed / dense if dense > 0 else 0.0}
+
+    def report(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> dict[str, float]:
+        """P̄ realised by the masks, P̄ of the schedule over the steps run, and P̄ predicted
+        by ``mean_dropout`` for the whole run (from the module's config)."""
+        totals = self.totals(trainer)
+        return {**totals,
+                "mean_dropout_scheduled": self.rate_sum / self.steps if self.steps else 0.0,
+                "mean_dropout_predicted": mean_dropout(pl_module.dropout_cfg, pl_module.model_cfg.n_layers,
+                                                       trainer.max_steps)}
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        report = self.report(trainer, pl_module)
+        if trainer.logger is not None and trainer.is_global_zero:
+            trainer.logger.log_metrics({"layer_dropout/mean_dropout_achieved": report["saved_fraction"],
+                                        "layer_dropout/mean_dropout_predicted": report["mean_dropout_predicted"]},
+                                       step=trainer.global_step)
+        rank_zero_info(f"layer dropout: P̄ achieved {report['saved_fraction']:.4f} "
+                       f"(masks), {report['mean_dropout_scheduled']:.4f} (schedule over the steps run), "
+                       f"predicted {report['mean_dropout_predicted']:.4f}")
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tokens": self.tokens, "executed": self.executed, "dense": self.dense,
+                "rate_sum": self.rate_sum, "steps": self.steps, "devices": self._device_accounts()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for key in ("tokens", "executed", "dense", "rate_sum", "steps"):
+            setattr(self, key, state_dict[key])
+        devices = state_dict.get("devices")
+        trainer = getattr(self, "_trainer", None)
+        if devices and trainer is not None:
+            world, rank = trainer.world_size, trainer.global_rank
+            # Same device count: each takes its own account back; otherwise the run's
+            # totals are shared evenly, which keeps the global FLOPs and P̄ exact.
+            own = devices[rank] if len(devices) == world else [sum(col) / world for col in zip(*devices)]
+            self.tokens, self.executed, self.dense = int(round(own[0])), float(own[1]), float(own[2])
+
+    def _device_accounts(self) -> list[list[float]]:
+        """[tokens, executed, dense] of every device. Lightning writes rank 0's callback
+        state only, but the masks, hence the FLOPs, differ per device. A collective:
+        Lightning builds a checkpoint on every rank, so every rank reaches it."""
+        local = [float(self.tokens), self.executed, self.dense]
+        trainer = getattr(self, "_trainer", None)
+        if trainer is None or trainer.world_size == 1:
+            return [local]
+        strategy = trainer.strategy
+        gathered = strategy.all_gather(torch.tensor(local, dtype=torch.float64, device=strategy.root_device))
+        return gathered.reshape(trainer.world_size, 3).cpu().tolist()
+
+
+# ------------------------------------------------------------------------- early exit
+
+
+class EarlyExitLosses(pl.Callback):
+    """Logs ``early_exit/loss_K`` for every exit the early-exit loss ran at this step, and
+    keeps the last logged values for the summary; installed by the module when the loss is on."""
+
+    def __init__(self) -> None:
+        self._sums: dict[int, torch.Tensor] = {}
+        self._counts: dict[int, int] = {}
+        self.last: dict[int, float] = {}
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        stats = micro_batch_stats(outputs)
+        if stats is None:
+            return
+        for exit, loss in stats.exit_losses.items():  # tensors: no device sync until logged
+            self._sums[exit] = self._sums[exit] + loss if exit in self._sums else loss
+            self._counts[exit] = self._counts.get(exit, 0) + 1
+        if not optimizer_step_finished(trainer, stats):
+            return
+        step = trainer.global_step - 1
+        if (step + 1) % max(1, trainer.log_every_n_steps) == 0 and self._sums:
+            means = {exit: float(total) / self._counts[exit] for exit, total in sorted(self._sums.items())}
+            self.last.update(means)
+            log_step_metrics(trainer, {f"early_exit/loss_{exit}": value for exit, value in means.items()})
+        self._sums, self._counts = {}, {}
+
+
+# ------------------------------------------------------------------------- throughput
+
+
+class Throughput(pl.Callback):
+    """Tokens/s and MFU from the FLOPs each step executed.
+
+    Args:
+        peak_flops_per_device: the device's dense peak (FLOP/s) for MFU, e.g. 989.5e12
+            for an H200 in bf16. Lightning recognises few device names (a plain
+            "NVIDIA H200" is not among them) so it is settable; without it, Lightning's
+            table is asked and MFU is left out when it has no answer (CPUs).
+    """
+
+    def __init__(self, peak_flops_per_device: float | None = None) -> None:
+        if peak_flops_per_device is not None and not peak_flops_per_device > 0:
+            raise ValueError(f"peak_flops_per_device={peak_flops_per_device!r} is invalid: must be positive")
+        self.peak = peak_flops_per_device
+        self._reset_window()
+
+    def _reset_window(self) -> None:
+        self._start: float | None = None
+        self._tokens = 0
+        self._flops = 0.0
+        self._paused_at: float | None = None
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.peak is None and trainer.strategy.root_device.type == "cuda":
+            dtype = torch.bfloat16 if "bf16" in str(trainer.precision) else torch.float32
+            self.peak = get_available_flops(trainer.strategy.root_device, dtype)
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self._start is None:
+            self._start = self._now(trainer)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        stats = micro_batch_stats(outputs)
+        if stats is None or self._start is None:
+            return
+        self._tokens += stats.tokens
+        self._flops += stats.executed.total
+        every = max(1, trainer.log_every_n_steps)
+        if not (optimizer_step_finished(trainer, stats) and trainer.global_step % every == 0):
+            return
+        flops = self._mean_over_devices(trainer, self._flops)  # before any early return: a collective
+        elapsed = self._now(trainer) - self._start
+        if elapsed <= 0:
+            return
+        metrics = {"throughput/tokens_per_sec": self._tokens * trainer.world_size / elapsed,
+                   "throughput/flops_per_sec": flops / elapsed}
+        if self.peak:
+            metrics["throughput/mfu"] = metrics["throughput/flops_per_sec"] / self.peak
+        log_step_metrics(trainer, metrics, every=1)  # already once per window
+        self._reset_window()
+
+    @staticmethod
+    def _mean_over_devices(trainer: pl.Trainer, flops: float) -> float:
+        """The devices' mean: each drew its own masks, so each executed other FLOPs. (A
+        collective: every rank closes a window on the same steps.)"""
+        if trainer.world_size == 1:
+            return flops
+        local = torch.tensor(flops, dtype=torch.float64, device=trainer.strategy.root_device)
+        return float(trainer.strategy.reduce(local, reduce_op="mean"))
+
+    # Validation is not training throughput: the window stops while it runs.
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.training and self._start is not None:
+            self._paused_at = self._now(trainer)
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._paused_at is not None and self._start is not None:
+            self._start += self._now(trainer) - self._paused_at
+            self._paused_at = None
+
+    @staticmethod
+    def _now(trainer: pl.Trainer) -> float:
+        if trainer.strategy.root_device.type == "cuda":
+            torch.cuda.synchronize(trainer.strategy.root_device)
+        return time.perf_counter()
+
+
+# -------------------------------------------------------------------------- summary
+
+
+class RunSummary(pl.Callback):
+    """At the end of fit, prints and writes (``<default_root_dir>/summary.json``) what
+    the run did: steps, tokens, validation loss against ln(V) (a uniform guess), the
+    training FLOPs layer dropout saved, and where the logs and checkpoint are.
+
+    Args:
+        compare_to: the ``summary.json`` of another run (e.g. the dense twin) to set
+            this run's validation loss and FLOPs against.
+    """
+
+    def __init__(self, compare_to: str | None = None) -> None:
+        self.compare_to = compare_to
+        self.summary: dict[str, Any] | None = None
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        schedule = next(cb for cb in trainer.callbacks if isinstance(cb, LayerDropoutSchedule))
+        report = schedule.report(trainer, pl_module)  # collective: every rank calls it
+        if not trainer.is_global_zero:
+            return
+        val = trainer.callback_metrics.get("val/loss")
+        vocab = pl_module.model_cfg.vocab_size
+        self.summary = {
+            "steps": trainer.global_step,
+            "tokens": int(report["tokens"]),
+            "val_loss": float(val) if val is not None else None,
+            "ln_vocab": math.log(vocab),
+            "training_flops": report["executed_flops"],
+            "dense_training_flops": report["dense_flops"],
+            "flops_saved_pct": 100.0 * report["saved_fraction"],
+            "mean_dropout_predicted": report["mean_dropout_predicted"],
+            **early_exit_summary(trainer),
+            "tensorboard": trainer.logger.log_dir if trainer.logger is not None else None,
+            "checkpoint": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None,
+        }
+        Path(trainer.default_root_dir).mkdir(parents=True, exist_ok=True)
+        (Path(trainer.default_root_dir) / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        print(format_summary(self.summary, self._twin()), flush=True)
+
+    def _twin(self) -> dict[str, Any] | None:
+        if not self.compare_to:
+            return None
+        path = Path(self.compare_to)
+        return json.loads(path.read_text()) if path.is_file() else None
+
+
+def early_exit_summary(trainer: pl.Trainer) -> dict[str, Any]:
+    """The early-exit loss's part of the summary: the last validation loss at every
+    configured exit and the last logged training loss at each exit (empty when off)."""
+    losses = next((cb for cb in trainer.callbacks if isinstance(cb, EarlyExitLosses)), None)
+    if losses is None:
+        return {}
+    prefix = "val/early_exit/loss_"
+    val = {key.removeprefix(prefix): float(value) for key, value in trainer.callback_metrics.items()
+           if key.startswith(prefix)}
+    return {"early_exit_loss": {
+        "scale": trainer.lightning_module.exit_cfg.scale,
+        "val_loss": dict(sorted(val.items(), key=lambda item: int(item[0]))),
+        "train_loss": {str(k): v for k, v in sorted(losses.last.items())},
+    }}
+
+
+def format_summary(summary: dict[str, Any], twin: dict[str, Any] | None = None) -> str:
+    """The end-of-run block a person reads (also used by ``make demo``)."""
+    val = summary["val_loss"]
+    lines = ["", "=== run summary ===",
+             f"steps            {summary['steps']:,}",
+             f"tokens           {summary['tokens']:,}"]
+    if val is None:
+        lines.append(f"val loss         (no validation ran)   ln(V) = {summary['ln_vocab']:.3f}")
+    else:
+        lines.append(f"val loss         {val:.4f}   vs ln(V) = {summary['ln_vocab']:.3f} (uniform guess), "
+                     f"{val / summary['ln_vocab']:.0%} of it")
+    lines.append(f"FLOPs saved      {summary['flops_saved_pct']:.1f}% of non-embedding training FLOPs "
+                 f"(predicted {100 * summary['mean_dropout_predicted']:.1f}%)")
+    if twin is not None and twin.get("val_loss") is not None and val is not None:
+        lines.append(f"dense twin       val loss {twin['val_loss']:.4f} ({val - twin['val_loss']:+.4f} here), "
+                     f"{twin['training_flops']:.3g} vs {summary['training_flops']:.3g} training FLOPs")
+    exits = summary.get("early_exit_loss")
+    if exits:
+        losses = exits["val_loss"] or exits["train_loss"]
+        where = "val" if exits["val_loss"] else "train"
+        lines.append(f"exit losses      ({where}) " + ", ".join(f"{k}: {v:.4f}" for k, v in losses.items())
+                     + f"; scale {exits['scale']:g}")
+    lines += [f"TensorBoard      tensorboard --logdir {summary['tensorboard']}",
+              f"checkpoint       {summary['checkpoint']}", ""]
+    return "\n".join(lines)
+
+
+__all__ = [
+    "micro_batch_stats",
+    "optimizer_step_finished",
+    "LayerDropoutSchedule",
+    "EarlyExitLosses",
+    "Throughput",
+    "RunSummary",
+    "format_summary",
+]

@@ -1,0 +1,201 @@
+"""The LightningDataModule over a folder made by `layerdrop prepare`.
+
+Batches are ``(inputs, targets)``: two int64 tensors ``[batch_size, seq_len]``, the
+targets shifted by one token (``TokensLoader`` serves blocks of ``seq_len + 1``
+tokens; blocks follow each other without overlap and never straddle a chunk).
+
+* train: litdata ``StreamingDataset`` + ``StreamingDataLoader``, shuffled with
+  ``seed`` (a new order every epoch), sharded over ranks and loader workers by
+  litdata, ``drop_last`` so every rank sees the same number of batches;
+* val: a fixed set of ``val_batches * batch_size`` blocks spread evenly over the
+  whole val split (every k-th block, in order; the whole split when it is smaller),
+  whatever the number of ranks (Lightning's DistributedSampler shares them out), so
+  validation losses of different runs compare. Spread, not a prefix: a prefix of a
+  split is a handful of documents, a spread sample draws on every part of it (on a
+  model of recipes/sweeps/paper-cpu.yaml, 256 sequences as a prefix scored 3.2% below
+  the whole split's loss, spread over it 0.4% above);
+* the folder may be a local path or any URL litdata streams from (``s3://``,
+  ``gs://``, ``local:``...); ``manifest.json`` is read at ``setup`` and checked
+  against the model (``model_vocab_size``) and ``seq_len`` before a batch is drawn.
+
+Exact resume. The train loader's state (litdata's sample counters, epoch and
+shuffle seed) is this DataModule's ``state_dict``, which Lightning stores in every
+checkpoint under the class name and hands back to ``load_state_dict`` on resume;
+the next batch is then the one the uninterrupted run would have drawn. Lightning
+2.6's fit loop also saves and restores stateful train loaders on its own (the same
+state, restored twice, harmlessly); the DataModule's copy is what custom loops and
+tests use. Lightning does not prefetch from a loader with a length, so the saved
+state is that of the last batch trained on (tests/training/test_data.py checks this end to
+end through a Trainer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+from torch.utils.data import DataLoader, Dataset
+
+from framework.config import NonNegativeInt, PositiveInt, check
+from framework.files.manifest import MANIFEST_FILE, MANIFEST_FORMAT, read_manifest
+
+
+def shift_collate(blocks: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocks of seq_len + 1 tokens -> (inputs, targets), int64 [B, seq_len] each."""
+    stacked = torch.from_numpy(np.stack([np.asarray(block) for block in blocks]).astype(np.int64))
+    return stacked[:, :-1], stacked[:, 1:]
+
+
+def spread_indices(total: int, count: int) -> list[int]:
+    """``count`` block indices out of ``total``, evenly spaced and in order (all when
+    ``count >= total``)."""
+    if count >= total:
+        return list(range(total))
+    return [i * total // count for i in range(count)]
+
+
+class FixedBlocks(Dataset):
+    """``count`` blocks of a StreamingDataset spread evenly over it (map-style)."""
+
+    def __init__(self, dataset: StreamingDataset, count: int, total: int | None = None) -> None:
+        self.dataset = dataset
+        self.indices = spread_indices(len(dataset) if total is None else total, count)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[self.indices[int(index)]]
+
+
+class TokenDataModule(L.LightningDataModule):
+    """Streams a `layerdrop prepare` folder as (inputs, targets) batches; resumes exactly.
+
+    Args:
+        data_dir: the prepared folder (local path or object-store URL).
+        seq_len: tokens per training sequence (blocks of seq_len + 1 are read).
+        batch_size: sequences per batch on each device (the micro-batch).
+        num_workers: loader worker processes per device (0: in the main process).
+        val_batches: size of the fixed validation set, in batches of ``batch_size``
+            (spread over the whole val split; more than the split holds: all of it).
+        seed: shuffling seed of the train split.
+        shuffle: shuffle the train split (off: corpus order, for debugging).
+        model_vocab_size: when given, `setup` checks the data fits the embedding.
+        storage_options: passed to litdata for object-store access.
+    """
+
+    def __init__(self, data_dir: str, seq_len: int = 256, batch_size: int = 16, num_workers: int = 0,
+                 val_batches: int = 16, seed: int = 42, shuffle: bool = True,
+                 model_vocab_size: int | None = None, storage_options: dict | None = None) -> None:
+        super().__init__()
+        for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("val_batches", val_batches)):
+            check(name, value, PositiveInt)
+        check("num_workers", num_workers, NonNegativeInt)
+        if model_vocab_size is not None:
+            check("model_vocab_size", model_vocab_size, PositiveInt)
+        self.save_hyperparameters(ignore=["storage_options"])  # may hold credentials: never in a checkpoint
+        self.data_dir = data_dir.rstrip("/")
+        self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
+        self.val_batches, self.seed, self.shuffle = val_batches, seed, shuffle
+        self.model_vocab_size = model_vocab_size
+        self.storage_options = storage_options or {}
+        self.manifest: dict | None = None
+        self._train_loader: StreamingDataLoader | None = None
+        self._state_to_load: dict | None = None
+
+    # -- the manifest and its checks ------------------------------------------------
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.manifest is None:
+            self.manifest = read_manifest(self.data_dir, self.storage_options)
+            if self.manifest.get("format") != MANIFEST_FORMAT:
+                raise ValueError(f"{self.data_dir}/{MANIFEST_FILE} has format {self.manifest.get('format')!r}; "
+                                 f"this version reads {MANIFEST_FORMAT!r} (prepare the data again)")
+        if self.model_vocab_size is not None:
+            self.check_vocab(self.model_vocab_size)
+        self._check_seq_len()
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._manifest()["tokenizer"]["vocab_size"])
+
+    @property
+    def eos_id(self) -> int:
+        return int(self._manifest()["tokenizer"]["eos_id"])
+
+    @property
+    def tokenizer_path(self) -> str:
+        return f"{self.data_dir}/{self._manifest()['tokenizer']['file']}"
+
+    def _manifest(self) -> dict:
+        if self.manifest is None:
+            self.setup()
+        return self.manifest
+
+    def check_vocab(self, model_vocab_size: int) -> None:
+        """Refuse data whose token ids would index past the model's embedding."""
+        if self.vocab_size > model_vocab_size:
+            raise ValueError(f"the data in {self.data_dir} has vocab_size {self.vocab_size} (its manifest.json) but "
+                             f"the model's vocab_size is {model_vocab_size}: token ids up to {self.vocab_size - 1} "
+                             f"would index past the embedding; set the model's vocab_size >= {self.vocab_size}")
+
+    def blocks(self, split: str) -> int:
+        """Sequences (blocks of seq_len + 1 tokens) in a split: every chunk but the last is full."""
+        manifest, block = self._manifest(), self.seq_len + 1
+        chunk, tokens = manifest["chunk_tokens"], manifest["splits"][split]["tokens"]
+        return (tokens // chunk) * (chunk // block) + (tokens % chunk) // block
+
+    def _check_seq_len(self) -> None:
+        block, chunk = self.seq_len + 1, self._manifest()["chunk_tokens"]
+        if block > chunk:
+            raise ValueError(f"seq_len={self.seq_len} needs blocks of {block} tokens, larger than the chunks of "
+                             f"{self.data_dir} ({chunk} tokens); prepare it with a larger --chunk-tokens")
+        world_size = self.trainer.world_size if self.trainer is not None else 1
+        needs = {"train": self.batch_size * world_size, "val": 1}
+        for split, minimum in needs.items():
+            if self.blocks(split) < minimum:
+                raise ValueError(f"the {split} split of {self.data_dir} holds {self.blocks(split)} sequences of "
+                                 f"seq_len + 1 = {block} tokens; at least {minimum} are needed "
+                                 f"(batch_size {self.batch_size} x {world_size} ranks for train)")
+
+    # -- loaders --------------------------------------------------------------------
+
+    def _dataset(self, split: str, shuffle: bool) -> StreamingDataset:
+        return StreamingDataset(
+            input_dir=f"{self.data_dir}/{self._manifest()['splits'][split]['path']}",
+            item_loader=TokensLoader(block_size=self.seq_len + 1),
+            shuffle=shuffle, drop_last=True, seed=self.seed, storage_options=self.storage_options)
+
+    def train_dataloader(self) -> StreamingDataLoader:
+        loader = StreamingDataLoader(self._dataset("train", self.shuffle), batch_size=self.batch_size,
+                                     num_workers=self.num_workers, drop_last=True, collate_fn=shift_collate)
+        if self._state_to_load is not None:
+            loader.load_state_dict(self._state_to_load)
+            self._state_to_load = None
+        self._train_loader = loader
+        return loader
+
+    def val_dataloader(self) -> DataLoader:
+        total = self.blocks("val")
+        count = min(total, self.val_batches * self.batch_size)
+        return DataLoader(FixedBlocks(self._dataset("val", shuffle=False), count, total), batch_size=self.batch_size,
+                          shuffle=False, num_workers=0, collate_fn=shift_collate)
+
+    # -- exact resume ---------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._train_loader is not None:
+            return {"train_loader": self._train_loader.state_dict()}
+        return {"train_loader": self._state_to_load} if self._state_to_load is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = state_dict.get("train_loader")
+        if state is None:
+            return
+        if self._train_loader is not None:
+            self._train_loader.load_state_dict(state)
+        else:
+            self._state_to_load = state

@@ -1,0 +1,286 @@
+"""`layerdrop pretrain`: LightningCLI ``fit`` of ``LayerDropModule`` on prepared tokens.
+
+    layerdrop pretrain --config recipes/tiny.yaml [--model.layer_dropout.p_max 0.2 ...]
+    layerdrop pretrain --config recipes/tiny.yaml --print_config     # the resolved config
+    layerdrop pretrain --config recipes/tiny.yaml --resume auto      # continue a run
+
+Sections of a recipe: ``trainer`` (Lightning's Trainer), ``model`` (LayerDropModule:
+decoder, layer_dropout, parametrization, lr_schedule), ``data`` (TokenDataModule),
+``checkpoint`` (PeriodicCheckpoint), ``throughput`` (Throughput: peak FLOPs for MFU),
+``summary`` (RunSummary), ``guard`` (NonFiniteLossGuard) and ``resume``. A run lives in
+``trainer.default_root_dir``:
+
+    <root>/checkpoints/step-XXXXXXXX.ckpt, last.ckpt -> the newest (framework/checkpoint/saving.py)
+    <root>/lightning_logs/version_N/      TensorBoard events + config.yaml (resolved config)
+    <root>/summary.json                   what the run did (also printed at the end)
+
+Everything that can be checked before the first step is checked first, with a one-line
+error: a bad flag, recipe key or value, the Trainer settings Lightning would trip over
+later, the resume target (framework/checkpoint/resume.py: complete, harmless), the checkpoint's
+model shape against the config, the data's vocabulary against the model (the
+DataModule's setup), a non-constant dropout schedule without ``max_steps``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import warnings
+from argparse import ArgumentError
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+from framework.config import PositiveInt, check
+from framework.training.callbacks import RunSummary, Throughput
+from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
+from framework.checkpoint.final_export import export_callbacks
+from framework.checkpoint.resume import choose_checkpoint
+from framework.checkpoint.saving import (PeriodicCheckpoint, refuse_earlier_checkpoints, refuse_earlier_run,
+                                         use_atomic_checkpoint_io)
+from framework.training.module import LayerDropModule, check_same_model, with_parametrization
+from framework.training.nonfinite import NonFiniteLossError, NonFiniteLossGuard
+from framework.training.progress import StepProgressBar, StepProgressLines
+
+PROG = "layerdrop pretrain"
+
+
+class PretrainCLI(LightningCLI):
+    """LightningCLI without subcommands (always ``fit``), plus ``--resume`` and the
+    run's callbacks as their own config sections."""
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_argument("--resume", type=str | None, default=None,
+                            help="'auto': continue from the newest complete checkpoint in the checkpoint "
+                                 "folder (else start fresh); or the path of a checkpoint to continue from")
+        parser.add_argument("--progress_every", type=float | None, default=30.0,
+                            help="when stdout is not a terminal (a log file): seconds between progress lines "
+                                 "'step N/T, loss, tokens/s, ETA' (0: every step; null: none)")
+        # The DataModule checks the prepared vocabulary against the embedding at setup.
+        parser.link_arguments("model.decoder.vocab_size", "data.model_vocab_size")
+        parser.add_lightning_class_args(PeriodicCheckpoint, "checkpoint")
+        parser.add_lightning_class_args(Throughput, "throughput")
+        parser.add_lightning_class_args(RunSummary, "summary")
+        parser.add_lightning_class_args(NonFiniteLossGuard, "guard")
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        check_early(self.config)
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config
+        if config.model.init_from is not None:
+            start_from(config)
+        check_trainer(config.trainer)
+        check_seq_len(config)
+        folder = checkpoint_dir(config)
+        choice = choose_checkpoint(config.resume, folder, clean=rank_zero_only.rank == 0)
+        self.ckpt_path = choice.path if choice is not None else None
+        self.resumed_step = choice.step if choice is not None and choice.step is not None else 0
+        if self.ckpt_path is None:
+            refuse_earlier_checkpoints(folder, choice.skipped if choice is not None else None)
+            refuse_earlier_run(config.trainer.default_root_dir or ".")
+        else:
+            check_resume_shape(choice.checkpoint or self.ckpt_path, config)
+        if choice is not None and rank_zero_only.rank == 0:
+            print(choice.message(folder), flush=True)
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Trainer:
+        config = dict(config)
+        config["strategy"] = named_strategy(config)
+        config["precision"] = default_precision(config)
+        given = list(config.get("callbacks") or []) + list(callbacks)
+        if config.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in given):
+            callbacks = [*callbacks, StepProgressBar()]  # steps out of max_steps, not "Epoch 0/-2"
+        every = self.config.get("progress_every")
+        if every is not None and not sys.stdout.isatty():
+            callbacks = [*callbacks, StepProgressLines(every)]  # a bar draws nothing into a log file
+        if config.get("logger") is not False and not any(isinstance(cb, LearningRateMonitor) for cb in given):
+            callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]
+        callbacks = [*callbacks, *export_callbacks()]  # tokenizer beside the checkpoints; export at the end
+        trainer = super()._instantiate_trainer(config, callbacks)
+        use_atomic_checkpoint_io(trainer)
+        return trainer
+
+
+def build_cli(argv: list[str], cli_class: type[PretrainCLI] | None = None) -> PretrainCLI:
+    """The CLI of ``argv`` (``cli_class``: a PretrainCLI subclass to build instead)."""
+    from framework.training.data import TokenDataModule
+
+    with warnings.catch_warnings():
+        # `layerdrop pretrain` passes its own argv on purpose (sys.argv holds "pretrain" too);
+        # Lightning warns about that on every run.
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+        return (cli_class or PretrainCLI)(
+            LayerDropModule, TokenDataModule, args=argv, run=False,
+            seed_everything_default=1234,
+            trainer_defaults={"log_every_n_steps": 10, "num_sanity_val_steps": 0},
+            save_config_kwargs={"overwrite": True},  # a resumed run logs into a new version folder
+            # exit_on_error=False: a bad flag or recipe key raises, and main() says so in one
+            # line instead of the ~100 lines of usage jsonargparse prints first.
+            parser_kwargs={"prog": PROG, "description": "Pretrain a decoder with layer dropout (LightningCLI fit).",
+                           "exit_on_error": False},
+            auto_configure_optimizers=False,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cli = build_cli(argv)
+        fit(cli)
+    except SIGTERMException:
+        print("error: stopped by SIGTERM; the last periodic checkpoint is intact: continue with --resume auto",
+              file=sys.stderr)
+        return 128 + signal.SIGTERM
+    except SystemExit as exit_:  # --help, --print_config
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+    except ArgumentError as err:  # a bad flag, recipe key or value
+        print(f"error: {' '.join(str(err).split())}; see {PROG} --help", file=sys.stderr)
+        return 2
+    except NonFiniteLossError as err:
+        if rank_zero_only.rank == 0:
+            print(f"error: {err}", file=sys.stderr)
+        return 1
+    except (ValueError, CheckpointError, FileNotFoundError, MisconfigurationException) as err:
+        print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def fit(cli: PretrainCLI) -> None:
+    """``trainer.fit``; a run that fails before its first step leaves no log folder behind
+    (a version_N holding only the config would pass for a run)."""
+    trainer = cli.trainer
+    log_dir = Path(trainer.log_dir) if trainer.loggers and trainer.is_global_zero and trainer.log_dir else None
+    fresh = log_dir is not None and not log_dir.exists()
+    parent_fresh = log_dir is not None and not log_dir.parent.exists()
+    try:
+        trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.ckpt_path)
+    except BaseException:
+        if fresh and trainer.global_step <= cli.resumed_step:
+            shutil.rmtree(log_dir, ignore_errors=True)
+            if parent_fresh and log_dir.parent.is_dir() and not any(log_dir.parent.iterdir()):
+                log_dir.parent.rmdir()
+        raise
+
+
+# ------------------------------------------------------------------ before the run
+
+
+def checkpoint_dir(config: Any) -> Path:
+    """Where PeriodicCheckpoint writes: its ``dirpath`` or <default_root_dir>/checkpoints."""
+    dirpath = config.checkpoint.dirpath
+    if dirpath:
+        return Path(dirpath)
+    return Path(config.trainer.default_root_dir or ".") / "checkpoints"
+
+
+def start_from(config: Any) -> None:
+    """``model.init_from``: the decoder section becomes the checkpoint's model, its own
+    parametrization base (framework/training/init_from.py); said in one line."""
+    from framework.config import ModelConfig, ParametrizationConfig
+    from framework.training.init_from import initial_config, own_base
+
+    path = config.model.init_from
+    decoder = initial_config(path, _as_dict(config.model.decoder))
+    pcfg = own_base(ParametrizationConfig(**_as_dict(config.model.parametrization)), ModelConfig(**decoder))
+    for key, value in decoder.items():
+        setattr(config.model.decoder, key, value)
+    config.model.parametrization.d_base, config.model.parametrization.n_layers_base = pcfg.d_base, pcfg.n_layers_base
+    config.data.model_vocab_size = decoder["vocab_size"]
+    if rank_zero_only.rank == 0:
+        print(f"model.init_from={path}: a {decoder['family']} decoder (d = {decoder['d_model']}, L = "
+              f"{decoder['n_layers']}, vocabulary {decoder['vocab_size']}), its own parametrization base "
+              "(m_d = m_L = 1)", flush=True)
+
+
+def check_trainer(trainer: Any) -> None:
+    """The Trainer settings Lightning would reject with a traceback, or not at all
+    (accumulate_grad_batches=0 divides by zero at the first step)."""
+    max_steps = trainer.max_steps
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ValueError(f"trainer.max_steps={max_steps!r} is invalid: pretraining needs the run length (the LR "
+                         "decay, the weight-decay timescale and the layer-dropout schedule depend on it); "
+                         "set a positive --trainer.max_steps")
+    for key in ("accumulate_grad_batches", "num_nodes"):
+        check(f"trainer.{key}", getattr(trainer, key, 1), PositiveInt)
+    devices = trainer.devices
+    count = int(devices) if isinstance(devices, int) or (isinstance(devices, str) and devices.lstrip("-").isdigit()) \
+        else None
+    if isinstance(devices, bool) or (count is not None and count < 1 and count != -1) or \
+            (isinstance(devices, (list, tuple)) and not devices):
+        raise ValueError(f"trainer.devices={devices if count is None else count!r} is invalid: a positive number of "
+                         "devices, -1 (all of them), a list of device indices or 'auto'")
+
+
+def check_early(config: Any) -> None:
+    """What can be refused right after parsing, before Lightning seeds (and says so): a
+    refused value is then the run's one line."""
+    every = config.progress_every
+    if every is not None and not every >= 0:
+        raise ValueError(f"progress_every={every!r} is invalid: must be a number of seconds >= 0, or null for "
+                         "no progress lines")
+    from framework.config import ParametrizationConfig
+
+    ParametrizationConfig(**_as_dict(config.model.parametrization))  # lr, eps: bounded (AdamW runs in float32)
+
+
+def check_seq_len(config: Any) -> None:
+    seq_len = getattr(config.data, "seq_len", None)
+    max_len = config.model.decoder.max_seq_len
+    if seq_len is not None and seq_len > max_len:
+        raise ValueError(f"data.seq_len={seq_len} is invalid: it exceeds model.decoder.max_seq_len={max_len}")
+
+
+def check_resume_shape(ckpt: Any, config: Any) -> None:
+    """Compare the checkpoint's model (a path or an opened Checkpoint) with the
+    configured one before anything is built (only the small config entry is read)."""
+    saved = read_metadata(ckpt).get(CKPT_KEY, {}).get("model_config")
+    if not isinstance(saved, dict):
+        raise CheckpointError(f"checkpoint {str(getattr(ckpt, 'path', ckpt))!r} was not written by layerdrop pretrain "
+                              f"(no {CKPT_KEY!r} entry)")
+    from framework.config import ModelConfig, ParametrizationConfig
+
+    decoder = ModelConfig(**_as_dict(config.model.decoder))
+    pcfg = ParametrizationConfig(**_as_dict(config.model.parametrization))
+    check_same_model(saved, with_parametrization(decoder, pcfg).to_dict())
+
+
+def default_precision(config: dict[str, Any]) -> Any:
+    """The recipe's precision, or when it sets none: bf16-mixed on GPUs, 32-true on CPUs."""
+    precision, accelerator = config.get("precision"), config.get("accelerator", "auto")
+    from framework.strategies import ACCELERATORS, precision_for
+
+    if precision is not None or not isinstance(accelerator, str) or accelerator not in ACCELERATORS:
+        return precision
+    return precision_for(accelerator)
+
+
+def named_strategy(config: dict[str, Any]) -> Any:
+    """Recipe strategy names (framework.strategies.STRATEGIES) become strategy objects;
+    anything else goes to Lightning as given."""
+    from framework.strategies import STRATEGIES, build_strategy
+
+    name = config.get("strategy", "auto")
+    if not isinstance(name, str) or name not in STRATEGIES:
+        return name
+    return build_strategy(name, accelerator=str(config.get("accelerator", "auto")),
+                          devices=config.get("devices", "auto"), num_nodes=config.get("num_nodes", 1))
+
+
+def _as_dict(section: Any) -> dict[str, Any]:
+    if hasattr(section, "as_dict"):
+        return section.as_dict()
+    return dict(vars(section)) if not isinstance(section, dict) else dict(section)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

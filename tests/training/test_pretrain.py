@@ -1,0 +1,171 @@
+"""`layerdrop pretrain` end to end on real prepared data, and its refusals."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import yaml
+
+from framework.checkpoint import load_decoder
+from framework.training.module import LayerDropModule
+from framework.training.pretrain import main
+from tests.helpers.tiny_training import tiny_cli_args
+
+
+@pytest.fixture(scope="module")
+def data_dir(prepared_tokens):
+    return prepared_tokens
+
+
+@pytest.fixture(scope="module")
+def finished_run(data_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("run") / "tiny"
+    assert main(tiny_cli_args(data_dir, root)) == 0
+    return root
+
+
+def test_help_and_print_config(capsys):
+    assert main(["--help"]) == 0
+    assert "usage: layerdrop pretrain" in capsys.readouterr().out
+    assert main(["--config", "recipes/tiny.yaml", "--model.layer_dropout.p_max", "0.3", "--print_config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["layer_dropout"]["p_max"] == 0.3
+    assert {"checkpoint", "throughput", "summary", "resume"} <= set(printed)
+
+
+def test_a_run_leaves_config_logs_checkpoints_and_summary(finished_run, capsys):
+    config = yaml.safe_load((finished_run / "lightning_logs" / "version_0" / "config.yaml").read_text())
+    assert config["model"]["decoder"]["d_model"] == 32 and config["trainer"]["max_steps"] == 6
+    events = list((finished_run / "lightning_logs" / "version_0").glob("events.out.tfevents.*"))
+    assert events, "TensorBoard is the default logger"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = EventAccumulator(str(events[0].parent))
+    scalars.Reload()
+    assert {"train/loss", "val/loss", "val/ppl", "layer_dropout/mean_p", "layer_dropout/effective_depth",
+            "flops/executed_step", "flops/dense_step", "flops/saved_pct", "throughput/tokens_per_sec",
+            "lr-AdamW/hidden"} <= set(scalars.Tags()["scalars"])
+
+    assert sorted(p.name for p in (finished_run / "checkpoints").iterdir() if p.suffix == ".ckpt") == \
+        ["last.ckpt", "step-00000003.ckpt", "step-00000006.ckpt"]
+    assert os.readlink(finished_run / "checkpoints" / "last.ckpt") == "step-00000006.ckpt"  # a link, not a copy
+    ckpt = torch.load(finished_run / "checkpoints" / "last.ckpt", weights_only=True)  # tensors and plain data only
+    assert ckpt["global_step"] == 6 and ckpt["layerdrop"]["model_config"]["d_model"] == 32
+    assert "TokenDataModule" in ckpt  # the loader position
+    decoder, cfg = load_decoder(finished_run / "checkpoints" / "last.ckpt")
+    assert cfg.n_layers == 3 and cfg.logit_multiplier == 1.0
+    tokens = torch.randint(0, 300, (1, 8))
+    assert torch.isfinite(decoder(tokens)).all()
+
+    summary = json.loads((finished_run / "summary.json").read_text())
+    assert summary["steps"] == 6 and summary["tokens"] == 6 * 4 * 32
+    assert summary["ln_vocab"] == pytest.approx(math.log(300))
+    assert summary["val_loss"] < summary["ln_vocab"]
+    assert summary["checkpoint"].endswith("last.ckpt")
+
+
+def error_of(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("error: ")
+    return err[-1]
+
+
+def test_resume_from_a_missing_checkpoint_is_refused(data_dir, tmp_path, capsys):
+    message = error_of(capsys, tiny_cli_args(data_dir, tmp_path / "run") + ["--resume", str(tmp_path / "nope.ckpt")])
+    assert "--resume" in message and "no such checkpoint" in message
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_into_another_shape_is_refused(finished_run, data_dir, capsys):
+    argv = tiny_cli_args(data_dir, finished_run, steps=8) + ["--model.decoder.n_layers", "4", "--resume", "auto"]
+    message = error_of(capsys, argv)
+    assert "cannot resume" in message and "n_layers: checkpoint 3, config 4" in message
+
+
+def test_data_with_a_larger_vocabulary_is_refused(data_dir, tmp_path, capsys):
+    message = error_of(capsys, tiny_cli_args(data_dir, tmp_path) + ["--model.decoder.vocab_size", "200"])
+    assert "vocab_size 300" in message and "200" in message
+
+
+def test_a_fresh_run_does_not_overwrite_an_earlier_one(finished_run, data_dir, capsys):
+    before = (finished_run / "checkpoints" / "last.ckpt").read_bytes()
+    message = error_of(capsys, tiny_cli_args(data_dir, finished_run))
+    assert "already holds" in message and "--resume auto" in message
+    assert (finished_run / "checkpoints" / "last.ckpt").read_bytes() == before
+
+
+def test_decreasing_schedule_without_max_steps_is_refused(data_dir, tmp_path, capsys):
+    argv = tiny_cli_args(data_dir, tmp_path) + ["--trainer.max_steps", "-1", "--trainer.max_epochs", "1"]
+    assert "needs the run length" in error_of(capsys, argv)
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--trainer.max_steps", "-5", "trainer.max_steps=-5 is invalid: pretraining needs the run length"),
+    ("--trainer.devices", "0", "trainer.devices=0 is invalid: a positive number of devices, -1"),
+    ("--trainer.accumulate_grad_batches", "0", "trainer.accumulate_grad_batches=0 is invalid: must be > 0"),
+    ("--guard.max_consecutive_nonfinite", "0", "guard.max_consecutive_nonfinite=0 is invalid"),
+    ("--model.no_such_key", "3", "unrecognized arguments: --model.no_such_key 3; see layerdrop pretrain --help"),
+    ("--trainer.max_steps", "many", 'Parser key "trainer.max_steps": Expected a <class \'int\'>. Got value: many; '
+                                    "see layerdrop pretrain --help"),
+])
+def test_bad_settings_are_one_line_before_the_model_is_built(data_dir, tmp_path, capsys, monkeypatch, flag, value,
+                                                             expected):
+    monkeypatch.setattr(LayerDropModule, "configure_model", lambda self: pytest.fail("the model was built"))
+    assert main(tiny_cli_args(data_dir, tmp_path / "run") + [flag, value]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: ") and expected in err[0], err
+    assert not (tmp_path / "run" / "lightning_logs").exists()
+
+
+def test_an_unknown_key_in_a_recipe_is_one_line(data_dir, tmp_path, capsys):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"model": {"decoder": {"d_model": 32}, "dropout_everything": True}}))
+    assert main(tiny_cli_args(data_dir, tmp_path / "run") + ["--config", str(recipe)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == ["error: Group 'model' does not accept option 'dropout_everything'; see layerdrop pretrain --help"]
+
+
+class FailBeforeTheFirstStep(pl.Callback):
+    def on_train_start(self, trainer, pl_module):
+        raise ValueError("the run failed before its first step")
+
+
+def test_a_run_that_fails_before_its_first_step_leaves_no_log_folder(data_dir, tmp_path, capsys):
+    callbacks = json.dumps([{"class_path": "test_pretrain.FailBeforeTheFirstStep"}])
+    argv = tiny_cli_args(data_dir, tmp_path / "run") + ["--trainer.callbacks", callbacks]
+    assert error_of(capsys, argv) == "error: the run failed before its first step"
+    assert not (tmp_path / "run" / "lightning_logs").exists()
+
+
+def test_sequences_longer_than_the_model_allows_are_refused(data_dir, tmp_path, capsys):
+    message = error_of(capsys, tiny_cli_args(data_dir, tmp_path) + ["--data.seq_len", "64"])
+    assert "data.seq_len=64 is invalid" in message
+
+
+def test_bad_model_config_is_one_line(data_dir, tmp_path, capsys):
+    message = error_of(capsys, tiny_cli_args(data_dir, tmp_path) + ["--model.decoder.n_heads", "5"])
+    assert "n_heads=5 is invalid" in message
+
+
+def test_a_run_logging_to_a_file_prints_progress_lines(data_dir, tmp_path, capsys):
+    """stdout is not a terminal here (captured), as in SLURM, nohup or a sweep's log."""
+    from framework.training.progress_line import parse_progress_line
+
+    assert main([*tiny_cli_args(data_dir, tmp_path / "run", steps=4), "--progress_every", "0"]) == 0
+    lines = [line for line in map(parse_progress_line, capsys.readouterr().out.splitlines()) if line]
+    assert [(line.step, line.total) for line in lines] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert main([*tiny_cli_args(data_dir, tmp_path / "quiet", steps=2), "--progress_every", "null"]) == 0
+    assert not [line for line in capsys.readouterr().out.splitlines() if parse_progress_line(line)]
+
+
+def test_a_negative_progress_interval_is_refused_before_the_run(data_dir, tmp_path, capsys):
+    assert main([*tiny_cli_args(data_dir, tmp_path / "run"), "--progress_every", "-5"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: progress_every=-5.0 is invalid: must be a number of seconds >= 0, or null for no progress lines"]
+    assert not (tmp_path / "run").exists()
