@@ -28,6 +28,15 @@
 # The JSON files come back under $OUT; copy gpu_check.json to benchmarks/results/ and
 # the table into BENCHMARKS.md with the date and the machine.
 #
+# RUNS=paper-gpu-core is the reproduction's core at the paper's 20 tokens per parameter
+# (recipes/sweeps/paper-gpu.yaml: dense x 2, ILD+DTS p_max 0.4 x 2, ILD+ITS 0.8, ILD+DTS 0.8 with
+# r_train = 1; 3,892 steps each, three at a time, held-out and skip evaluations; the data is
+# prepared there, ~1 minute), in its own device call:
+#   run(command="RUNS=paper-gpu-core bash benchmarks/gpu_check.sh", carry=[".whl"], timeout_s=600)
+# It returns paper-gpu-core.tar.gz (the report folder: README, report.json, every run's small
+# files, so `layerdrop sweep recipes/sweeps/paper-gpu.yaml --done-from DIR` adopts them) and
+# paper-gpu-core.log. With SMOKE=1 it is a --dry-run of the same six runs on the CPU.
+#
 # Without a GPU, SMOKE=1 runs the same sequence on the CPU with recipes/tiny.yaml, 12
 # steps and 32-true precision (no DeepSpeed: Lightning's is CUDA-only), to
 # check the script end to end; its numbers mean nothing:
@@ -85,7 +94,11 @@ else
 fi
 "$PYTHON" -c "import torch, lightning, litdata; print('torch', torch.__version__, 'lightning', lightning.__version__)" \
     | tee -a "$OUT_DIR/machine.txt" || { echo "error: a dependency is missing (see above)" >&2; exit 1; }
-[[ -d "$DATA" ]] || prepare_data || exit 1
+CORE_RUNS=("dense,seed=0" "dense,seed=1" "ild-dts-0.4,seed=0" "ild-dts-0.4,seed=1" "ild-its-0.8,seed=0"
+           "ild-dts-0.8-r1,seed=0")
+CORE_TIMEOUT=${CORE_TIMEOUT:-540}
+throughput_runs=${RUNS//paper-gpu-core/}
+[[ -z "${throughput_runs// /}" || -d "$DATA" ]] || prepare_data || exit 1
 
 fsdp2() {  # FSDP2Strategy on one device, all-gathers in $1
     echo "{\"class_path\": \"framework.strategies.FSDP2Strategy\", \"init_args\": {\"param_dtype\": \"$1\"}}"
@@ -111,8 +124,32 @@ run_one() {  # name, strategy, pretrain args...
     [[ $code -eq 0 ]] || echo "=== $name FAILED (exit $code)"
 }
 
+paper_gpu_core() {  # the 20-TPP core subset of recipes/sweeps/paper-gpu.yaml, then its report
+    local sweep=/tmp/gpu-check/paper-gpu-core file="$OUT_DIR/paper-gpu-core.yaml"
+    # paper-gpu.yaml without the draft search (minutes per run on its own): same runs, same recipes
+    "$PYTHON" -c "import sys, yaml; s = yaml.safe_load(open(sys.argv[1])); \
+s['evals'] = [e for e in s['evals'] if e['command'] != 'speculate search']; \
+yaml.safe_dump(s, open(sys.argv[2], 'w'), sort_keys=False)" recipes/sweeps/paper-gpu.yaml "$file" || return 1
+    echo "=== paper-gpu-core"
+    if [[ "${SMOKE:-0}" == 1 ]]; then
+        "$PYTHON" -m framework.cli sweep "$file" --out "$sweep" --only "${CORE_RUNS[@]}" --dry-run \
+            2>&1 | tee "$RESULTS/paper-gpu-core.log"
+        return "${PIPESTATUS[0]}"
+    fi
+    timeout "$CORE_TIMEOUT" "$PYTHON" -m framework.cli sweep "$file" --out "$sweep" --only "${CORE_RUNS[@]}" \
+        --jobs 3 --threads-per-job 4 > "$OUT_DIR/paper-gpu-core.log" 2>&1
+    local code=$?
+    tail -n 25 "$OUT_DIR/paper-gpu-core.log"
+    [[ $code -eq 0 ]] || echo "=== paper-gpu-core: the sweep stopped (exit $code); reporting what finished"
+    "$PYTHON" -m framework.cli report "$sweep" --out /tmp/gpu-check/paper-gpu-core-report --overwrite \
+        >> "$OUT_DIR/paper-gpu-core.log" 2>&1
+    tar -czf "$RESULTS/paper-gpu-core.tar.gz" -C /tmp/gpu-check paper-gpu-core-report
+    cp "$OUT_DIR/paper-gpu-core.log" "$RESULTS/"
+}
+
 for name in $RUNS; do
     case $name in
+        paper-gpu-core)            paper_gpu_core ;;
         fsdp-fp32-dense)           run_one "$name" "$(fsdp2 float32)" "${dense[@]}" ;;
         fsdp-bf16-dense)           run_one "$name" "$(fsdp2 bfloat16)" "${dense[@]}" ;;
         fsdp-bf16-ild-dts)         run_one "$name" "$(fsdp2 bfloat16)" "${ild_dts[@]}" ;;
@@ -120,7 +157,7 @@ for name in $RUNS; do
                                        "${ild_dts[@]}" --model.compile true ;;
         deepspeed2-dense)          run_one "$name" deepspeed_stage_2 "${dense[@]}" ;;
         deepspeed2-ild-dts)        run_one "$name" deepspeed_stage_2 "${ild_dts[@]}" ;;
-        *) echo "error: unknown run '$name' in RUNS (known: $DEFAULT_RUNS deepspeed2-dense deepspeed2-ild-dts)" >&2 ;;
+        *) echo "error: unknown run '$name' in RUNS (known: $DEFAULT_RUNS deepspeed2-dense deepspeed2-ild-dts paper-gpu-core)" >&2 ;;
     esac
 done
 

@@ -15,7 +15,7 @@ writes into ``--out``:
 folder is refused (eval/experiments/report_folder.py).
 
 Runs are labelled by configuration (eval/experiments/sweep_results.py), numbers come from
-eval/experiments/report_tables.py, verdicts from eval/experiments/findings.py.
+eval/experiments/report_tables.py, verdicts from eval/experiments/findings/.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from eval.experiments.findings import all_findings
+from eval.experiments.findings import all_findings, holm_adjust
 from eval.experiments.hyperparameter_curves import curves_figure, hyperparameter_report
 from eval.experiments.report_folder import check_out, clear_report
 from eval.experiments.report_markdown import markdown
@@ -137,17 +137,23 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
     machine = json.loads((root / "machine.json").read_text()) if (root / "machine.json").is_file() else {}
     sweep_file = root / "sweep.yaml" if (root / "sweep.yaml").is_file() else root / "tune.yaml"  # layerdrop tune's
     prepare = (yaml.safe_load(sweep_file.read_text()).get("data") or {}).get("prepare") if sweep_file.is_file() else None
+    model = model_summary(results)
+    # Loss vs η, σ, τ_EMA: a compute-matched run is another length, not another point of a curve.
+    hyperparameters = hyperparameter_report([r for r in results if not r.matched_to] or results)
+    params = [s["non_embedding_params"] for s in model["shapes"]]
+    findings = all_findings(configurations, results, points, hyperparameters,
+                            round(statistics.median(params)) if params else None)
     report = {
-        "sweep": str(root), "machine": machine, "skipped_runs": skipped, "model": model_summary(results),
+        "sweep": str(root), "machine": machine, "skipped_runs": skipped, "model": model,
         "prepare": [str(a) for a in prepare] if prepare else None,
-        "noise": noise, "configurations": table,
-        "findings": all_findings(configurations, results, points),
+        "noise": noise, "configurations": table, "findings": findings,
+        "multiple_comparisons": holm_adjust(findings, table),
         "elasticity": {"points": points, "correlations": correlations},
         "speculative": speculative_table(configurations),
         "drafts": draft_table(configurations),
         "exit_curves": exit_curves(configurations), "skip_curves": skip_curves(configurations),
         "heatmaps": heatmaps(configurations),
-        "hyperparameters": hyperparameter_report(results),
+        "hyperparameters": hyperparameters,
         "runs": [run_row(r) for r in results],
         "curves": [{"run": r.name, "label": r.label, **{k: r.curve.get(k, []) for k in
                                                         ("step", "training_flops", "val_loss")}} for r in results],

@@ -19,7 +19,23 @@ def _flops(value: float | None) -> str:
 
 def _comparison(c: dict) -> str:
     se = f" ± {c['se']:.4f}" if c.get("se") is not None else ""
-    return f"{c['a']} vs {c['b']}: {c['diff']:+.4f} ({c['pct']:+.2f}%){se} → {c['verdict']}"
+    how = []
+    if c.get("paired"):
+        how.append(f"paired over {c['paired']} seeds")
+    if c.get("p_value") is not None:
+        how.append(f"p = {_p(c['p_value'])}" + (f", Holm {_p(c['p_holm'])}" if c.get("p_holm") is not None else ""))
+    text = f"{c['a']} vs {c['b']}: {c['diff']:+.4f} ({c['pct']:+.2f}%){se}" + (f" ({'; '.join(how)})" if how else "")
+    text += f" → {c['verdict']}"
+    if c.get("verdict_holm") and c.get("p_holm") is not None and c["verdict_holm"] != c["verdict"]:
+        text += f" (after Holm: {c['verdict_holm']})"
+    if c.get("paper_pct") is not None:
+        text += f"; paper {c['paper_pct']:+.2f}% ({c['paper_source']})"
+        text += f": {c['vs_paper']}" if c.get("vs_paper") else ""
+    return f"*observation:* {text}" if c.get("observation") else text
+
+
+def _p(value: float) -> str:
+    return f"{value:.2g}" if value < 0.001 else f"{value:.3f}"
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -65,40 +81,69 @@ def _how_it_was_run(report: dict) -> list[str]:
 
 
 def _findings(report: dict) -> list[str]:
-    lines = ["## The paper's findings at this scale", "",
-             "Verdicts (report_tables.py, findings.py): a difference counts when it exceeds 2 standard errors "
-             "of seed noise and evaluation noise combined, and is left undecided (\"no noise estimate\") until some "
-             "configuration has run with two seeds or more; **reproduced**: every comparison goes the paper's way; "
-             "**not reproduced**: one goes the other way; **within noise**: neither.", ""]
-    if all(f["verdict"] == "not tested" for f in report["findings"]):  # a tuning or transfer sweep: dense runs only, nothing of the paper's to check
+    if all(f["verdict"] in ("not tested", "not tested here") for f in report["findings"]):
+        # a tuning or transfer sweep: dense runs only, nothing of the paper's to check
         return ["## The paper's findings at this scale", "",
                 "None is tested: the sweep has no configurations a finding can be checked on.", ""]
+    tests = report.get("multiple_comparisons") or {}
+    lines = ["## The paper's findings at this scale", "",
+             "Each claim is tested at the paper's own setting, with the paper's figure beside ours (eval/experiments/"
+             "findings/). A comparison a − b is paired over the seeds a and b share (the mean of "
+             "the per-seed differences), else unpaired; its noise is pooled over every configuration "
+             "(significance.py) and its verdict a two-sided Student-t test at α = 0.05. **reproduced**: every "
+             "comparison goes the paper's way; **not reproduced**: one goes the other way, beyond the paper's own "
+             "figure where it reports one; **consistent with the paper's own figure**: those going the other way "
+             "are within the noise of (or below) the loss the paper reports; **within noise**: neither. "
+             "*Observations* are shown, not counted.", ""]
+    if tests.get("tests"):
+        lines += [f"This page makes **{tests['tests']} tests** (the comparisons below that decide a verdict, the "
+                  "correlation tests, and the table's comparisons with dense). If no difference were real, about "
+                  f"{tests['expected_by_chance']:.1f} of them would cross α = {tests['alpha']} by chance; the "
+                  "\"after Holm\" column judges each against Holm's adjustment over all of them, which keeps the "
+                  "chance of any false call at 5%.", ""]
     rows = []
     for f in report["findings"]:
-        numbers = "<br>".join(_comparison(c) for c in f["comparisons"])
+        numbers = [_comparison(c) for c in f["comparisons"]]
         if f.get("correlations"):
-            numbers = "<br>".join(f"{k.replace('_', ' ')}: ρ = {v['spearman']:+.2f}, p = {v['p_value']:.3f} "
-                                  f"({v['runs']} runs)" for k, v in f["correlations"].items())
+            numbers = [f"{k.replace('_', ' ')}: ρ = {v['spearman']:+.2f}, p = {_p(v['p_value'])}"
+                       + (f" (Holm {_p(v['p_holm'])})" if v.get("p_holm") is not None else "")
+                       + f", {v.get('configurations', '?')} configurations ({v['runs']} runs)"
+                       for k, v in f["correlations"].items()]
+        for group in f.get("optima") or []:
+            optima = ", ".join(f"{o['p_max']}: {o['optimum']:g}" for o in group["optima"])
+            grid = f", grid {group['grid']}" if group.get("grid") else ""
+            edge = "; an optimum at the grid's edge" if group.get("at_edge") else ""
+            numbers.insert(0, f"{SYMBOLS.get(group['key'], group['key'])} optimum per p_max, r_train = "
+                              f"{group['r_train']}{grid}: {optima} → {group['verdict']}{edge}")
+        if f.get("no_baseline"):
+            numbers.append("no compute-matched baseline for: " + ", ".join(f["no_baseline"]))
         test = f"{f['test']} ({f['note']})" if f.get("note") else f["test"]
-        rows.append([f["claim"], test, f"**{f['verdict']}**", numbers or "–"])
-    return lines + _table(["paper", "tested here as", "verdict", "numbers (a − b in loss, ± 1 SE)"], rows) + [""]
+        rows.append([f["claim"], f.get("paper") or "–", test, f"**{f['verdict']}**", f.get("verdict_holm") or "–",
+                     "<br>".join(numbers) or "–"])
+    return lines + _table(["paper", "the paper's figure", "tested here as", "verdict", "after Holm",
+                           "numbers (a − b in loss, ± 1 SE)"], rows) + [""]
 
 
 def _configurations(report: dict) -> list[str]:
     noise = report["noise"]
     lines = ["## Configurations (Table 2/3 form)", "",
-             f"Validation loss: `eval heldout` on the held-out split (mean ± std over seeds); %Δ vs "
-             f"{noise.get('baseline') or 'dense'}; verdict against seed + evaluation noise (2 SE).", ""]
+             "Validation loss: `eval heldout` on the held-out split (mean ± std over seeds); %Δ vs the dense "
+             f"configuration with the same settings ({noise.get('baseline') or 'dense'} for most), at α = "
+             f"{noise.get('alpha', 0.05)} (paired over shared seeds); a compute-matched dense run is trained to "
+             "the executed FLOPs of the configurations named.", ""]
     rows = []
     for row in report["configurations"]:
         vs = row.get("vs_dense")
         std = f" ± {row['val_loss_std']:.4f}" if row["val_loss_std"] is not None else ""
-        rows.append([row["configuration"], str(row["seeds"]), _f(row["mean_dropout_predicted"], 3),
+        against = vs["verdict"] if vs else "FLOPs of " + "; ".join(row["compute_matched_to"]) \
+            if row.get("compute_matched_to") else "baseline" if "dense" in row["configuration"] else "–"
+        rows.append([row["configuration"], str(row["seeds"]), _f(row.get("steps")),
+                     _f(row["mean_dropout_predicted"], 3),
                      _f(row["mean_dropout_achieved"], 3), _flops(row["training_flops"]),
                      f"{row['training_flops_saved_pct']:.1f}%", f"{_f(row['val_loss_mean'])}{std}",
-                     f"{vs['pct']:+.2f}%" if vs else "–", vs["verdict"] if vs else "baseline"])
-    lines += _table(["configuration", "seeds", "P̄ predicted", "P̄ achieved", "training FLOPs", "FLOPs saved",
-                     "val loss", "%Δ", "vs dense"], rows)
+                     f"{vs['pct']:+.2f}%" if vs else "–", against])
+    lines += _table(["configuration", "seeds", "steps", "P̄ predicted", "P̄ achieved", "training FLOPs",
+                     "FLOPs saved", "val loss", "%Δ", "vs dense"], rows)
     return lines + [""]
 
 
@@ -108,7 +153,12 @@ def _noise(report: dict) -> list[str]:
     lines = ["## Noise", ""]
     if noise.get("seed_std") is not None:
         lines.append(f"- Seed noise: σ = {noise['seed_std']:.4f} nats (pooled std over seeds of the configurations "
-                     f"run with several seeds, {noise['seed_dof']} degrees of freedom).")
+                     f"run with several seeds, {noise['seed_dof']} degrees of freedom): the noise of unpaired "
+                     "differences.")
+    if noise.get("residual_std") is not None:
+        lines.append(f"- Paired noise: σ = {noise['residual_std']:.4f} nats, the residual std of loss = configuration "
+                     f"+ seed fitted over every run ({noise['residual_dof']} degrees of freedom): a per-seed "
+                     "difference's noise is σ·√2.")
     if runs:
         tokens = sorted({r["heldout_tokens"] for r in runs})
         errors = [r["heldout_standard_error"] for r in runs]
@@ -117,7 +167,8 @@ def _noise(report: dict) -> list[str]:
                      f"tokens with a standard error of {min(errors):.4f}–{max(errors):.4f} nats (from "
                      f"{', '.join(map(str, slices))} consecutive slices); the "
                      f"difference between two runs on the same tokens is much less noisy: its paired standard "
-                     f"error has median {_f(noise.get('evaluation_se_median'))} nats over the comparisons with dense.")
+                     f"error has median {_f(noise.get('evaluation_se_median'))} nats over the comparisons with dense "
+                     "(added to an unpaired difference's noise; a paired one holds it already).")
     diffs = [abs(r["val_loss"] - r["end_of_training_val_loss"]) for r in report["runs"]
              if r["val_loss"] is not None and r["end_of_training_val_loss"] is not None]
     sizes = sorted({r["training_val_tokens"] for r in report["runs"] if r.get("training_val_tokens")})

@@ -1,4 +1,4 @@
-"""The numbers of `layerdrop report`: configurations over seeds, noise, and verdicts.
+"""The numbers of `layerdrop report`: configurations over seeds, noise, and comparisons.
 
 Every number here is computed from the run records (eval/experiments/sweep_results.py), so a test
 can recompute it from the run folders. Definitions:
@@ -6,28 +6,29 @@ can recompute it from the run folders. Definitions:
 - a configuration's validation loss is the mean over its seeds of the held-out loss
   (`eval heldout`, else the end-of-training validation), ± the standard deviation over
   seeds (n-1 in the denominator);
-- seed noise σ_seed: the pooled standard deviation over seeds of every configuration run
-  with several seeds (Σ(n_i - 1)s_i² / Σ(n_i - 1)), assumed to hold for every
-  configuration (single-seed ones included);
 - evaluation noise of a difference: the standard error of the paired difference between
   two runs over the same slices of held-out tokens (eval.measurements.heldout.paired_standard_error);
-- a difference a - b of means over n_a and n_b seeds has the standard error
-  SE = √(σ_seed²/n_a + σ_seed²/n_b + eval²); the verdict is "better" (lower loss) when
-  a - b < -2 SE, "worse" when a - b > 2 SE, else "within noise" (2 SE: ~95% two-sided
-  for a normal difference).
+- a comparison a − b of two configurations on a metric: paired over shared seeds, or
+  unpaired, with the metric's seed noise pooled over every configuration, and a Student-t
+  verdict at α = 0.05 (eval/experiments/significance.py);
+- a configuration is set against the dense configuration equal to it in every setting but
+  the layer dropout (the same η, the same length): its "dense twin", never a dense run at
+  another learning rate.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from eval.experiments.significance import ALPHA, difference, noise_of, pooled_std, verdict_of
 from eval.measurements.heldout import paired_standard_error
 from eval.experiments.sweep_results import RunResult, configuration_key
 
-Z = 2.0  # standard errors a difference must exceed to count
+DROPOUT_PREFIX = "model.layer_dropout."
 
 
 @dataclass
@@ -45,8 +46,22 @@ class Configuration:
     def first(self) -> RunResult:
         return self.runs[0]
 
+    @property
+    def compute_matched(self) -> bool:
+        """Trained to the FLOPs of dropout configurations (sweep_results.mark_compute_matched)."""
+        return bool(self.runs[0].matched_to)
+
     def values(self, metric: Callable[[RunResult], float | None]) -> list[float]:
         return [v for v in (metric(r) for r in self.runs) if v is not None and math.isfinite(v)]
+
+    def samples(self, metric: Callable[[RunResult], float | None]) -> dict:
+        """seed -> value (a run without a seed is keyed by its name: never paired)."""
+        found = {}
+        for run in self.runs:
+            value = metric(run)
+            if value is not None and math.isfinite(value):
+                found[run.seed if run.seed is not None else run.name] = value
+        return found
 
 
 def group(results: list[RunResult]) -> list[Configuration]:
@@ -66,23 +81,31 @@ def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
 
 
-def pooled_std(samples: Sequence[Sequence[float]]) -> tuple[float | None, int]:
-    """Pooled standard deviation of several samples around their own means, and its dof."""
-    dof = sum(len(s) - 1 for s in samples if len(s) > 1)
-    if dof == 0:
-        return None, 0
-    squares = math.fsum((len(s) - 1) * statistics.variance(s) for s in samples if len(s) > 1)
-    return math.sqrt(squares / dof), dof
-
-
 def val_loss(run: RunResult) -> float | None:
     return run.val_loss
 
 
 def baseline(configurations: list[Configuration]) -> Configuration | None:
-    """The dense configuration (the one with the most seeds when there are several)."""
-    dense = [c for c in configurations if c.dense]
+    """The dense configuration of the sweep's own length (the one with the most seeds when
+    there are several; compute-matched runs are never it)."""
+    dense = [c for c in configurations if c.dense and not c.compute_matched]
     return max(dense, key=lambda c: len(c.runs)) if dense else None
+
+
+def settings_outside(configuration: Configuration, *prefixes: str) -> dict:
+    """The configuration's settings but those under ``prefixes``."""
+    return {k: v for k, v in json.loads(configuration.key).items() if not k.startswith(prefixes)} \
+        if configuration.key else {}
+
+
+def dense_twin(configuration: Configuration, configurations: list[Configuration],
+               *ignoring: str) -> Configuration | None:
+    """The dense configuration equal to ``configuration`` in every setting but the layer
+    dropout (and ``ignoring``): the same η, σ, τ_EMA and length."""
+    prefixes = (DROPOUT_PREFIX, *ignoring)
+    mine = settings_outside(configuration, *prefixes)
+    found = [c for c in configurations if c.dense and c is not configuration and settings_outside(c, *prefixes) == mine]
+    return max(found, key=lambda c: len(c.runs)) if found else None
 
 
 def evaluation_noise(a: Configuration, b: Configuration, exit_layer: str | None = None) -> float | None:
@@ -109,39 +132,47 @@ class Comparison:
     seed_se: float | None
     eval_se: float | None
     verdict: str
+    dof: float | None = None
+    p_value: float | None = None
+    paired: int = 0  # seeds compared pairwise (0: unpaired means)
+    metric: str = "val_loss"
+    observation: bool = False  # shown, but decides no verdict (and is not one of the page's tests)
+    paper_pct: float | None = None  # the paper's own %Δ for this comparison, where it reports one
+    paper_source: str | None = None
+    vs_paper: str | None = None  # "within noise of or below the paper's figure" | "beyond the paper's figure"
+    reference: float | None = None  # b's mean over the seeds compared (pct = 100·diff/reference)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-def compare(a_values: Sequence[float], b_values: Sequence[float], sigma_seed: float | None,
-            eval_se: float | None, a: str = "a", b: str = "b") -> Comparison:
-    """Is a lower than b (better), higher (worse), or within the noise? Undecided ("no
-    noise estimate") without a seed-noise estimate: two runs evaluated on the same tokens
-    have a small paired evaluation error, but runs of one configuration with other seeds
-    differ by far more, so the evaluation error alone would decide differences that a
-    second seed could reverse."""
-    mean_a, mean_b = statistics.fmean(a_values), statistics.fmean(b_values)
-    diff = mean_a - mean_b
-    seed_se = None if sigma_seed is None else sigma_seed * math.sqrt(1 / len(a_values) + 1 / len(b_values))
-    parts = [x for x in (seed_se, eval_se) if x is not None]
-    se = math.sqrt(math.fsum(x * x for x in parts)) if parts else None
-    if se is None or seed_se is None:
-        verdict = "no noise estimate"
-    elif diff < -Z * se:
-        verdict = "better"
-    elif diff > Z * se:
-        verdict = "worse"
-    else:
-        verdict = "within noise"
-    return Comparison(a, b, diff, 100 * diff / mean_b, se, seed_se, eval_se, verdict)
+def compare_configurations(a: Configuration, b: Configuration, metric: Callable[[RunResult], float | None],
+                           configurations: list[Configuration], *, higher_is_better: bool = False,
+                           with_eval_noise: bool = True) -> Comparison | None:
+    """a against b on ``metric`` (lower is better unless ``higher_is_better``), with the
+    metric's seed noise pooled over ``configurations``; None when either has no value."""
+    a_samples, b_samples = a.samples(metric), b.samples(metric)
+    if not a_samples or not b_samples:
+        return None
+    sign = -1.0 if higher_is_better else 1.0  # the test reads "lower is better"
+    noise = noise_of([{k: sign * v for k, v in c.samples(metric).items()} for c in configurations
+                      if c.samples(metric)])
+    eval_se = evaluation_noise(a, b) if with_eval_noise and metric is val_loss else None
+    found = difference({k: sign * v for k, v in a_samples.items()}, {k: sign * v for k, v in b_samples.items()},
+                       noise, eval_se)
+    p_value = found.p_value
+    diff, reference = sign * found.diff, sign * found.reference
+    return Comparison(a.label, b.label, diff, 100 * diff / reference, found.se, found.seed_se, found.eval_se,
+                      verdict_of(p_value, found.diff), found.dof, p_value, found.paired,
+                      getattr(metric, "__name__", "metric"), reference=reference)
 
 
 # ----------------------------------------------------------------------- the table
 def configuration_table(configurations: list[Configuration]) -> tuple[list[dict], dict]:
-    """Table 2/3's form: one row per configuration, and the noise it was judged against."""
-    sigma, dof = pooled_std([c.values(val_loss) for c in configurations])
+    """Table 2/3's form: one row per configuration, set against its dense twin, and the noise."""
+    noise = noise_of([c.samples(val_loss) for c in configurations if c.samples(val_loss)])
     base = baseline(configurations)
+    label_of = {run.name: c.label for c in configurations for run in c.runs}
     rows = []
     for configuration in configurations:
         losses = configuration.values(val_loss)
@@ -151,6 +182,7 @@ def configuration_table(configurations: list[Configuration]) -> tuple[list[dict]
             "configuration": configuration.label,
             "runs": [r.name for r in configuration.runs],
             "seeds": len(configuration.runs),
+            "steps": configuration.first.summary.get("steps"),
             "mean_dropout_predicted": statistics.fmean(s["mean_dropout_predicted"] for s in summaries),
             "mean_dropout_achieved": statistics.fmean(s["flops_saved_pct"] / 100 for s in summaries),
             "training_flops": statistics.fmean(s["training_flops"] for s in summaries),
@@ -161,18 +193,20 @@ def configuration_table(configurations: list[Configuration]) -> tuple[list[dict]
                  if (e := r.eval_with("groups")) is not None]),
             "end_of_training_val_loss": _mean_or_none([s.get("val_loss") for s in summaries]),
             "cpu_seconds": statistics.fmean(r.cpu_seconds for r in configuration.runs),
+            "compute_matched_to": sorted({label_of[n] for n in configuration.first.matched_to}) or None,
         }
         row["training_flops_saved_pct"] = 100 * (1 - row["training_flops"] / row["dense_training_flops"])
-        if base is not None and not configuration.dense and losses and base.values(val_loss):
-            comparison = compare(losses, base.values(val_loss), sigma, evaluation_noise(configuration, base),
-                                 configuration.label, base.label)
+        twin = None if configuration.dense else dense_twin(configuration, configurations, "model.early_exit_loss.")
+        comparison = compare_configurations(configuration, twin, val_loss, configurations) if twin else None
+        if comparison is not None:
             row.update(vs_dense=comparison.as_dict())
         rows.append(row)
-    noise = {"seed_std": sigma, "seed_dof": dof,
-             "evaluation_se_median": _median([r["vs_dense"]["eval_se"] for r in rows
-                                              if r.get("vs_dense") and r["vs_dense"]["eval_se"] is not None]),
-             "baseline": base.label if base else None, "z": Z}
-    return rows, noise
+    summary = {"seed_std": noise.within, "seed_dof": noise.within_dof, "residual_std": noise.residual,
+               "residual_dof": noise.residual_dof,
+               "evaluation_se_median": _median([r["vs_dense"]["eval_se"] for r in rows
+                                                if r.get("vs_dense") and r["vs_dense"]["eval_se"] is not None]),
+               "baseline": base.label if base else None, "alpha": ALPHA}
+    return rows, summary
 
 
 def _mean_or_none(values: Sequence[float | None]) -> float | None:
@@ -241,14 +275,29 @@ def elasticity_points(results: list[RunResult]) -> list[dict]:
     for run in results:
         points.append({"run": run.name, "configuration": run.label,
                        "mean_dropout_achieved": run.summary["flops_saved_pct"] / 100,
-                       "exit_degradation": exit_degradation(run), "skip_degradation": skip_degradation(run)})
+                       "exit_degradation": exit_degradation(run), "skip_degradation": skip_degradation(run),
+                       "compute_matched": bool(run.matched_to),
+                       "early_exit_loss": bool(float((run.config.get("model") or {}).get("early_exit_loss", {})
+                                                     .get("scale") or 0.0))})
     return points
 
 
+def configuration_points(points: list[dict], key: str) -> list[tuple[float, float]]:
+    """(mean P̄ achieved, mean ``key``) per configuration over its seeds: the units of
+    Finding 6's correlation. Compute-matched runs and runs trained with the early-exit loss
+    (which changes the exits by itself) are left out."""
+    grouped: dict[str, list[dict]] = {}
+    for point in points:
+        if point[key] is not None and not point.get("compute_matched") and not point.get("early_exit_loss"):
+            grouped.setdefault(point["configuration"], []).append(point)
+    return [(statistics.fmean(p["mean_dropout_achieved"] for p in group), statistics.fmean(p[key] for p in group))
+            for group in grouped.values()]
+
+
 def correlation(points: list[dict], key: str) -> dict:
-    usable = [p for p in points if p[key] is not None]
-    return {"spearman": spearman([p["mean_dropout_achieved"] for p in usable], [p[key] for p in usable]),
-            "runs": len(usable)}
+    units = configuration_points(points, key)
+    return {"spearman": spearman([u[0] for u in units], [u[1] for u in units]), "configurations": len(units),
+            "runs": sum(1 for p in points if p[key] is not None)}
 
 
 # ---------------------------------------------------------------- speculative
@@ -289,6 +338,8 @@ def draft_table(configurations: list[Configuration]) -> list[dict]:
     return rows
 
 
-__all__ = ["Configuration", "group", "configuration_table", "compare", "Comparison", "pooled_std", "mean_std",
-           "baseline", "evaluation_noise", "exit_degradation", "skip_degradation", "spearman", "ranks",
-           "elasticity_points", "correlation", "speculative_table", "draft_table", "val_loss"]
+__all__ = ["Configuration", "group", "configuration_table", "compare_configurations", "Comparison", "pooled_std",
+           "mean_std", "baseline", "dense_twin", "settings_outside", "evaluation_noise", "exit_degradation",
+           "skip_degradation", "spearman", "ranks", "elasticity_points", "configuration_points", "correlation",
+           "speculative_table",
+           "draft_table", "val_loss"]

@@ -49,8 +49,8 @@ import yaml
 
 from eval.experiments.run_folder import RunFolder, layerdrop
 from eval.experiments.sweep_adoption import adopt_finished, finished_elsewhere
-from eval.experiments.sweep_spec import (EvalSpec, Run, Sweep, SweepError, format_flops, get_dotted, load_sweep, predict,
-                                         run_recipe)
+from eval.experiments.sweep_dry_run import dry_run
+from eval.experiments.sweep_spec import EvalSpec, Run, Sweep, SweepError, get_dotted, load_sweep, predict, run_recipe
 from eval.experiments.sweep_status import StatusPrinter
 from eval.experiments.sweep_slurm import check_slurm_options, write_slurm
 from eval.options import check_positive
@@ -316,37 +316,6 @@ def prepare_data(sweep: Sweep, runner: Runner) -> None:
     code, _, _ = runner.call([*layerdrop(), "prepare", *sweep.prepare, "--out", str(sweep.data_dir)], log)
     if code != 0:
         raise SweepError(f"`layerdrop prepare` failed with exit status {code}: {last_line(tail(log))}")
-
-
-# ------------------------------------------------------------------------ dry run
-def dry_run(sweep: Sweep, root: Path, runs: list[Run], flops_per_second: float | None,
-            elsewhere: dict[str, Path] | None = None) -> int:
-    """The runs with predicted P̄, FLOPs saved and compute, and their state; writes nothing."""
-    rows, total = [], 0.0
-    for run in runs:
-        prediction = predict(run_recipe(sweep, run, root / "runs" / run.name))
-        state = RunFolder(root, run).state(sweep.evals)
-        if state != "done" and run.name in (elsewhere or {}):
-            state = f"done in {elsewhere[run.name]} (adopted, not run)"
-        else:
-            total += prediction.training_flops
-        rows.append((run.name, prediction, state))
-    width = max(len(name) for name, _, _ in rows)
-    print(f"{'run':<{width}}  {'P̄':>6}  {'all saved':>9}  {'training FLOPs':>14}  {'tokens':>11}  "
-          f"{'TPP':>5}  state")
-    for name, p, state in rows:
-        print(f"{name:<{width}}  {p.mean_dropout:6.4f}  {p.flops_saved_pct:8.2f}%  "
-              f"{format_flops(p.training_flops):>14}  {p.tokens:>11,}  {p.tokens_per_parameter:5.1f}  {state}")
-    line = f"{len(rows)} runs, predicted training compute {format_flops(total)} FLOPs"
-    if flops_per_second:
-        seconds = total / flops_per_second
-        span = f"{seconds / 3600:.2f} hours" if seconds >= 3600 else f"{seconds / 60:.1f} minutes" \
-            if seconds >= 60 else f"{seconds:.1f} seconds"
-        line += f" = {span} at {format_flops(flops_per_second)} FLOP/s"
-    print(line + f"; evaluations: {', '.join(s.name for s in sweep.evals) or 'none'}")
-    print("P̄: predicted share of the blocks' (non-embedding) training FLOPs saved; all saved: of every "
-          "training FLOP, the unembedding included; TPP: tokens per non-embedding parameter")
-    return 0
 
 
 # ------------------------------------------------------------------------------ CLI

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from eval.experiments.sweep_spec import DEFAULT_SEED_KEYS, EvalSpec, get_dotted, parse_evals
+from eval.experiments.sweep_spec import DEFAULT_SEED_KEYS, EvalSpec, get_dotted, parse_evals, predict
 from framework.config import LayerDropoutConfig
 
 SMALL_FILES = ("config.yaml", "recipe.yaml", "summary.json", "status.json", "curve.json")
@@ -45,6 +45,7 @@ class RunResult:
     curve: dict[str, list[float]] = field(default_factory=dict)  # step, flops, val_loss
     label: str = ""
     seed: int | None = None
+    matched_to: list[str] = field(default_factory=list)  # a compute-matched run: the runs whose FLOPs it matches
 
     @property
     def layer_dropout(self) -> dict:
@@ -123,6 +124,7 @@ def load_results(root: Path) -> tuple[list[RunResult], list[str]]:
         result.seed = get_dotted(result.config, "seed_everything")
         result.curve = _json(folder / "curve.json") or tensorboard_curve(folder)
         results.append(result)
+    mark_compute_matched(results)
     label_configurations(results)
     return results, skipped
 
@@ -179,6 +181,57 @@ def _interpolate(points: list[tuple[int, float]], x: int) -> float:
     return points[-1][1]
 
 
+# ------------------------------------------------------------------ compute-matched
+def mark_compute_matched(results: list[RunResult]) -> None:
+    """Find the compute-matched baselines by what they are (eval/experiments/compute_matched.py
+    makes them): a run equal to longer runs in every setting but its length (LENGTH_KEYS),
+    whose predicted FLOPs equal, within one of its steps, those of runs with layer dropout
+    that are equal to the longer runs in every setting but the layer dropout. FLOPs are
+    counted either way a sweep may match them: non-embedding (the blocks, from summary.json)
+    or executed (the unembedding too, predicted from the config). Sets ``matched_to`` to
+    those runs' names."""
+    flats = {r.name: {k: v for k, v in flatten(r.config).items() if k not in IGNORED_KEYS} for r in results}
+    rest = {name: _without(flat, LENGTH_KEYS) for name, flat in flats.items()}
+    outside_dropout = {name: _without(flat, (), "model.layer_dropout.") for name, flat in flats.items()}
+    counts: dict[str, dict[str, float | None]] = {}
+    for run in results:
+        run.matched_to = []
+        steps = int(run.summary.get("steps") or 0)
+        references = [r for r in results if rest[r.name] == rest[run.name] and int(r.summary.get("steps") or 0) > steps]
+        if not steps or not references:
+            continue
+        candidates = [target for reference in references for target in results
+                      if not target.dense and outside_dropout[target.name] == outside_dropout[reference.name]]
+        for name in {run.name, *(t.name for t in candidates)}:
+            if name not in counts:
+                counts[name] = flops_counts(next(r for r in results if r.name == name))
+        mine = counts[run.name]
+        run.matched_to = sorted({t.name for t in candidates if any(
+            mine[k] is not None and counts[t.name][k] is not None
+            and abs(mine[k] - counts[t.name][k]) <= mine[k] / steps * (1 + 1e-6) for k in mine)})
+
+
+LENGTH_KEYS = ("trainer.max_steps", "trainer.val_check_interval", "checkpoint.every_n_steps")
+
+
+def flops_counts(run: RunResult) -> dict[str, float | None]:
+    """A run's predicted training FLOPs, both counts: non-embedding (the blocks: summary.json's
+    dense FLOPs × (1 − P̄ predicted)) and executed (the unembedding and early-exit heads too,
+    `layerdrop sweep`'s prediction from the config; None for a config it cannot predict)."""
+    summary = run.summary
+    non_embedding = float(summary["dense_training_flops"]) * (1 - float(summary["mean_dropout_predicted"])) \
+        if "dense_training_flops" in summary and "mean_dropout_predicted" in summary else None
+    try:
+        executed = predict(run.config).training_flops
+    except (ValueError, TypeError, KeyError):
+        executed = None
+    return {"non_embedding": non_embedding, "executed": executed}
+
+
+def _without(flat: dict[str, Any], keys: tuple[str, ...], prefix: str | None = None) -> dict[str, Any]:
+    return {k: v for k, v in flat.items() if k not in keys and not (prefix and k.startswith(prefix))}
+
+
 # --------------------------------------------------------------------------- labels
 def dropout_label(dropout: dict) -> str:
     """The layer dropout in the paper's words."""
@@ -226,13 +279,17 @@ def label_configurations(results: list[RunResult]) -> None:
     made, adopted from a committed report) varies only if the runs that have it disagree: its
     absence is not a value, or every adopted run's label would list every newer setting."""
     flats = [flatten(r.config) for r in results]
+    # A compute-matched run's length differs from the others' by design: it labels it, not them.
+    judged = [flat for flat, r in zip(flats, results) if not r.matched_to] or flats
     keys = sorted({k for flat in flats for k in flat})
     varying = [k for k in keys if k not in IGNORED_KEYS and not k.startswith(("model.layer_dropout.",
                                                                                "model.early_exit_loss."))
-               and len({json.dumps(flat[k], default=str) for flat in flats if k in flat}) > 1]
+               and len({json.dumps(flat[k], default=str) for flat in judged if k in flat}) > 1]
     for result, flat in zip(results, flats):
         extras = [f"{k.split('.')[-1]}={flat[k]}" for k in varying if k in flat]
         exits = early_exit_label(get_dotted(result.config, "model.early_exit_loss") or {})
+        if result.matched_to:
+            extras.append(f"{result.summary.get('steps')} steps (compute-matched)")
         result.label = ", ".join([dropout_label(result.layer_dropout) + exits, *extras])
 
 
@@ -280,5 +337,6 @@ def with_aliases(text: str, aliases: dict[str, str] | None) -> str:
     return text
 
 
-__all__ = ["RunResult", "load_results", "tensorboard_curve", "dropout_label", "label_configurations",
+__all__ = ["RunResult", "load_results", "mark_compute_matched", "flops_counts", "LENGTH_KEYS", "tensorboard_curve",
+           "dropout_label", "label_configurations",
            "LAYER_DROPOUT_DEFAULTS", "configuration_key", "copy_results", "with_aliases", "flatten"]

@@ -14,12 +14,16 @@ overrides, the seeds, and the evaluations to run on each finished run:
       dense: {model.layer_dropout.p_max: 0.0, seeds: [0, 1, 2]}
     seeds: [0, 1]                           # every config is run once per seed ...
     seed_keys: [seed_everything, data.seed, model.layer_dropout.seed]   # ... set in these keys
+    flops_matched:                          # dense trained to the others' FLOPs, its own full
+      baseline: dense                       # schedule each (eval/experiments/compute_matched.py)
+      to: ["*"]
     evals:                                  # `layerdrop <command> --ckpt … --data … --out …`
       - {name: heldout, command: eval heldout, args: {groups: 64}}
       - {name: skip, command: eval skip, args: {sweep: [middle, single]}, only: ["dense*"]}
 
-A grid config is named from its overrides (``p_max=0.2``), a named one by its key; the
-run is the config at one seed (``p_max=0.2,seed=0``). Everything here is pure: nothing
+A grid config is named from its overrides (``p_max=0.2``), a named one by its key, a
+compute-matched one by its baseline and length (``dense-steps=900``); the run is the
+config at one seed (``p_max=0.2,seed=0``). Everything here is pure: nothing
 is launched or written (eval/experiments/sweep.py does that).
 """
 
@@ -37,13 +41,14 @@ from typing import Any
 
 import yaml
 
+from eval.experiments.compute_matched import matched_configs
 from framework.config import EarlyExitLossConfig, LayerDropoutConfig, ModelConfig
 from framework.training.early_exit_loss import mean_exit_heads
 from framework.model.flops import dense_step_flops
 from framework.schedules import mean_dropout
 
 DEFAULT_SEED_KEYS = ("seed_everything", "data.seed", "model.layer_dropout.seed")
-TOP_KEYS = ("base", "data", "overrides", "grid", "runs", "seeds", "seed_keys", "evals")
+TOP_KEYS = ("base", "data", "overrides", "grid", "runs", "flops_matched", "seeds", "seed_keys", "evals")
 EVAL_KEYS = ("name", "command", "args", "only", "data")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=+,-]*$")
 RECIPE_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -75,6 +80,7 @@ class Run:
     config_name: str  # the configuration without the seed
     overrides: dict[str, Any]  # dotted key -> value (the sweep's shared ones first)
     seed: int
+    matches: tuple[str, ...] = ()  # a compute-matched run: the configurations whose FLOPs it is trained to
 
 
 @dataclass
@@ -136,14 +142,36 @@ def sweep_of(spec: dict, path: Path, text: str, *, data_dir: str | None = None, 
         configs = _grid_configs(spec.get("grid") or {}) + _named_configs(spec.get("runs") or {}, seeds)
         if not configs:
             raise SweepError("the sweep has no runs: give a grid, named runs, or both")
+    matches: dict[str, tuple[str, ...]] = {}
+    if spec.get("flops_matched") is not None:
+        for name, overrides, config_seeds, targets in _flops_matched(spec["flops_matched"], configs, seeds, base,
+                                                                       shared):
+            configs = [*configs, (name, overrides, config_seeds)]
+            matches[name] = targets
     names = [name for name, _, _ in configs]
     duplicated = sorted({n for n in names if names.count(n) > 1})
     if duplicated:
         raise SweepError(f"configuration names {duplicated} appear twice: rename the runs")
-    runs = [Run(f"{name},seed={seed}", name, {**shared, **overrides}, seed)
+    runs = [Run(f"{name},seed={seed}", name, {**shared, **overrides}, seed, matches.get(name, ()))
             for name, overrides, config_seeds in configs for seed in (config_seeds or seeds)]
     return Sweep(path=path, base=base, data_dir=Path(data_dir or data["dir"]), prepare=prepare, runs=runs,
                  evals=parse_evals(spec.get("evals") or []), seed_keys=seed_keys, text=text)
+
+
+def _flops_matched(block: Any, configs: list, seeds: list[int], base: Path, shared: dict[str, Any]) -> list:
+    """The compute-matched configurations the file's ``flops_matched`` block asks for."""
+    def recipe_of(overrides: dict[str, Any]) -> dict:
+        recipe = _base_recipe(base)
+        for key, value in {**shared, **overrides}.items():
+            set_dotted(recipe, key, value)
+        return recipe
+
+    try:
+        return matched_configs(block, configs, seeds, recipe_of, predict)
+    except SweepError:
+        raise
+    except ValueError as err:
+        raise SweepError(str(err)) from None
 
 
 def check_keys(settings: dict[str, Any], where: str) -> None:
@@ -315,6 +343,7 @@ class Prediction:
     dense_training_flops: float
     tokens: int
     non_embedding_params: int
+    non_embedding_flops: float = 0.0  # the blocks' executed FLOPs (the paper's "FLOPs"; summary.json's training_flops)
 
     @property
     def tokens_per_parameter(self) -> float:
@@ -351,7 +380,8 @@ def predict(recipe: dict) -> Prediction:
     heads_flops = step.head * (1 + heads)  # the final head and the early-exit heads
     return Prediction(mean_dropout=p_bar, training_flops=steps * (step.blocks * (1 - p_bar) + heads_flops),
                       dense_training_flops=steps * (step.blocks + heads_flops), tokens=steps * sequences * seq_len,
-                      non_embedding_params=non_embedding_parameters(model_cfg))
+                      non_embedding_params=non_embedding_parameters(model_cfg),
+                      non_embedding_flops=steps * step.blocks * (1 - p_bar))
 
 
 def _known_fields(section: dict, config: type, where: str, extra: tuple[str, ...] = ()) -> None:

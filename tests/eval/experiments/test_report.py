@@ -8,79 +8,23 @@ from pathlib import Path
 import pytest
 import yaml
 
-from eval.experiments.findings import verdict
 from eval.experiments.report import main
-from eval.experiments.report_tables import Comparison, compare, pooled_std, ranks, spearman
+from eval.experiments.report_tables import ranks, spearman
+from eval.experiments.significance import pooled_std
 from eval.experiments.sweep_results import dropout_label, label_configurations, load_results
-
-LAYERS, STEPS = 4, 100
-SLICES = 4
-
-
-def write_run(root: Path, name: str, seed: int, losses: list[float], *, exits: dict | None = None,
-              skip: list[dict] | None = None, speedup: float | None = None, early_exit_loss: dict | None = None,
-              exit_drafts: dict[int, float] | None = None, **dropout) -> None:
-    """A finished run as `layerdrop sweep` leaves it: config, summary, status, evals
-    (``exit_drafts``: exit layer -> the speedup of its `speculate run` report)."""
-    folder = root / "runs" / name
-    (folder / "evals").mkdir(parents=True)
-    layer_dropout = {"p_max": 0.0, "distribution": "increasing", "schedule": "decreasing", "structure": "layer",
-                     "mask": "sequence", "r_train": "inverse_density", "seed": seed, **dropout}
-    config = {"seed_everything": seed, "trainer": {"max_steps": STEPS, "default_root_dir": str(folder)},
-              "model": {"decoder": {"n_layers": LAYERS, "d_model": 32}, "layer_dropout": layer_dropout},
-              "data": {"seed": seed, "data_dir": "/data"}}
-    if early_exit_loss is not None:
-        config["model"]["early_exit_loss"] = early_exit_loss
-    (folder / "config.yaml").write_text(yaml.safe_dump(config))
-    p_bar = {"constant": 1.0, "increasing": 0.5, "decreasing": 0.5}[layer_dropout["schedule"]] * \
-        {"uniform": 1.0, "increasing": 0.5, "alternating": 0.5}[layer_dropout["distribution"]] * layer_dropout["p_max"]
-    (folder / "summary.json").write_text(json.dumps({
-        "steps": STEPS, "tokens": 1000, "val_loss": statistics.fmean(losses) + 0.01, "ln_vocab": 5.0,
-        "training_flops": 1e12 * (1 - p_bar), "dense_training_flops": 1e12, "flops_saved_pct": 100 * p_bar,
-        "mean_dropout_predicted": p_bar}))
-    (folder / "status.json").write_text(json.dumps({"state": "done", "stages": {"pretrain": {"cpu_seconds": 10.0}}}))
-    exits = exits or {str(k): statistics.fmean(losses) + (LAYERS - k) * 0.5 for k in range(1, LAYERS + 1)}
-    heldout = {"num_layers": LAYERS, "exit_loss": exits, "tokens": 4000, "loss": exits[str(LAYERS)],
-               "standard_error": {k: 0.01 for k in exits},
-               "groups": {"tokens": [1000] * SLICES, "exit_loss": {k: [v + d for d in losses_offsets(losses, v)]
-                                                                   for k, v in exits.items()}}}
-    heldout["exit_loss"][str(LAYERS)] = heldout["loss"] = statistics.fmean(losses)
-    heldout["groups"]["exit_loss"][str(LAYERS)] = losses
-    (folder / "evals" / "heldout.json").write_text(json.dumps(heldout))
-    if skip is not None:
-        (folder / "evals" / "skip.json").write_text(json.dumps({"num_layers": LAYERS, "results": skip}))
-    if speedup is not None:
-        (folder / "evals" / "speculate.json").write_text(json.dumps({"best": {
-            "speedup": speedup, "acceptance_rate": 0.5, "draft_time_ratio": 0.5, "skip_layers": [2],
-            "identical_to_greedy": True}}))
-    for exit_layer, draft_speedup in (exit_drafts or {}).items():
-        (folder / "evals" / f"exit-draft-{exit_layer}.json").write_text(json.dumps({
-            "draft": "exit", "exit_layer": exit_layer, "skip_layers": [], "speedup": draft_speedup,
-            "acceptance_rate": 0.5, "identical_to_greedy": True}))
-
-
-def losses_offsets(losses: list[float], mean: float) -> list[float]:
-    return [x - statistics.fmean(losses) for x in losses]
-
-
-def slices(mean: float, spread: float = 0.002) -> list[float]:
-    return [mean - 1.5 * spread, mean - 0.5 * spread, mean + 0.5 * spread, mean + 1.5 * spread]
-
-
-def skip_rows(full: float, odd: float) -> list[dict]:
-    return [{"skip_layers": [], "loss": full, "params_kept": 100, "name": "none"},
-            {"skip_layers": [1, 3], "loss": odd, "params_kept": 60, "name": "alternate-odd"},
-            {"skip_layers": [2], "loss": full + 0.3, "params_kept": 80, "name": "2"}]
-
+from eval.experiments.findings.verdicts import verdict
+from tests.eval.experiments.run_folders import skip_rows, slices, write_run
 
 @pytest.fixture()
 def sweep(tmp_path) -> Path:
     root = tmp_path / "sweep"
     for seed, mean in enumerate((3.00, 3.02, 3.01)):
         write_run(root, f"dense,seed={seed}", seed, slices(mean), skip=skip_rows(mean, mean + 2.0), speedup=0.9)
-    for seed, mean in enumerate((2.90, 2.92)):  # clearly better than dense
+    for seed, mean in enumerate((2.90, 2.93)):  # clearly better than dense
         write_run(root, f"good,seed={seed}", seed, slices(mean), p_max=0.4, skip=skip_rows(mean, mean + 1.0),
                   speedup=1.2 + seed * 0.01)
+    for seed, mean in enumerate((3.02, 3.03)):  # ILD+DTS at P̄ 5%, where the paper claims parity
+        write_run(root, f"p05,seed={seed}", seed, slices(mean), p_max=0.2)
     write_run(root, "sub,seed=0", 0, slices(3.30), p_max=0.4, structure="sublayer")  # clearly worse
     write_run(root, "alt,seed=0", 0, slices(3.005), p_max=0.4, distribution="alternating", schedule="constant",
               skip=skip_rows(3.005, 3.1))
@@ -146,20 +90,21 @@ def test_a_run_trained_but_not_yet_evaluated_is_left_out_not_compared_by_its_tra
     assert {r.name for r in load_results(sweep)[0]} == names | {"good,seed=1", "alt,seed=0"}
 
 
-def test_statistics_and_verdicts_by_hand():
+def test_verdicts_by_hand():
     assert pooled_std([[1.0, 3.0], [2.0, 2.0, 5.0]])[0] == pytest.approx(math.sqrt((2 + 6) / 3))
-    c = compare([2.0, 2.1], [3.0, 3.1], 0.1, 0.05)
-    assert c.se == pytest.approx(math.sqrt(0.1 ** 2 + 0.05 ** 2)) and c.verdict == "better"
-    assert compare([3.05], [3.0, 3.1], 0.1, None).verdict == "within noise"
-    assert compare([3.5], [3.0], 0.1, None).verdict == "worse"
-    # one seed each: a paired evaluation error alone (0.003) decides nothing
-    assert compare([4.81], [4.71], None, 0.003).verdict == "no noise estimate"
-    make = lambda v: Comparison("a", "b", 0, 0, 1, 1, None, v)  # noqa: E731
+    make = lambda v, **k: {"verdict": v, **k}  # noqa: E731
     assert verdict([make("better"), make("better")]) == "reproduced"
     assert verdict([make("better"), make("within noise")]) == "within noise"
     assert verdict([make("better"), make("worse")]) == "not reproduced"
     assert verdict([make("worse")], expected="worse") == "reproduced"
     assert verdict([]) == "not tested"
+    # against the paper beyond the noise, but not beyond the paper's own figure for it
+    consistent = make("worse", vs_paper="within noise of or below the paper's figure")
+    assert verdict([make("better"), consistent]) == "consistent with the paper's own figure"
+    assert verdict([consistent, make("worse", vs_paper="beyond the paper's figure")]) == "not reproduced"
+    # an observation is shown, never counted
+    assert verdict([make("worse", observation=True)]) == "not tested"
+    assert verdict([make("better"), make("worse", observation=True)]) == "reproduced"
 
 
 def test_spearman_matches_scipy_and_handles_ties():
@@ -178,30 +123,53 @@ def test_report_numbers_and_verdicts_from_the_run_folders(sweep, tmp_path):
     dense_losses = [3.00, 3.02, 3.01]
     assert rows["dense"]["val_loss_mean"] == pytest.approx(statistics.fmean(dense_losses))
     assert rows["dense"]["val_loss_std"] == pytest.approx(statistics.stdev(dense_losses))
-    sigma = math.sqrt((2 * statistics.variance(dense_losses) + statistics.variance([2.90, 2.92])) / 3)
-    assert report["noise"]["seed_std"] == pytest.approx(sigma)
+    # unpaired noise: the pooled std over seeds of dense (2 dof), good and p05 (1 each)
+    sigma = math.sqrt((2 * statistics.variance(dense_losses) + statistics.variance([2.90, 2.93])
+                       + statistics.variance([3.02, 3.03])) / 4)
+    assert report["noise"]["seed_std"] == pytest.approx(sigma) and report["noise"]["seed_dof"] == 4
+    # paired noise: loss = configuration + seed; the one-seed configurations and dense's seed 2 fit
+    # exactly, so the residual is that of the 3 × 2 block (dense, good, p05 at seeds 0, 1): with two
+    # seeds, σ² = variance of the seed-1 − seed-0 steps over the configurations / 2, dof 3 − 1
+    steps = [3.02 - 3.00, 2.93 - 2.90, 3.03 - 3.02]
+    residual = math.sqrt(statistics.variance(steps) / 2)
+    assert report["noise"]["residual_std"] == pytest.approx(residual) and report["noise"]["residual_dof"] == 2
     good = rows["ILD+DTS p_max=0.4"]
     assert good["mean_dropout_achieved"] == pytest.approx(0.1) and good["training_flops_saved_pct"] == pytest.approx(10)
     # the paired evaluation noise: slices of (good, seed 0) minus slices of (dense, seed 0)
     diffs = [a - b for a, b in zip(slices(2.90), slices(3.00))]
     assert good["vs_dense"]["eval_se"] == pytest.approx(statistics.stdev(diffs) / 2, abs=1e-12)
-    assert good["vs_dense"]["se"] == pytest.approx(sigma * math.sqrt(1 / 2 + 1 / 3))
-    assert good["vs_dense"]["diff"] == pytest.approx(2.91 - 3.01) and good["vs_dense"]["verdict"] == "better"
+    # paired over seeds 0 and 1: the mean of (2.90 − 3.00, 2.93 − 3.02), SE σ·√(2/2); t on 2 dof,
+    # whose two-sided p is 1 − t/√(t² + 2)
+    vs = good["vs_dense"]
+    assert vs["paired"] == 2 and vs["diff"] == pytest.approx(-0.095) and vs["se"] == pytest.approx(residual)
+    t = 0.095 / residual
+    assert vs["dof"] == 2 and vs["p_value"] == pytest.approx(1 - t / math.sqrt(t * t + 2))
+    assert vs["verdict"] == "better" and vs["pct"] == pytest.approx(100 * -0.095 / 3.01)
     findings = {f["id"]: f for f in report["findings"]}
-    assert findings["headline"]["verdict"] == "reproduced"
+    # parity is judged at P̄ 5% only: p05 is +0.015 (t = 0.015/σ ≈ 2.1 on 2 dof: within noise)
+    [headline] = findings["headline"]["comparisons"]
+    assert headline["a"] == "ILD+DTS p_max=0.2" and headline["diff"] == pytest.approx(0.015)
+    assert headline["verdict"] == "within noise" and findings["headline"]["verdict"] == "within noise"
+    assert headline["paper_pct"] == pytest.approx(0.46)  # Table 3, 271M (the size nearest a hand-made model)
+    # P̄ 10%: −3.2% is below the paper's own +0.82%: consistent with it
+    cost = findings["cost-at-equal-steps"]
+    assert cost["verdict"] == "consistent with the paper's own figure" and cost["comparisons"][0]["observation"]
     assert findings["finding-1"]["verdict"] == "reproduced"  # sublayer clearly worse than layer
     assert findings["finding-2"]["verdict"] == "not tested"
     assert findings["finding-3"]["verdict"] == "reproduced"  # ILD and ALD (P̄ 0.2) beat uniform 0.2
     assert len(findings["finding-3"]["comparisons"]) == 2
     assert findings["skip-ald"]["verdict"] == "reproduced"  # ALD skips alternate layers best
-    assert findings["speculative"]["comparisons"][0]["diff"] == pytest.approx(1.205 - 0.9)
-    assert findings["speculative"]["comparisons"][0]["pct"] == pytest.approx(100 * (1.205 - 0.9) / 0.9)
+    assert findings["pareto"]["verdict"] == "no compute-matched baseline"
+    # speedups paired over seeds 0, 1: (1.20 − 0.9, 1.21 − 0.9)
+    assert findings["speculative"]["comparisons"][0]["diff"] == pytest.approx(0.305)
+    assert findings["speculative"]["comparisons"][0]["pct"] == pytest.approx(100 * 0.305 / 0.9)
     assert report["speculative"][0]["configuration"] == "dense"
     points = {p["run"]: p for p in report["elasticity"]["points"]}
     assert points["good,seed=0"]["skip_degradation"] == pytest.approx(((2.90 + 1.0) + (2.90 + 0.3)) / 2 - 2.90)
     assert points["good,seed=0"]["exit_degradation"] == pytest.approx(statistics.fmean([1.5, 1.0, 0.5]))
     text = (out / "README.md").read_text()
     assert "ILD+DTS p_max=0.4" in text and "**reproduced**" in text and "unfinished,seed=0" in text
+    assert f"This page makes **{report['multiple_comparisons']['tests']} tests**" in text
     for image in report["images"].values():
         assert (out / image).stat().st_size > 1000
     # rebuilt from the copy alone
@@ -215,7 +183,7 @@ def test_the_early_exit_loss_is_judged_against_its_twin_without_it_and_nowhere_e
     layer dropout without it (what it buys), their last layer too (what it costs); the
     paper's layer-dropout findings ignore them."""
     eel = {"scale": 0.5, "exits": "all", "weighting": "uniform", "curriculum": "rotational", "rotation": 3}
-    for seed, mean in enumerate((2.95, 2.97)):  # the last layer: 0.05 worse than "good" (2.90, 2.92)
+    for seed, mean in enumerate((2.95, 2.97)):  # the last layer: 0.045 worse than "good" (2.90, 2.93)
         exits = {"1": mean + 0.4, "2": mean + 0.2, "3": mean + 0.1, "4": mean}  # "good"'s: + 1.5, 1.0, 0.5
         write_run(sweep, f"good-eel,seed={seed}", seed, slices(mean), p_max=0.4, early_exit_loss=eel,
                   exits=exits, exit_drafts={2: 1.5 + 0.01 * seed})
@@ -231,14 +199,14 @@ def test_the_early_exit_loss_is_judged_against_its_twin_without_it_and_nowhere_e
     by_what = {c["a"].removeprefix(label + ": "): c for c in buys["comparisons"]}
     assert set(by_what) == {"exit 1 loss", "exit 2 loss", "exit 3 loss", "exit-2 draft speedup"}
     assert {c["b"] for c in buys["comparisons"]} == {"ILD+DTS p_max=0.4"}
-    assert by_what["exit 1 loss"]["diff"] == pytest.approx((2.96 + 0.4) - (2.91 + 1.5))
+    assert by_what["exit 1 loss"]["diff"] == pytest.approx((2.96 + 0.4) - (2.915 + 1.5))  # paired over seeds 0, 1
     assert by_what["exit-2 draft speedup"]["diff"] == pytest.approx(1.505 - 0.805)
     assert by_what["exit-2 draft speedup"]["pct"] == pytest.approx(100 * (1.505 - 0.805) / 0.805)
     assert buys["verdict"] == "reproduced"
     [cost] = costs["comparisons"]
-    assert cost["diff"] == pytest.approx(2.96 - 2.91) and costs["verdict"] == "not reproduced"  # a cost beyond noise
+    assert cost["diff"] == pytest.approx(0.045) and costs["verdict"] == "not reproduced"  # a cost beyond noise
     # the paper's findings are about layer dropout alone: the run with exits trained is in none
-    for identifier in ("headline", "early-exit", "speculative", "pareto"):
+    for identifier in ("headline", "cost-at-equal-steps", "early-exit", "speculative", "pareto"):
         assert not any("early-exit loss" in c["a"] for c in findings[identifier]["comparisons"]), identifier
     assert "is the small cost the claim allows" in (out / "README.md").read_text()
 

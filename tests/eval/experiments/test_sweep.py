@@ -250,9 +250,13 @@ def test_a_sweep_stops_resumes_reports_a_failed_run_and_is_idempotent(tmp_path, 
     assert vs["diff"] == pytest.approx(statistics.fmean(dropout) - statistics.fmean(dense), rel=1e-9)
     sigma = math.sqrt((statistics.variance(dense) + statistics.variance(dropout)) / 2)
     assert report["noise"]["seed_std"] == pytest.approx(sigma, rel=1e-9)
-    assert vs["seed_se"] == pytest.approx(sigma, rel=1e-9)  # σ·√(1/2 + 1/2)
-    assert vs["verdict"] == ("better" if vs["diff"] < -2 * vs["se"] else
-                             "worse" if vs["diff"] > 2 * vs["se"] else "within noise")
+    # paired over seeds 0 and 1: the mean per-seed difference; 2 configurations × 2 seeds leave one
+    # residual degree of freedom, σ = |d_0 − d_1|/2, and a t test on 1 dof (Cauchy: p = 1 − 2/π·atan|t|)
+    d = [a - b for a, b in zip(dropout, dense)]
+    assert vs["paired"] == 2 and vs["dof"] == 1 and vs["se"] == pytest.approx(abs(d[0] - d[1]) / 2, rel=1e-9)
+    p_value = 1 - 2 / math.pi * math.atan(abs(vs["diff"]) / vs["se"])
+    assert vs["p_value"] == pytest.approx(p_value, rel=1e-9)
+    assert vs["verdict"] == ("within noise" if p_value >= 0.05 else "better" if vs["diff"] < 0 else "worse")
     assert (report_dir / "README.md").read_text().count("p_max=0.5,seed=") == 2
     assert {"pareto", "exits", "degradation", "heatmaps"} <= set(report["images"])
     # the committed copy alone rebuilds the same numbers
@@ -294,14 +298,22 @@ def test_predictions_count_the_early_exit_heads():
 def test_the_reproductions_dense_runs_are_the_tuned_base(tmp_path, monkeypatch):
     """recipes/sweeps/paper-cpu.yaml trains recipes/cpu-base.yaml unchanged: its dense seed 0 is
     the very run `layerdrop tune` chose (docs/tuning's copy), up to the machine's folders, and
-    every configuration differs from dense by its layer dropout alone."""
+    every configuration differs from dense by its layer dropout alone, but the compute-matched
+    dense runs, which differ by their length alone."""
     from eval.experiments.sweep_adoption import MACHINE_PATHS
 
     monkeypatch.chdir(REPO)
     paper = load_sweep(REPO / "recipes" / "sweeps" / "paper-cpu.yaml", data_dir=str(tmp_path))
-    runs = {run.name: run for run in paper.runs}
-    assert {name for name in runs if name.endswith("seed=2")} == {"dense,seed=2", "ild-dts-0.4,seed=2",
-                                                                  "ild-dts-0.8,seed=2"}
+    runs = {run.name: run for run in paper.runs if not run.matches}
+    assert {name for name in runs if name.endswith("seed=2")} == {"dense,seed=2", "ild-dts-0.2,seed=2",
+                                                                  "ild-dts-0.4,seed=2", "ild-dts-0.8,seed=2"}
+    for run in (r for r in paper.runs if r.matches):  # trained to the ILD+DTS runs' FLOPs
+        recipe = run_recipe(paper, run, tmp_path / run.name)
+        reference = run_recipe(paper, runs[f"dense,seed={run.seed}"], tmp_path / run.name)
+        for key in ("trainer.max_steps", "trainer.val_check_interval", "checkpoint.every_n_steps"):
+            section, name = key.split(".")
+            recipe[section].pop(name), reference[section].pop(name)
+        assert recipe == reference, run.name
 
     def without_paths(recipe: dict) -> dict:
         recipe = json.loads(json.dumps(recipe))

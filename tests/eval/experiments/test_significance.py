@@ -1,0 +1,62 @@
+"""The report's statistics by hand: Student t, the paired and unpaired noise, Holm."""
+
+import math
+import statistics
+
+import pytest
+
+from eval.experiments.significance import (Noise, block_residual_std, critical_t, difference, holm, noise_of,
+                                           t_two_sided_p, verdict_of)
+
+
+def test_student_t_matches_its_closed_forms_and_scipy():
+    for t in (0.3, 1.0, 2.5, 19.0):
+        assert t_two_sided_p(t, 1) == pytest.approx(1 - 2 / math.pi * math.atan(t))  # Cauchy
+        assert t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(t * t + 2))
+    assert t_two_sided_p(1.959964, 1e9) == pytest.approx(0.05, abs=1e-6)  # the normal limit
+    assert critical_t(1) == pytest.approx(math.tan(math.pi * 0.475))  # 12.706
+    assert critical_t(2) == pytest.approx(math.sqrt(2 / (1 - 0.95 ** 2) - 2))  # 4.303
+    stats = pytest.importorskip("scipy.stats")
+    for t, dof in ((0.5, 3.7), (2.2, 13), (4.0, 7.5), (30.0, 2)):
+        assert t_two_sided_p(t, dof) == pytest.approx(2 * stats.t.sf(t, dof), rel=1e-10)
+    assert critical_t(13) == pytest.approx(stats.t.ppf(0.975, 13))
+
+
+def test_holm_by_hand():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> monotone: 0.06 for the last
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])
+    assert holm([]) == []
+
+
+def test_the_paired_noise_is_the_residual_of_configuration_plus_seed():
+    # 3 configurations × 2 seeds: σ² = Σ(δ_i − δ̄)²/(2(k − 1)), δ_i the seed-1 minus seed-0 step
+    a, b, c = {0: 3.00, 1: 3.02}, {0: 2.90, 1: 2.93}, {0: 3.02, 1: 3.03}
+    sigma, dof = block_residual_std([a, b, c])
+    assert dof == 2 and sigma == pytest.approx(math.sqrt(statistics.variance([0.02, 0.03, 0.01]) / 2))
+    # a configuration at one seed, or a seed only one configuration has, fits exactly: it adds nothing
+    assert block_residual_std([a, b, c, {0: 9.0}, {7: 1.0}]) == (pytest.approx(sigma), 2)
+    # a seed effect common to every configuration is no noise
+    assert block_residual_std([{0: 1.0, 1: 2.0}, {0: 5.0, 1: 6.0}])[0] == pytest.approx(0.0, abs=1e-12)
+
+
+def test_paired_and_unpaired_differences_by_hand():
+    noise = Noise(within=0.02, within_dof=10, residual=0.01, residual_dof=6)
+    paired = difference({0: 2.9, 1: 2.95, 2: 3.5}, {0: 3.0, 1: 3.0}, noise)
+    assert paired.paired == 2 and paired.diff == pytest.approx(-0.075)  # seed 2 has no partner
+    assert paired.se == pytest.approx(0.01) and paired.dof == 6 and paired.reference == pytest.approx(3.0)
+    assert paired.p_value == pytest.approx(t_two_sided_p(7.5, 6))
+    unpaired = difference({0: 2.9}, {1: 3.0, 2: 3.1}, noise, eval_se=0.003)
+    assert unpaired.paired == 0 and unpaired.diff == pytest.approx(-0.15) and unpaired.dof == 10
+    assert unpaired.se == pytest.approx(math.sqrt(0.02 ** 2 * (1 + 1 / 2) + 0.003 ** 2))
+    # no seed noise: the paired evaluation error alone decides nothing
+    alone = difference({0: 4.81}, {0: 4.71}, Noise(None, 0, None, 0), eval_se=0.003)
+    assert alone.p_value is None and verdict_of(alone.p_value, alone.diff) == "no noise estimate"
+    assert verdict_of(0.01, -1) == "better" and verdict_of(0.01, 1) == "worse" and verdict_of(0.2, 1) == "within noise"
+
+
+def test_noise_of_pools_both_estimates():
+    found = noise_of([{0: 1.0, 1: 3.0}, {0: 2.0, 1: 2.0, 2: 5.0}])
+    assert found.within == pytest.approx(math.sqrt((2 + 6) / 3)) and found.within_dof == 3
+    # 5 runs, 2 configurations + 3 seeds - 1 = 4 parameters: 1 dof
+    assert found.residual_dof == 1
