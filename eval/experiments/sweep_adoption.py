@@ -71,7 +71,7 @@ def adopt(sweep: Sweep, root: Path, run: Run, source: Path) -> None:
             copy_file(origin / name, target / name)
     for report in sorted((origin / "evals").glob("*.json")):
         copy_file(report, target / "evals" / report.name)
-    write_text(target / "recipe.yaml", yaml.safe_dump(run_recipe(sweep, run, target.resolve()), sort_keys=False))
+    write_text(target / "recipe.yaml", yaml.safe_dump(run_recipe(sweep, run, target), sort_keys=False))
     status = json.loads((origin / "status.json").read_text()) if (origin / "status.json").is_file() else {}
     status.update(state="done", adopted_from=str(source))
     write_json(target / "status.json", status)

@@ -65,9 +65,21 @@ def test_finished_committed_runs_are_adopted_and_nothing_is_run(tmp_path, capsys
         assert status["adopted_from"] == str(report) and status["stages"]["pretrain"]["cpu_seconds"] == 9
         # this sweep's own recipe (its paths), so a later run of the sweep accepts the folder
         assert yaml.safe_load((folder / "recipe.yaml").read_text())["trainer"]["default_root_dir"] == \
-            str(folder.resolve())
+            str(folder)
         assert not (folder / "logs").exists()  # no subprocess ran
     assert main([str(path), "--out", str(tmp_path / "out")]) == 0  # idempotent without --done-from too
+
+
+def test_a_relative_out_keeps_the_adopted_recipes_paths_relative(tmp_path, monkeypatch, capsys):
+    """A report copies the adopted recipe.yaml: it must not name this machine's folders."""
+    data, report = prepared(tmp_path), tmp_path / "docs" / "reproduction"
+    path = sweep_file(tmp_path, data)
+    names = [r.name for r in load_sweep(path).runs]
+    committed_copy(report, path, names, other_machine=Path("/elsewhere/sweeps/x"))
+    monkeypatch.chdir(tmp_path)
+    assert main([str(path), "--out", "out", "--done-from", str(report)]) == 0
+    recipe = yaml.safe_load((tmp_path / "out" / "runs" / names[0] / "recipe.yaml").read_text())
+    assert recipe["trainer"]["default_root_dir"] == str(Path("out") / "runs" / names[0])
 
 
 def test_a_committed_run_of_another_recipe_is_refused_by_name(tmp_path, capsys):
