@@ -6,6 +6,7 @@ import pytest
 
 from eval.downstream.harness import force_offline, main
 from tests.eval.tiny_lm import export_tiny_model
+from tests.helpers.in_process import run_main
 
 force_offline()
 TASKS = "copa,arc_easy"
@@ -24,12 +25,7 @@ def empty_hf_cache(tmp_path, monkeypatch):
 
 
 def run(argv, capsys):
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr()
+    return run_main(main, argv, capsys)
 
 
 def samples(path):

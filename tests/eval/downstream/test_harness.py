@@ -8,6 +8,7 @@ import pytest
 from eval.downstream.harness import PAPER_TASKS, expand_tasks, force_offline, main
 from eval.downstream.task_index import builtin_folder, check_tasks, declared_names, local_names
 from tests.eval.tiny_lm import FIXTURES, TASKS, export_tiny_model
+from tests.helpers.in_process import run_main
 
 force_offline()
 
@@ -18,12 +19,7 @@ def model_dir(tmp_path_factory):
 
 
 def run(argv, capsys):
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr()
+    return run_main(main, argv, capsys)
 
 
 def test_paper_expands_to_the_eleven_tasks_of_table_a3():

