@@ -100,7 +100,7 @@ def curve(model: Decoder, prompts: Sequence[Sequence[int]], batches, *, threshol
 
 def plot_curve(report: dict, path: str | Path, label: str | None = None) -> Path:
     """Agreement with full greedy and validation loss vs layers per token, one point a threshold."""
-    from eval.measurements.plots import _save, plt  # the project's matplotlib setup (Agg) and file writing
+    from eval.measurements.plots import save_figure, plt  # the project's matplotlib setup (Agg) and file writing
 
     rows = sorted(report["thresholds"], key=lambda r: r["layers_per_token"])
     layers = [r["layers_per_token"] for r in rows]
@@ -118,7 +118,7 @@ def plot_curve(report: dict, path: str | Path, label: str | None = None) -> Path
     bottom.set_xlabel(f"layers per token (of {report['num_layers']})")
     bottom.set_ylabel("validation loss as decoded")
     bottom.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # -------------------------------------------------------------------------- CLI

@@ -63,20 +63,13 @@ def table_text(report: dict) -> str:
 
 def plot_accuracy(report: dict, path: str | Path) -> Path:
     """Each task's summary metric against the exit layer (one line per task)."""
-    from eval.measurements.plots import exits_figure
+    from eval.measurements.plots import exits_figure, save_figure
 
     series = [{"label": f"{task} ({report['metric'][task].split(',')[0]})", "exit_loss": values}
               for task, values in report["table"].items()]
     figure = exits_figure(series, title="Downstream accuracy by exit")
     figure.axes[0].set_ylabel("accuracy (the task's summary metric)")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
-    return path
+    return save_figure(figure, path)
 
 
 __all__ = ["evaluate_exits", "table_text", "plot_accuracy"]

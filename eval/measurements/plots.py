@@ -32,7 +32,7 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 MARKERS = "osD^v<>pPhX*"
 
 
-def _save(fig: Figure, path: str | Path) -> Path:
+def save_figure(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -81,7 +81,7 @@ def exits_figure(reports: Sequence[dict], *, title: str = "Early exit", colour_o
 
 
 def plot_exits(reports: Sequence[dict], path: str | Path, **kwargs) -> Path:
-    return _save(exits_figure(reports, **kwargs), path)
+    return save_figure(exits_figure(reports, **kwargs), path)
 
 
 def skip_figure(reports: Sequence[dict], *, colour_of: dict | None = None) -> Figure:
@@ -142,7 +142,7 @@ def _is_middle(skip: Sequence[int], num_layers: int | None) -> bool:
 
 
 def plot_skip(reports: Sequence[dict], path: str | Path, **kwargs) -> Path:
-    return _save(skip_figure(reports, **kwargs), path)
+    return save_figure(skip_figure(reports, **kwargs), path)
 
 
 def plot_coord_check(report: dict, path: str | Path) -> Path:
@@ -165,7 +165,7 @@ def plot_coord_check(report: dict, path: str | Path) -> Path:
     axes[0][0].set_ylabel("RMS of the final residual stream")
     axes[0][-1].legend(title="layer density")
     fig.suptitle("Coordinate check")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------- sweep plots
@@ -251,5 +251,5 @@ def save(build: Callable[..., Figure], path: str | Path, *args, **kwargs) -> Pat
     return path
 
 
-__all__ = ["plot_exits", "plot_skip", "plot_coord_check", "exits_figure", "skip_figure", "pareto_figure",
+__all__ = ["save_figure", "plot_exits", "plot_skip", "plot_coord_check", "exits_figure", "skip_figure", "pareto_figure",
            "degradation_figure", "heatmap_figure", "colours", "save"]
