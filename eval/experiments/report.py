@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from eval.experiments.budget_trend import trend, write_trend_figure
 from eval.experiments.findings import all_findings, holm_adjust
 from eval.experiments.hyperparameter_curves import curves_figure, hyperparameter_report
 from eval.experiments.report_folder import check_out, clear_report
@@ -211,6 +212,8 @@ def write_images(report: dict, out: Path) -> dict[str, str]:
     for key, found in report["hyperparameters"]["curves"].items():
         name = f"loss_vs_{key.split('.')[-1]}"
         written[name] = plots.save(curves_figure, images / f"{name}.png", found, key)
+    if report.get("budgets") and write_trend_figure(report["budgets"], images / "budgets.png"):
+        written["budgets"] = images / "budgets.png"
     return {name: str(path.relative_to(out)) for name, path in written.items()}
 
 
@@ -229,7 +232,30 @@ def _parser() -> argparse.ArgumentParser:
                         help="write ALIAS for PATH in everything the report writes (repeatable), e.g. "
                              "/scratch/me/sweeps/paper-cpu=sweeps/paper-cpu, to commit a report without "
                              "machine-specific paths")
+    parser.add_argument("--across", action="append", default=[], metavar="REPORT_DIR",
+                        help="a report of the same grid at another budget (its report.json; repeatable): adds "
+                             "the paper's Fig. 8 view, each finding's gap at every tokens-per-parameter budget "
+                             "and whether it moved beyond the noise")
     return parser
+
+
+def read_across(folders: list[str]) -> list[tuple[str, dict]]:
+    """The report.json of each ``--across`` folder, checked before any work."""
+    reports = []
+    for folder in folders:
+        path = Path(folder) / "report.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"--across {folder!r} holds no report.json: expected a folder written by "
+                                    "`layerdrop report`")
+        try:
+            found = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise ValueError(f"--across {folder!r}: report.json is not JSON ({err.msg} at line {err.lineno})") from None
+        if not isinstance(found, dict) or not isinstance(found.get("findings"), list):
+            raise ValueError(f"--across {folder!r}: report.json holds no findings: expected a `layerdrop report` "
+                             "of a sweep")
+        reports.append((folder, found))
+    return reports
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -245,10 +271,13 @@ def main(argv: list[str] | None = None) -> int:
         aliases[path] = alias
     try:
         check_out(out, args.overwrite)
+        across = read_across(args.across)
         report, results = build_report(root)
     except (FileNotFoundError, ValueError) as err:
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
+    if across:
+        report["budgets"] = trend(report, "this report", across)
     clear_report(out, root)
     out.mkdir(parents=True, exist_ok=True)
     copy_results(results, out, root / "sweep.yaml", aliases)

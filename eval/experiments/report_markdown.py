@@ -124,6 +124,40 @@ def _findings(report: dict) -> list[str]:
                            "numbers (a − b in loss, ± 1 SE)"], rows) + [""]
 
 
+def _budgets(report: dict) -> list[str]:
+    section = report.get("budgets")
+    if not section:
+        return []
+    budgets = section["budgets"]
+    names = ", ".join(f"{b['tokens_per_parameter']:.1f} TPP ({b['source']})" for b in budgets)
+    lines = ["## Across budgets (Fig. 8's view)", "",
+             f"The same comparisons at {names}: a − b in % of b's loss ± 1 SE at each budget (its verdict after "
+             "Holm on its own page), and the change of a − b from the smallest budget to the largest, tested "
+             f"two-sided at α = {section['alpha']} with the errors of both added (eval/experiments/budget_trend.py). "
+             "The paper's Fig. 8 finds the ILD+DTS gap to dense stable across budgets. *Observations* in italics.", ""]
+    rows = []
+    for row in section["rows"]:
+        cells = {p["tokens_per_parameter"]: p for p in row["points"]}
+        at = []
+        for budget in budgets:
+            point = cells.get(budget["tokens_per_parameter"])
+            at.append("–" if point is None or point["pct"] is None else
+                      f"{point['pct']:+.2f}%" + (f" ± {point['pct_se']:.2f}" if point["pct_se"] is not None else "")
+                      + f" ({point['verdict']})")
+        metric = "" if row["metric"] == "val_loss" else f" [{row['metric'].replace('_', ' ')}]"
+        name = f"{row['a']} vs {row['b']}{metric}"
+        se = f" ± {row['change_se']:.4f}" if row["change_se"] is not None else ""
+        p = f", p = {_p(row['p_value'])}" if row["p_value"] is not None else ""
+        rows.append([row["finding"], f"*{name}*" if row["points"][0]["observation"] else name, *at,
+                     f"{row['change']:+.4f}{se}{p}", f"**{row['verdict']}**"])
+    lines += _table(["finding", "comparison", *(f"{b['tokens_per_parameter']:.1f} TPP" for b in budgets),
+                     "change of a − b (nats)", "verdict"], rows)
+    image = report.get("images", {}).get("budgets")
+    if image:
+        lines += ["", f"![budgets]({image})"]
+    return lines + [""]
+
+
 def _configurations(report: dict) -> list[str]:
     noise = report["noise"]
     lines = ["## Configurations (Table 2/3 form)", "",
@@ -192,7 +226,7 @@ def _images(report: dict) -> list[str]:
     }
     lines = ["## Plots", ""]
     for name, path in report.get("images", {}).items():
-        if name.startswith("loss_vs_"):  # shown with their tables
+        if name.startswith("loss_vs_") or name == "budgets":  # shown with their tables
             continue
         lines += [f"![{name}]({path})", "", captions.get(name, ""), ""]
     return lines
@@ -303,7 +337,7 @@ def markdown(report: dict, *, title: str) -> str:
              "Written by `layerdrop report` from a `layerdrop sweep` folder; every number is in report.json "
              "beside this file, and runs/ holds each run's config, summary and evaluations, from which "
              "`layerdrop report` rebuilds this page.", ""]
-    for part in (_how_it_was_run, _findings, _configurations, _noise, _hyperparameters, _images, _speculative, _drafts,
+    for part in (_how_it_was_run, _findings, _budgets, _configurations, _noise, _hyperparameters, _images, _speculative, _drafts,
                  _runs):
         lines += part(report)
     return "\n".join(lines).rstrip() + "\n"
