@@ -310,7 +310,8 @@ class MultipleChoiceEval(pl.Callback):
     the file). Each rank scores its share of the examples (padded so every rank runs the
     same number of forwards: sharded models all-gather inside them); the metric sums the
     counts over ranks, so every rank logs the same global accuracy, and
-    ``val/mc/seconds`` the wall time the evaluation took. The tokenizer is ``tokenizer``
+    ``val/mc/seconds`` the wall time the evaluation took (their sum goes into the run's
+    summary.json as ``in_loop_evaluation_seconds``). The tokenizer is ``tokenizer``
     or, by default, the data folder's (``trainer.datamodule.tokenizer_path``).
     """
 
@@ -332,6 +333,7 @@ class MultipleChoiceEval(pl.Callback):
         self.every, self.batch_size = every_n_validations, batch_size
         self.tokenizer_path, self.prefix_token_id = tokenizer, prefix_token_id
         self.validations = 0
+        self.evaluation_seconds = 0.0  # the run summary's in-loop evaluation cost
         self._encode: Callable[[str], list[int]] | None = None
 
     @property
@@ -361,7 +363,9 @@ class MultipleChoiceEval(pl.Callback):
         # Already summed over ranks by the metric: every rank logs the same global value.
         logged = {f"val/mc/{name}/{key}": value for name, metrics in values.items()
                   for key, value in metrics.items() if key != "count"}
-        logged["val/mc/seconds"] = torch.tensor(time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.evaluation_seconds += seconds
+        logged["val/mc/seconds"] = torch.tensor(seconds)
         pl_module.log_dict(logged, sync_dist=False)
 
     def evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule,

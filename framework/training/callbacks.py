@@ -319,6 +319,7 @@ class RunSummary(pl.Callback):
             "flops_saved_pct": 100.0 * report["saved_fraction"],
             "mean_dropout_predicted": report["mean_dropout_predicted"],
             **early_exit_summary(trainer),
+            **in_loop_evaluation_summary(trainer),
             "tensorboard": trainer.logger.log_dir if trainer.logger is not None else None,
             "checkpoint": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None,
         }
@@ -349,6 +350,15 @@ def early_exit_summary(trainer: pl.Trainer) -> dict[str, Any]:
     }}
 
 
+def in_loop_evaluation_summary(trainer: pl.Trainer) -> dict[str, Any]:
+    """What in-loop evaluations cost: the seconds each callback with an ``evaluation_seconds``
+    attribute (e.g. eval/downstream's MultipleChoiceEval) spent, so that a run's cost shows
+    what its benchmarks took out of its training time (empty when none ran)."""
+    spent = {type(cb).__name__: float(cb.evaluation_seconds) for cb in trainer.callbacks
+             if isinstance(getattr(cb, "evaluation_seconds", None), (int, float))}
+    return {"in_loop_evaluation_seconds": spent} if spent else {}
+
+
 def format_summary(summary: dict[str, Any], twin: dict[str, Any] | None = None) -> str:
     """The end-of-run block a person reads (also used by ``make demo``)."""
     val = summary["val_loss"]
@@ -371,6 +381,8 @@ def format_summary(summary: dict[str, Any], twin: dict[str, Any] | None = None) 
         where = "val" if exits["val_loss"] else "train"
         lines.append(f"exit losses      ({where}) " + ", ".join(f"{k}: {v:.4f}" for k, v in losses.items())
                      + f"; scale {exits['scale']:g}")
+    for name, seconds in (summary.get("in_loop_evaluation_seconds") or {}).items():
+        lines.append(f"in-loop eval     {name}: {seconds:.1f} s")
     lines += [f"TensorBoard      tensorboard --logdir {summary['tensorboard']}",
               f"checkpoint       {summary['checkpoint']}", ""]
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from framework.training.callbacks import (
     RunSummary,
     Throughput,
     format_summary,
+    in_loop_evaluation_summary,
 )
 from framework.config import LayerDropoutConfig
 from framework.model.flops import Flops, dense_step_flops, executed_step_flops
@@ -150,6 +151,23 @@ def test_summary_text_without_validation():
     text = format_summary({"steps": 1, "tokens": 2, "val_loss": None, "ln_vocab": 1.0, "flops_saved_pct": 0.0,
                            "mean_dropout_predicted": 0.0, "tensorboard": None, "checkpoint": None})
     assert "(no validation ran)" in text
+
+
+def test_in_loop_evaluations_cost_goes_into_the_summary():
+    class Evaluation(pl.Callback):
+        evaluation_seconds = 12.5
+
+    class Other(pl.Callback):
+        evaluation_seconds = None  # not a number: not an evaluation's cost
+
+    trainer = type("Trainer", (), {"callbacks": [Evaluation(), Other(), pl.Callback()]})()
+    assert in_loop_evaluation_summary(trainer) == {"in_loop_evaluation_seconds": {"Evaluation": 12.5}}
+    trainer.callbacks = [pl.Callback()]
+    assert in_loop_evaluation_summary(trainer) == {}
+    text = format_summary({"steps": 1, "tokens": 2, "val_loss": None, "ln_vocab": 1.0, "flops_saved_pct": 0.0,
+                           "mean_dropout_predicted": 0.0, "tensorboard": None, "checkpoint": None,
+                           "in_loop_evaluation_seconds": {"Evaluation": 12.5}})
+    assert "in-loop eval     Evaluation: 12.5 s" in text
 
 
 def test_step_metrics_follow_the_trainer_log_cadence_and_step_numbers():

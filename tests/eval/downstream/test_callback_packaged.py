@@ -58,6 +58,7 @@ def test_the_callback_logs_each_named_task_and_its_cost(model_dir):
     for task in ("piqa", "arc_easy", "social_iqa"):
         assert {f"val/mc/{task}/{key}" for key in ("acc", "acc_norm", "acc_bytes")} <= set(logged)
     assert logged["val/mc/seconds"] > 0
+    assert callback.evaluation_seconds == pytest.approx(float(logged["val/mc/seconds"]))  # the summary's cost
 
 
 @pytest.mark.parametrize("kwargs, message", [
