@@ -34,8 +34,8 @@ from eval.experiments.findings import all_findings, holm_adjust
 from eval.experiments.hyperparameter_curves import curves_figure, hyperparameter_report
 from eval.experiments.report_folder import check_out, clear_report
 from eval.experiments.report_markdown import markdown
-from eval.experiments.report_tables import (configuration_table, correlation, draft_table, elasticity_points, group,
-                                            speculative_table)
+from eval.experiments.report_tables import (configuration_table, correlation, downstream_table, draft_table,
+                                            elasticity_points, group, speculative_table)
 from eval.experiments.sweep_results import RunResult, copy_results, load_results, with_aliases
 from eval.measurements import plots
 from framework.command_parser import CommandParser
@@ -152,6 +152,7 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
         "elasticity": {"points": points, "correlations": correlations},
         "speculative": speculative_table(configurations),
         "drafts": draft_table(configurations),
+        "downstream": downstream_table(configurations),
         "exit_curves": exit_curves(configurations), "skip_curves": skip_curves(configurations),
         "heatmaps": heatmaps(configurations),
         "hyperparameters": hyperparameters,

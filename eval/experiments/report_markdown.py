@@ -324,6 +324,37 @@ def _drafts(report: dict) -> list[str]:
     return lines + _table(["configuration", "draft", "seeds", "speedup", "α", "identical to greedy"], rows) + [""]
 
 
+def _downstream(report: dict) -> list[str]:
+    section = report.get("downstream")
+    if not section:
+        return []
+    tasks = list(section["tasks"])
+    lines = ["## Downstream benchmarks (Table A.3 form)", "",
+             "`eval downstream` on each run (lm-eval's tasks over the packaged data, eval/downstream/): each task's "
+             "summary metric, mean ± std over seeds (documents scored; lm-eval's standard error of one run in the "
+             "header row's line below). **Read against chance**: a model of a few million parameters answers these "
+             "questions barely above a uniform guess, so differences between configurations here are noise unless "
+             "they exceed several standard errors; the block is there for larger runs.", ""]
+    rows = [["chance", *(_f(section["tasks"][t]["chance"], 3) for t in tasks)]]
+    for row in section["rows"]:
+        cells = []
+        for task in tasks:
+            cell = row["tasks"].get(task)
+            cells.append("–" if cell is None else f"{cell['mean']:.3f}"
+                         + (f" ± {cell['std']:.3f}" if cell["std"] is not None else "") + f" ({cell['seeds']})")
+        rows.append([row["configuration"], *cells])
+    header = [f"{t} ({section['tasks'][t]['metric'].split(',')[0]})" for t in tasks]
+    lines += _table(["configuration", *header], rows)
+    errors = {t: [r["tasks"][t]["stderr"] for r in section["rows"] if t in r["tasks"] and r["tasks"][t]["stderr"]]
+              for t in tasks}
+    documents = {t: [r["tasks"][t]["documents"] for r in section["rows"] if t in r["tasks"]
+                     and r["tasks"][t]["documents"]] for t in tasks}
+    lines += ["", "Standard error of one run (lm-eval) and documents scored: " + "; ".join(
+        f"{t} ±{max(errors[t]):.3f}" + (f", {min(documents[t])} documents" if documents[t] else "")
+        for t in tasks if errors[t]) + "."]
+    return lines + [""]
+
+
 def _runs(report: dict) -> list[str]:
     rows = [[r["run"], r["configuration"], str(r["seed"]), _f(r["val_loss"]), _f(r["end_of_training_val_loss"]),
              _f(r["mean_dropout_achieved"], 3), _flops(r["training_flops"]), f"{r['cpu_seconds']:.0f}"]
@@ -338,7 +369,7 @@ def markdown(report: dict, *, title: str) -> str:
              "beside this file, and runs/ holds each run's config, summary and evaluations, from which "
              "`layerdrop report` rebuilds this page.", ""]
     for part in (_how_it_was_run, _findings, _budgets, _configurations, _noise, _hyperparameters, _images, _speculative, _drafts,
-                 _runs):
+                 _downstream, _runs):
         lines += part(report)
     return "\n".join(lines).rstrip() + "\n"
 

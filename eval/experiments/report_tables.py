@@ -319,6 +319,43 @@ def speculative_table(configurations: list[Configuration]) -> list[dict]:
     return rows
 
 
+# Accuracy of a uniform guess on the packaged multiple-choice tasks (1 / the choices per
+# question); LAMBADA predicts a word, so chance is ~0.
+CHANCE = {"piqa": 1 / 2, "arc_easy": 1 / 4, "arc_challenge": 1 / 4, "hellaswag": 1 / 4, "winogrande": 1 / 2,
+          "social_iqa": 1 / 3, "openbookqa": 1 / 4, "copa": 1 / 2, "boolq": 1 / 2, "sciq": 1 / 4,
+          "lambada_openai": 0.0}
+
+
+def downstream_table(configurations: list[Configuration]) -> dict | None:
+    """Table A.3's form from `eval downstream` reports: each task's summary metric per
+    configuration, mean ± std over its seeds, with lm-eval's standard error (mean over seeds)."""
+    rows, tasks = [], {}
+    for configuration in configurations:
+        reports = [e for r in configuration.runs if (e := r.eval_with("lm_eval_version")) is not None
+                   and isinstance(e.get("summary"), dict)]
+        if not reports:
+            continue
+        cells = {}
+        for task in dict.fromkeys(t for e in reports for t in e["summary"]):
+            found = [e for e in reports if task in e["summary"]]
+            values = [e["summary"][task]["value"] for e in found]
+            metric = found[0]["summary"][task]["metric"]
+            name, _, variant = metric.partition(",")
+            errors = [e["results"][task][key] for e in found
+                      if isinstance((e.get("results", {}).get(task) or {}).get(key := f"{name}_stderr,{variant}"),
+                                    (int, float))]
+            tasks.setdefault(task, metric)
+            cells[task] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
+                           "stderr": statistics.fmean(errors) if errors else None, "seeds": len(values),
+                           "documents": min(e["data"].get(task, {}).get("scored", 0) or 0 for e in found)
+                           if all(isinstance(e.get("data"), dict) for e in found) else None}
+        rows.append({"configuration": configuration.label, "tasks": cells})
+    if not rows:
+        return None
+    return {"tasks": {task: {"metric": metric, "chance": CHANCE.get(task)} for task, metric in tasks.items()},
+            "rows": rows}
+
+
 def draft_table(configurations: list[Configuration]) -> list[dict]:
     """Fixed drafts from `speculate run` reports (an exit draft or a skip set, named by the
     sweep's evaluation): one row per configuration and draft, means over its seeds."""

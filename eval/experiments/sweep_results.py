@@ -67,10 +67,13 @@ class RunResult:
         return sum(stage.get("cpu_seconds", 0.0) for stage in self.status.get("stages", {}).values())
 
     def eval_with(self, key: str) -> dict | None:
-        """The first evaluation report holding ``key`` (heldout before exits: more tokens)."""
+        """The first evaluation report holding ``key`` (heldout before exits: more tokens).
+        `eval downstream` reports hold lm-eval's "results" and "groups" under names ours use
+        too: they answer only for a key of lm-eval's own ("lm_eval_version")."""
         for name in sorted(self.evals, key=lambda n: (n != "heldout", n)):
-            if key in self.evals[name]:
-                return self.evals[name]
+            report = self.evals[name]
+            if key in report and (("lm_eval_version" in report) == (key == "lm_eval_version")):
+                return report
         return None
 
     @property

@@ -257,3 +257,35 @@ def test_fixed_drafts_and_the_early_exit_loss_in_the_labels(tmp_path):
     assert drafts[(eel_label, "skip 1,3")]["seeds"] == 1
     assert main([str(root), "--out", str(tmp_path / "out")]) == 0
     assert "## Fixed drafts (`speculate run`)" in (tmp_path / "out" / "README.md").read_text()
+
+
+def _downstream(folder: Path, piqa: float, arc: float) -> None:
+    (folder / "evals" / "downstream.json").write_text(json.dumps({
+        "tasks": ["piqa", "arc_easy"], "lm_eval_version": "0.4",
+        "summary": {"piqa": {"metric": "acc_norm,none", "value": piqa}, "arc_easy": {"metric": "acc,none", "value": arc}},
+        "results": {"piqa": {"acc_norm,none": piqa, "acc_norm_stderr,none": 0.02},
+                    "arc_easy": {"acc,none": arc, "acc_stderr,none": 0.03}},
+        "data": {"piqa": {"scored": 200}, "arc_easy": {"scored": 150}}}))
+
+
+def test_downstream_reports_make_the_table_a3_block_read_against_chance(tmp_path):
+    root = tmp_path / "sweep"
+    for seed, (piqa, arc) in enumerate(((0.52, 0.26), (0.54, 0.30))):
+        write_run(root, f"dense,seed={seed}", seed, slices(3.0 + seed / 100))
+        _downstream(root / "runs" / f"dense,seed={seed}", piqa, arc)
+    write_run(root, "good,seed=0", 0, slices(2.9), p_max=0.4)
+    _downstream(root / "runs" / "good,seed=0", 0.55, 0.28)
+    write_run(root, "none,seed=0", 0, slices(2.95), p_max=0.2)  # no downstream evaluation: no row
+    out = tmp_path / "report"
+    assert main([str(root), "--out", str(out)]) == 0
+    section = json.loads((out / "report.json").read_text())["downstream"]
+    assert section["tasks"]["piqa"] == {"metric": "acc_norm,none", "chance": 0.5}
+    rows = {r["configuration"]: r["tasks"] for r in section["rows"]}
+    assert set(rows) == {"dense", "ILD+DTS p_max=0.4"}
+    assert rows["dense"]["piqa"]["mean"] == pytest.approx(0.53)
+    assert rows["dense"]["piqa"]["std"] == pytest.approx(statistics.stdev([0.52, 0.54]))
+    assert rows["dense"]["arc_easy"]["stderr"] == pytest.approx(0.03) and rows["dense"]["arc_easy"]["documents"] == 150
+    assert rows["ILD+DTS p_max=0.4"]["piqa"]["std"] is None and rows["ILD+DTS p_max=0.4"]["piqa"]["seeds"] == 1
+    text = (out / "README.md").read_text()
+    assert "## Downstream benchmarks (Table A.3 form)" in text and "| chance | 0.500 | 0.250 |" in text
+    assert "| dense | 0.530 ± 0.014 (2) | 0.280 ± 0.028 (2) |" in text
