@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import fcntl
 import json
 import os
 import shlex
@@ -55,6 +54,7 @@ from eval.experiments.sweep_status import StatusPrinter
 from eval.experiments.sweep_slurm import check_slurm_options, write_slurm
 from eval.options import check_positive
 from framework.files.atomic_write import write_json, write_text
+from framework.files.run_lock import RunFolderInUse, RunLock
 from framework.command_parser import CommandParser
 
 PROG = "layerdrop sweep"
@@ -71,6 +71,7 @@ class Runner:
         self.lock = threading.Lock()
         self.stopping = False
         self.training: dict[str, Path] = {}  # run name -> its pretrain log, while it trains
+        self.wait_seconds = 5.0  # between looks at a run folder another process holds
 
     # -- environment and subprocesses ------------------------------------------------
     def env(self) -> dict[str, str]:
@@ -176,15 +177,37 @@ class Runner:
     def run(self, run: Run) -> dict:
         """Every missing stage of one run; returns its status."""
         folder = RunFolder(self.root, run)
-        status = {**folder.status(), "run": run.name, "config": run.config_name, "seed": run.seed}
-        if self.stopping:
-            return {**status, "state": "stopped", "error": "not started: the sweep was stopped"}
-        status.setdefault("stages", {})
+        stopped = {"run": run.name, "state": "stopped", "error": "not started: the sweep was stopped"}
+        lock = self.hold(folder) if not self.stopping else None
+        if lock is None:
+            return stopped
         try:
-            with run_lock(folder.dir):
-                return self._run_stages(folder, status)
-        except BlockingIOError:
-            return {**status, "state": "busy", "error": "another sweep process is running this run"}
+            # Read under the lock: another process may have run (or finished) it meanwhile.
+            status = {**folder.status(), "run": run.name, "config": run.config_name, "seed": run.seed}
+            status.setdefault("stages", {})
+            return self._run_stages(folder, status)
+        finally:
+            lock.release()
+
+    def hold(self, folder: RunFolder) -> RunLock | None:
+        """The run folder's lock (framework/files/run_lock.py): a run another process is
+        running (a second sweep sharing the folder, a `pretrain` by hand) is waited for,
+        then continued from what it left. None when the sweep is stopped meanwhile."""
+        said = False
+        while not self.stopping:
+            lock = RunLock(folder.dir, "sweep")
+            try:
+                note = lock.acquire()
+            except RunFolderInUse as busy:
+                if not said:
+                    print(f"{folder.run.name}: waiting: {busy}", flush=True)
+                    said = True
+                time.sleep(self.wait_seconds)
+                continue
+            if note:
+                print(f"{folder.run.name}: note: {note}", flush=True)
+            return lock
+        return None
 
     def _run_stages(self, folder: RunFolder, status: dict) -> dict:
         def record(stage: str, code: int, cpu: float, wall: float) -> None:
@@ -256,23 +279,6 @@ def last_line(text: str) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("error") or "Error" in line]
     return (errors or lines or ["(no output)"])[-1][:300]
-
-
-class run_lock:
-    """An exclusive lock on a run folder: two sweep processes never run the same run."""
-
-    def __init__(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.path = folder / ".lock"
-
-    def __enter__(self) -> "run_lock":
-        self.handle = open(self.path, "w")
-        fcntl.flock(self.handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError when held
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        fcntl.flock(self.handle, fcntl.LOCK_UN)
-        self.handle.close()
 
 
 def machine_info() -> dict:

@@ -36,17 +36,43 @@ class FinalExport(pl.Callback):
     The run's final checkpoint is saved first (Lightning calls checkpoint callbacks
     last, after this one): an export that fails or is killed, an OOM gathering a full
     tensor, loses no step. A replacement of ``export/`` interrupted between its two
-    renames is finished when the next run starts."""
+    renames is finished when the next run starts.
+
+    A run killed during its export has nothing left to train when resumed (Lightning
+    then skips the training hooks): at the end of that fit the export is made from the
+    restored final checkpoint, before the summary is written (`layerdrop pretrain` puts
+    this callback ahead of RunSummary)."""
+
+    def __init__(self) -> None:
+        self.exported = False  # this fit wrote (or tried to write) the export
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         root = str(trainer.default_root_dir)
         if trainer.is_global_zero and "://" not in root:
             finish_replacement(Path(root) / EXPORT_FOLDER)
 
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        root = str(trainer.default_root_dir)
+        if self.exported or "://" in root or trainer.max_steps < 1 or trainer.global_step < trainer.max_steps:
+            return
+        out = Path(root) / EXPORT_FOLDER
+        missing = False
+        if trainer.is_global_zero:
+            finish_replacement(out)  # a replacement cut between its renames; a killed export's staging
+            missing = not out.is_dir()
+        if trainer.strategy.broadcast(missing):
+            rank_zero_info(f"final export: {out} is missing (the run was stopped while exporting); making it now")
+            self.export(trainer, pl_module)
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         for callback in trainer.checkpoint_callbacks:
             if isinstance(callback, PeriodicCheckpoint):
                 callback.save_final(trainer)
+        self.export(trainer, pl_module)
+
+    def export(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Gather and write the model to ``<default_root_dir>/export`` (every rank calls it)."""
+        self.exported = True
         root = str(trainer.default_root_dir)
         if "://" in root:
             rank_zero_info(f"final export skipped: {root} is not a local folder (run `layerdrop export` later)")

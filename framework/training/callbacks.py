@@ -33,6 +33,7 @@ import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.utilities import rank_zero_info
 
+from framework.files.atomic_write import write_json
 from framework.schedules import effective_depth_of, mean_dropout
 
 if TYPE_CHECKING:
@@ -323,8 +324,7 @@ class RunSummary(pl.Callback):
             "tensorboard": trainer.logger.log_dir if trainer.logger is not None else None,
             "checkpoint": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None,
         }
-        Path(trainer.default_root_dir).mkdir(parents=True, exist_ok=True)
-        (Path(trainer.default_root_dir) / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        write_json(Path(trainer.default_root_dir) / "summary.json", self.summary)  # whole or not at all
         print(format_summary(self.summary, self._twin()), flush=True)
 
     def _twin(self) -> dict[str, Any] | None:

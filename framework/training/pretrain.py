@@ -23,6 +23,7 @@ DataModule's setup), a non-constant dropout schedule without ``max_steps``.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import sys
@@ -39,6 +40,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from framework.config import PositiveInt, check
+from framework.files.run_lock import RunFolderInUse, RunLock
 from framework.training.callbacks import RunSummary, Throughput
 from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
 from framework.checkpoint.final_export import export_callbacks
@@ -81,6 +83,8 @@ class PretrainCLI(LightningCLI):
         check_trainer(config.trainer)
         check_seq_len(config)
         folder = checkpoint_dir(config)
+        if rank_zero_only.rank == 0:
+            hold_run_folders(config, folder)  # before anything in them is read, cleaned or written
         choice = choose_checkpoint(config.resume, folder, clean=rank_zero_only.rank == 0)
         self.ckpt_path = choice.path if choice is not None else None
         self.resumed_step = choice.step if choice is not None and choice.step is not None else 0
@@ -104,7 +108,9 @@ class PretrainCLI(LightningCLI):
             callbacks = [*callbacks, StepProgressLines(every)]  # a bar draws nothing into a log file
         if config.get("logger") is not False and not any(isinstance(cb, LearningRateMonitor) for cb in given):
             callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]
-        callbacks = [*callbacks, *export_callbacks()]  # tokenizer beside the checkpoints; export at the end
+        # The tokenizer beside the checkpoints; the export at the end, ahead of RunSummary:
+        # a resumed run whose export was killed makes it before the summary says "done".
+        callbacks = [*export_callbacks(), *callbacks]
         trainer = super()._instantiate_trainer(config, callbacks)
         use_atomic_checkpoint_io(trainer)
         return trainer
@@ -149,10 +155,33 @@ def main(argv: list[str] | None = None) -> int:
         if rank_zero_only.rank == 0:
             print(f"error: {err}", file=sys.stderr)
         return 1
-    except (ValueError, CheckpointError, FileNotFoundError, MisconfigurationException) as err:
+    except (ValueError, CheckpointError, FileNotFoundError, MisconfigurationException, RunFolderInUse) as err:
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
+    finally:
+        while HELD_LOCKS:
+            HELD_LOCKS.pop().release()
     return 0
+
+
+# The run-folder locks this process holds while `main` runs (released when it returns).
+HELD_LOCKS: list[RunLock] = []
+
+
+def hold_run_folders(config: Any, checkpoints: Path) -> None:
+    """Lock the run folder, and a checkpoint folder outside it, for the whole run
+    (framework/files/run_lock.py): a second run there is refused in one line."""
+    root = Path(config.trainer.default_root_dir or ".")
+    folders = [root] if Path(os.path.realpath(checkpoints)).is_relative_to(os.path.realpath(root)) \
+        else [root, checkpoints]
+    for folder in folders:
+        if "://" in str(folder):
+            continue
+        lock = RunLock(folder, "pretrain")
+        note = lock.acquire()
+        HELD_LOCKS.append(lock)
+        if note:
+            print(f"note: {note}", file=sys.stderr, flush=True)
 
 
 def fit(cli: PretrainCLI) -> None:

@@ -23,7 +23,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-POINTS = ("before_save", "during_save", "before_publish", "before_link", "during_retire", "after_save")
+POINTS = ("before_save", "during_save", "before_publish", "before_link", "during_retire", "after_save",
+          "during_export")
 
 
 def kill_the_run() -> None:
@@ -39,6 +40,7 @@ class KillAt(pl.Callback):
         before_link     ``step``'s checkpoint is in place; last.ckpt not yet repointed
         during_retire   while the checkpoint that ``step``'s save pushed out is deleted
         after_save      one step after the save of ``step`` completed
+        during_export   the end-of-run export, after its first tensor is written
     """
 
     def __init__(self, step: int, point: str, rank: int = 0) -> None:
@@ -61,6 +63,15 @@ class KillAt(pl.Callback):
             checkpointing.point_last = self._kill_before(checkpointing.point_last)
         elif self.point == "during_retire":
             folder.remove_path = self._kill_on_deleting(folder.remove_path)
+        elif self.point == "during_export":
+            from framework.checkpoint.safetensors_writer import SafetensorsWriter
+
+            write = SafetensorsWriter.write
+
+            def write_then_kill(writer, *args, **kwargs):
+                write(writer, *args, **kwargs)
+                kill_the_run()
+            SafetensorsWriter.write = write_then_kill
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
         # Called while the checkpoint is assembled, before anything is written.

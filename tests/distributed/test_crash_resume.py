@@ -154,3 +154,29 @@ def test_both_fsdp_ranks_survive_kills_before_during_and_after_a_save(tmp_path, 
     for rank in range(2):
         weights = {r["step"]: r["weights"] for r in read_records(tmp_path / "reference-losses", rank)}
         assert weights[2] == weights[1] and weights[1] != weights[0] and weights[3] != weights[2]
+
+
+def test_a_run_killed_during_its_final_export_makes_the_export_when_resumed(tmp_path, tiny_data):
+    """kill -9 while export/ is written (the final checkpoint is saved first), then
+    `--resume auto`: the export is made from that checkpoint, equal to an uninterrupted
+    run's, before summary.json; the killed export's staging folder and the dead run's
+    folder lock are cleaned up with a note."""
+    from safetensors.torch import load_file
+
+    base = base_recipe(tmp_path, tiny_data, strategy="single", devices=1, steps=4, every=2)
+    run_chain(tmp_path, base, [((4, "during_export"), "step-00000004.ckpt", [])], ranks=1)
+    root = Path(base["trainer"]["default_root_dir"])
+    log = (tmp_path / "run1.log").read_text()
+    assert "took over the lock" in log and "no longer runs on this host" in log, log[-3000:]
+    assert "making it now" in log, log[-3000:]
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith(".export")) == []
+    assert (root / "summary.json").is_file() and (root / "export" / "config.json").is_file()
+    got, want = load_file(root / "export" / "model.safetensors"), load_file(
+        tmp_path / "reference" / "export" / "model.safetensors")
+    assert got.keys() == want.keys() and all(torch_equal(got[k], want[k]) for k in want)
+
+
+def torch_equal(a, b) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))

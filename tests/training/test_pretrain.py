@@ -100,6 +100,33 @@ def test_a_fresh_run_does_not_overwrite_an_earlier_one(finished_run, data_dir, c
     assert (finished_run / "checkpoints" / "last.ckpt").read_bytes() == before
 
 
+def test_a_run_folder_in_use_by_another_process_is_refused_naming_it(finished_run, data_dir, capsys):
+    """Two runs, one folder: the second is one line naming the first (pid, host, start)
+    and changes nothing; a lock left by a process that died is taken over (the crash
+    tests: tests/distributed/test_crash_resume.py)."""
+    import socket
+    import subprocess
+    import sys
+
+    from framework.files.run_lock import LOCK_FILE
+    from tests.helpers.refusals import hashes
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        (finished_run / LOCK_FILE).write_text(json.dumps({
+            "pid": holder.pid, "host": socket.gethostname(), "started": "2026-12-02 10:00:00 UTC",
+            "command": "pretrain", "heartbeat": 0, "token": "0123"}))
+        before = hashes(finished_run)
+        message = error_of(capsys, tiny_cli_args(data_dir, finished_run) + ["--resume", "auto"])
+        assert f"is in use: `layerdrop pretrain` (pid {holder.pid} on {socket.gethostname()}" in message
+        assert "2026-12-02 10:00:00 UTC" in message
+        assert hashes(finished_run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+        (finished_run / LOCK_FILE).unlink()
+
+
 def test_decreasing_schedule_without_max_steps_is_refused(data_dir, tmp_path, capsys):
     argv = tiny_cli_args(data_dir, tmp_path) + ["--trainer.max_steps", "-1", "--trainer.max_epochs", "1"]
     assert "needs the run length" in error_of(capsys, argv)

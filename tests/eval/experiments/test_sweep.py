@@ -410,3 +410,41 @@ def test_every_committed_sweep_file_has_only_recipe_keys(monkeypatch, tmp_path):
             load_tune(path, data_dir=str(tmp_path))
         else:
             assert load_sweep(path, data_dir=str(tmp_path)).runs
+
+
+def test_a_run_another_process_holds_is_waited_for_and_then_found_done(tmp_path, data, capsys):
+    """Two sweeps sharing a folder: a run the other one holds (its run-folder lock,
+    framework/files/run_lock.py) is waited for, not failed as "did not finish (None)";
+    once the holder is gone the run is found finished and nothing runs again."""
+    import socket
+    import threading
+
+    from framework.files.run_lock import LOCK_FILE
+
+    sweep = load_sweep(sweep_file(tmp_path, data, evals=[]))
+    run = sweep.runs[0]
+    runner = Runner(sweep, tmp_path / "out", threads=1)
+    runner.wait_seconds = 0.05
+    folder = RunFolder(runner.root, run)
+    folder.dir.mkdir(parents=True)
+    folder.recipe.write_text(yaml.safe_dump(run_recipe(sweep, run, folder.dir.resolve()), sort_keys=False))
+    folder.config.write_text("# the resolved config\n")
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    (folder.dir / LOCK_FILE).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                                    "command": "sweep", "heartbeat": time.time(), "token": "ab"}))
+    result: dict = {}
+    waiting = threading.Thread(target=lambda: result.update(runner.run(run)))
+    waiting.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "waiting" not in capsys.readouterr().out:
+            assert waiting.is_alive() and time.monotonic() < deadline, result
+            time.sleep(0.05)
+        folder.summary.write_text("{}")  # the other sweep finishes the run, then exits
+    finally:
+        holder.kill()
+        holder.wait()
+    waiting.join(timeout=60)
+    assert result["state"] == "done", result
+    assert "pretrain" not in result["stages"]
+    assert not (folder.dir / LOCK_FILE).exists()
