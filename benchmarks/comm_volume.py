@@ -90,7 +90,7 @@ class Collective:
 
 def parameter_groups(cfg: ModelConfig) -> dict[str, list[tuple[int, ...]]]:
     """FSDP2's units: "block" (the shapes of one block) and "root" (the rest)."""
-    from framework.families import build_decoder
+    from framework.families.registry import build_decoder
 
     with torch.device("meta"):
         decoder = build_decoder(cfg)  # the config's family: its parameter shapes
@@ -237,7 +237,7 @@ def _verify_rank(rank: int, world: int, port: int, queue: Any) -> None:
     from framework.config import LayerDropoutConfig
     from framework.layer_dropout import StepKey, plan
     from framework.model.loss import chunked_cross_entropy
-    from framework.families import build_decoder
+    from framework.families.registry import build_decoder
     from framework.training.module import register_extra_forward_methods
     from framework.strategies import mixed_precision_policy, parallelize
     from torch.distributed.device_mesh import init_device_mesh

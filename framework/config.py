@@ -20,6 +20,7 @@ import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Any, Callable, Literal, Union
 
+from framework.families import DEFAULT_FAMILY, FAMILY_NAMES, check_family_rules
 from framework.training.early_exit_loss import CURRICULA, SCALE_FUNCTIONS
 from framework.layer_dropout import MASK_MODES
 from framework.schedules import DISTRIBUTIONS, TIME_SCHEDULES
@@ -58,6 +59,7 @@ Fraction = Annotated[float, Rule(lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
 DistributionName = Literal[tuple(DISTRIBUTIONS)]  # type: ignore[valid-type]
 ScheduleName = Literal[tuple(TIME_SCHEDULES)]  # type: ignore[valid-type]
 MaskMode = Literal[tuple(MASK_MODES)]  # type: ignore[valid-type]
+FamilyName = Literal[FAMILY_NAMES]  # type: ignore[valid-type]  # a folder under framework/families/
 ScaleFunctionName = Literal[tuple(SCALE_FUNCTIONS)]  # type: ignore[valid-type]
 CurriculumName = Literal[tuple(CURRICULA)]  # type: ignore[valid-type]
 NonNegativeFloat = Annotated[float, Rule(lambda v: v >= 0, "must be >= 0")]
@@ -177,9 +179,10 @@ class ModelConfig:
     init_std: PositiveFloat = 0.02
     logit_multiplier: PositiveFloat = 1.0
     residual_multiplier: PositiveFloat = 1.0
-    # The block family (framework/families): "llama" is RMSNorm, RoPE, SwiGLU and
-    # grouped-query attention without biases; the fields below belong to it alone.
-    family: Literal["celerity", "llama"] = "celerity"
+    # The block family (framework/families/<name>/, whose rules.py checks its fields);
+    # the fields below belong to the RoPE families (RMSNorm, RoPE, SwiGLU, grouped-query
+    # attention), not to the default Celerity decoder.
+    family: FamilyName = DEFAULT_FAMILY
     n_kv_heads: PositiveInt | None = None  # None: n_heads (no grouping)
     ffn_hidden: PositiveInt | None = None  # None: ffn_mult · d_model (HF's intermediate_size)
     tie_embeddings: bool = False
@@ -201,27 +204,7 @@ class ModelConfig:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_kv_heads={self.n_kv_heads!r} is invalid: must divide n_heads={self.n_heads}")
-        if self.family == "celerity":
-            self._refuse_llama_fields()
-        elif self.bias:
-            raise ValueError("bias=True is invalid for family='llama': Llama blocks have no biases; set bias: false")
-        elif self.attention == "flex":  # FlexAttention here is ALiBi's kernel; Llama runs SDPA (flash on CUDA)
-            raise ValueError("attention='flex' is invalid for family='llama': allowed: auto, sdpa")
-        if self.rope_type == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
-            raise ValueError(f"rope_high_freq_factor={self.rope_high_freq_factor!r} is invalid: must be > "
-                             f"rope_low_freq_factor={self.rope_low_freq_factor!r}")
-
-    def _refuse_llama_fields(self) -> None:
-        """A Celerity decoder would ignore these: refused rather than silently dropped."""
-        defaults = {f.name: f.default for f in fields(self)}
-        for name in ("ffn_hidden", "tie_embeddings", "rope_theta", "rope_type", "rope_factor",
-                     "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_seq_len"):
-            if getattr(self, name) != defaults[name]:
-                raise ValueError(f"{name}={getattr(self, name)!r} is invalid for family='celerity': "
-                                 "it is a field of family='llama'")
-        if self.n_kv_heads != self.n_heads:
-            raise ValueError(f"n_kv_heads={self.n_kv_heads!r} is invalid for family='celerity': "
-                             "grouped-query attention is a field of family='llama'")
+        check_family_rules(self)
 
     @property
     def attn_dim(self) -> int:

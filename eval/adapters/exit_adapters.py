@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from eval import options
 from framework.checkpoint import CheckpointError, load_decoder
 from framework.config import ModelConfig
-from framework.families import new_block
+from framework.families.registry import new_block
 from framework.model.decoder import Decoder
 
 WEIGHTS_FILE = "adapters.safetensors"

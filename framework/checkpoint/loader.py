@@ -21,7 +21,6 @@ opened Checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import re
@@ -37,7 +36,7 @@ from framework.checkpoint.base import CheckpointError, Form, check_names, check_
 from framework.checkpoint.forms import form_of
 from framework.checkpoint.tokenizer_record import find_tokenizer_of, record_of
 from framework.config import ModelConfig
-from framework.families import build_decoder
+from framework.families.registry import build_decoder, family_spec
 from framework.model.decoder import Decoder
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
@@ -94,12 +93,9 @@ def check_config_against(cfg: ModelConfig, stored: dict[str, Any], path: Path) -
         missing = (f"blocks.{i}.{suffix}" for i in range(len(blocks), cfg.n_layers) for suffix in suffixes)
         unexpected = [name for name in stored if (m := _BLOCK.match(name)) and int(m[1]) >= cfg.n_layers]
         check_names(path, list(itertools.islice(missing, 5)), unexpected)
-    # A Celerity block's shapes depend on n_heads only through n_heads * head_dim: one
-    # head keeps the stand-in cheap (ALiBi slopes are computed per head) however many
-    # the config names.
-    heads = dict(n_heads=1, n_kv_heads=1, head_dim=cfg.attn_dim) if cfg.family == "celerity" else {}
-    one = dataclasses.replace(cfg, n_layers=1, **heads)
-    standin = meta_decoder(one).state_dict()
+    # The family's one-block stand-in (cheap however many heads the config names, where
+    # its shapes allow: ALiBi slopes are computed per head).
+    standin = meta_decoder(family_spec(cfg.family).standin_config(cfg)).state_dict()
     expected = {}
     for name, tensor in standin.items():
         if name.startswith("blocks.0."):

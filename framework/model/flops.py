@@ -7,7 +7,7 @@ Counted: matrix multiplies, at 2 FLOPs per multiply-add.
                            head:      2·d·V (unembedding; the embedding is a lookup: 0)
 
 with a = heads·head_dim, a_kv = kv_heads·head_dim (= a without grouped-query
-attention), f the FFN width (ffn_mult·d, or the Llama family's ffn_hidden), and k the keys a query attends to. Training
+attention), f the FFN width (ffn_mult·d, or the RoPE families' ffn_hidden), and k the keys a query attends to. Training
 is 3× forward (the backward computes input and weight gradients, 2× forward each).
 Not counted: LayerNorms, biases, softmax, squared ReLU, the residual adds — O(d) per
 token against O(d²), well under 1% at the paper's sizes.
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from framework.config import ModelConfig
-from framework.families import FAMILIES
+from framework.families.registry import family_spec
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def block_flops_per_token(model_cfg: ModelConfig, seq_len: int, *, causal: bool 
     d, a, f = model_cfg.d_model, model_cfg.attn_dim, model_cfg.ffn_dim
     keys = attended_keys(seq_len, causal)
     attention = 2 * d * model_cfg.qkv_dim + 2 * a * d + 2 * 2 * a * keys
-    ffn = 2 * FAMILIES[model_cfg.family].block_class.ffn_matrices * d * f  # the family's FFN
+    ffn = 2 * family_spec(model_cfg.family).ffn_matrices * d * f  # the family's FFN
     passes = _passes(training)
     return Flops(attention=passes * attention, ffn=passes * ffn)
 

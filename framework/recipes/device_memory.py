@@ -14,8 +14,8 @@ V, micro-batch m of S tokens:
                  gathered root and two gathered blocks, with their unsharded gradients)
     activations  m·S·L·A             A: the bytes one block saves for backward per token, which its
                                      family's block class counts (``activation_bytes_per_token``:
-                                     Celerity's 8d + 2e·d + 5e·a + 2e·f in framework/model/decoder.py, Llama's
-                                     RMSNorm/RoPE/SwiGLU/GQA count in framework/families/llama.py;
+                                     Celerity's 8d + 2e·d + 5e·a + 2e·f in framework/model/decoder.py, each
+                                     other family's in framework/families/<name>/blocks.py;
                                      e = 2 under bf16-mixed, 4 under 32-true). With activation
                                      checkpointing: m·S·L·4d (each block's input) plus one block's A.
     loss chunk   16·V·min(m·S, loss_chunk_tokens)      one chunk's logits, log-softmax and gradients
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from framework.config import ModelConfig
-from framework.families import FAMILIES, build_decoder
+from framework.families.registry import build_decoder, family_spec
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def device_memory(sizes: ModelSizes, footprint: Footprint, *, micro_batch: int, 
 
 def activation_bytes_per_token(cfg: ModelConfig, mixed: bool) -> int:
     """Bytes one block of ``cfg.family`` saves for backward per token (the family counts them)."""
-    return FAMILIES[cfg.family].block_class.activation_bytes_per_token(cfg, mixed)
+    return family_spec(cfg.family).activation_bytes_per_token(cfg, mixed)
 
 
 __all__ = ["Footprint", "ModelSizes", "device_memory", "activation_bytes_per_token"]

@@ -40,7 +40,7 @@ from framework.model.flops import Flops, dense_step_flops, executed_step_flops
 from framework.layer_dropout import DropPlan, StepKey, plan
 from framework.model.loss import LogitWatch, chunked_cross_entropy, exit_cross_entropies
 from framework.training.lr_schedule import LRScheduleConfig, schedule_for
-from framework.families import build_decoder
+from framework.families.registry import build_decoder
 from framework.model.decoder import Decoder
 from framework.training.parametrization import init_decoder_, model_multipliers, param_groups
 from framework.schedules import dropout_rates

@@ -11,7 +11,7 @@ import torch
 
 from framework.config import ModelConfig
 from framework.recipes.device_memory import Footprint, ModelSizes, device_memory
-from framework.families import build_decoder
+from framework.families.registry import build_decoder
 from framework.model.decoder import Decoder
 from framework.strategies import checkpoint_block
 

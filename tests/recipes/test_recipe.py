@@ -201,7 +201,7 @@ def llama_base(tmp_path) -> str:
 
 
 def test_a_llama_base_transfers_as_a_llama_priced_by_its_own_activations(in_repo, capsys, tmp_path):
-    from framework.families.llama import LlamaBlock
+    from framework.families.llama.blocks import LlamaBlock
     from framework.model.decoder import Block
 
     shape = ["--d-model", "2048", "--n-layers", "16", "--heads", "32", "--head-dim", "64", "--kv-heads", "8",

@@ -6,7 +6,7 @@ block loop, exits, skip sets and the KV cache are the base classes'; this module
 supplies the parts. Parameter names are Celerity's too (``attn.qkv`` holds the
 query, key and value projections one after the other, ``ffn.up`` the gate and up
 projections), so the parametrization groups, FSDP2 wrapping and FLOP accounting need
-no family of their own; framework/families/llama_hf.py maps them to Hugging Face's.
+no family of their own; framework/families/llama/hf.py maps them to Hugging Face's.
 
 What a block's attention needs besides its input, one ``RotaryInputs`` per forward:
 the angles of every query's position and, where plain causality does not say it
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from framework.model.attention import alibi_causal_bias
 from framework.config import ModelConfig
-from framework.families.rotary import rotary_cos_sin, rotary_frequencies, rotate
+from framework.families.llama.rotary import rotary_cos_sin, rotary_frequencies, rotate
 from framework.model.kv_cache import KVCache
 from framework.model.decoder import Block, Decoder
 
@@ -59,24 +59,32 @@ class RMSNorm(nn.Module):
 
 class GroupedQueryAttention(nn.Module):
     """Causal attention with RoPE; ``n_kv_heads`` key/value heads shared by groups of
-    query heads (SDPA's enable_gqa: no copies of K/V)."""
+    query heads (SDPA's enable_gqa: no copies of K/V). A family built on these blocks
+    changes ``qkv_bias`` or ``heads`` (Qwen2's q/k/v biases, Qwen3's per-head q/k norms)."""
+
+    qkv_bias = False
 
     def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
         super().__init__()
         self.layer_index = layer_index
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.qkv = nn.Linear(cfg.d_model, cfg.qkv_dim, bias=False)
+        self.qkv = nn.Linear(cfg.d_model, cfg.qkv_dim, bias=self.qkv_bias)
         self.proj = nn.Linear(cfg.attn_dim, cfg.d_model, bias=False)
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [B, T, H, D] and k, v [B, T, H_kv, D] of x [B, T, d], before RoPE."""
+        batch, seq, _ = x.shape
+        kv_width = self.n_kv_heads * self.head_dim
+        q, k, v = self.qkv(x).split([self.n_heads * self.head_dim, kv_width, kv_width], dim=-1)
+        return (q.view(batch, seq, self.n_heads, self.head_dim), k.view(batch, seq, self.n_kv_heads, self.head_dim),
+                v.view(batch, seq, self.n_kv_heads, self.head_dim))
 
     def forward(self, x: torch.Tensor, inputs: RotaryInputs, cache: KVCache | None,
                 rows: torch.Tensor | None = None) -> torch.Tensor:
         """Every row's K/V goes to the cache; with ``rows`` only those rows' queries run."""
-        batch, seq, _ = x.shape
-        kv_width = self.n_kv_heads * self.head_dim
-        q, k, v = self.qkv(x).split([self.n_heads * self.head_dim, kv_width, kv_width], dim=-1)
-        q = rotate(q.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2), inputs.cos, inputs.sin)
-        k = rotate(k.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2), inputs.cos, inputs.sin)
-        v = v.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        seq = x.shape[1]
+        q, k, v = (t.transpose(1, 2) for t in self.heads(x))
+        q, k = rotate(q, inputs.cos, inputs.sin), rotate(k, inputs.cos, inputs.sin)
         if cache is not None:
             k, v = cache.update(self.layer_index, k, v)
         mask = inputs.mask
@@ -144,7 +152,8 @@ class LlamaBlock(Block):
 
 
 class LlamaDecoder(Decoder):
-    """A Llama-family decoder; ``tie_embeddings`` shares the embedding with the head."""
+    """A Llama-family decoder; ``tie_embeddings`` shares the embedding with the head.
+    The families built on its blocks subclass it with their own ``family`` and ``block_class``."""
 
     family = "llama"
     block_class = LlamaBlock
