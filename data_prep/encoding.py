@@ -1,4 +1,5 @@
-"""Documents -> one flat token file (each document followed by EOS), with an exact cap.
+"""Documents -> one flat token file (each document followed by EOS, and led by BOS under
+the "bos" document start), with an exact cap.
 
 The whole corpus is encoded once, in batches (the Rust tokenizer spreads a batch
 over its threads), into ``tokens.bin`` in the staging folder, together with every
@@ -90,8 +91,10 @@ def _batch_characters(total: int, max_tokens: int | None) -> int:
 
 def encode_documents(documents: Iterable[Document], tokenizer: Tokenizer, eos_id: int, dtype: np.dtype,
                      seed: int, tokens_path: str, max_tokens: int | None = None,
-                     progress: bool = True) -> EncodedCorpus:
-    """Encode every document (then EOS) into ``tokens_path``, stopping at ``max_tokens``."""
+                     progress: bool = True, with_bos: bool = False) -> EncodedCorpus:
+    """Encode every document (then EOS) into ``tokens_path``, stopping at ``max_tokens``.
+    ``with_bos``: each document as the tokenizer's post-processor makes it (BOS first;
+    framework/tokenizer.py's "bos" document start)."""
     ends: list[int] = []
     keys: list[float] = []
     total, truncated = 0, False
@@ -104,11 +107,12 @@ def encode_documents(documents: Iterable[Document], tokenizer: Tokenizer, eos_id
                disable=None if progress else True, dynamic_ncols=True)  # None: only on a terminal
     with open(tokens_path, "wb") as out, bar:
         while batch := _next_batch(documents, _batch_characters(total, max_tokens)):
-            encodings = tokenizer.encode_batch_fast([doc.text for doc in batch], add_special_tokens=False)
+            encodings = tokenizer.encode_batch_fast([doc.text for doc in batch], add_special_tokens=with_bos)
             pieces = []
             for doc, encoding in zip(batch, encodings):
-                ids = np.empty(len(encoding.ids) + 1, dtype=dtype)
-                ids[:-1] = encoding.ids
+                ends_with_eos = with_bos and encoding.ids[-1:] == [eos_id]  # a post-processor that adds one
+                ids = np.empty(len(encoding.ids) + (not ends_with_eos), dtype=dtype)
+                ids[:len(encoding.ids)] = encoding.ids
                 ids[-1] = eos_id
                 if max_tokens is not None and total + len(ids) >= max_tokens:
                     truncated = total + len(ids) > max_tokens

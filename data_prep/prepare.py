@@ -27,6 +27,7 @@ from data_prep.sources import (Document, FileSource, JsonlSource, ParquetSource,
                                check_every_record)
 from framework.command_parser import CommandParser
 from framework.files.manifest import MANIFEST_FORMAT, sha256_of, write_manifest
+from framework.tokenizer import DOCUMENT_STARTS, TokenizerError
 
 # Bytes of text per token assumed when a --max-tokens cap decides how much text the
 # tokenizer trains on (byte-level BPE with an 8k-32k vocabulary: ~3.5-4.5 on code and
@@ -84,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
     tokenizer.add_argument("--eos-token", metavar="TOKEN",
                            help="the document separator (default: <|endoftext|> when training; "
                                 "for a loaded tokenizer, the first usual EOS name it holds)")
+    tokenizer.add_argument("--document-start", choices=DOCUMENT_STARTS,
+                           help="bos: each document is what the tokenizer's post-processor makes of it (BOS "
+                                "first, as Hugging Face's tok(text)), then EOS; eos: documents separated by EOS "
+                                "only (default: bos for a tokenizer that adds a BOS, else eos)")
 
     output = parser.add_argument_group("output")
     output.add_argument("--out", required=True, metavar="DIR", help="the folder to create")
@@ -121,6 +126,9 @@ def _check_tokenizer_args(args: argparse.Namespace) -> None:
                                f"{MIN_TRAINED_VOCAB} (256 bytes + EOS)")
     elif args.vocab_size is not None:
         raise PrepareError(f"--vocab-size applies to --tokenizer train only; {args.tokenizer} fixes its own")
+    if args.tokenizer == "train" and args.document_start == "bos":
+        raise PrepareError("--document-start bos needs a tokenizer that adds a BOS; the trained BPE has none "
+                           "(allowed: eos)")
 
 
 def _documents(sources: list[Source], stats: list[SourceStats]) -> Iterator[Document]:
@@ -155,12 +163,12 @@ def _prepare_tokenizer(args, sources, loaded, staging) -> tuple[object, dict]:
 
     Returns the tokenizer and its manifest entry.
     """
-    from data_prep.tokenizer import DEFAULT_EOS, train_tokenizer, vocab_size_of
-    from framework.checkpoint.tokenizer_record import record_for
+    from data_prep.tokenizer import DEFAULT_EOS, train_tokenizer
+    from framework.tokenizer import find_bos, record_for, vocab_size_of
 
     path = os.path.join(staging, "tokenizer.json")
     if loaded is not None:
-        tokenizer, eos_token, eos_id = loaded
+        tokenizer, eos_token, eos_id, _ = loaded
         shutil.copyfile(args.tokenizer, path)  # verbatim: its sha256 matches the user's file
         entry = {"origin": os.path.abspath(args.tokenizer)}
     else:
@@ -175,8 +183,10 @@ def _prepare_tokenizer(args, sources, loaded, staging) -> tuple[object, dict]:
         eos_id = tokenizer.token_to_id(eos_token)
         tokenizer.save(path)
         entry = {"origin": "trained", "trained_on": {"documents": seen.documents, "bytes": seen.bytes}}
+    bos_token, bos_id = find_bos(tokenizer) or (None, None)
     entry.update(record_for(sha256=sha256_of(path), vocab_size=vocab_size_of(tokenizer), eos_token=eos_token,
-                            eos_id=eos_id))
+                            eos_id=eos_id, bos_token=bos_token, bos_id=bos_id,
+                            document_start=loaded[3] if loaded is not None else "eos"))
     return tokenizer, entry
 
 
@@ -207,7 +217,8 @@ def run(args: argparse.Namespace, argv: list[str], sources: list[Source], loaded
     _say(f"encoding the corpus ({dtype.name} tokens)")
     encoded = encode_documents(_documents(sources, stats), tokenizer, tokenizer_entry["eos_id"], dtype,
                                args.seed, os.path.join(work, "tokens.bin"), args.max_tokens,
-                               progress=not args.no_progress)
+                               progress=not args.no_progress,
+                               with_bos=tokenizer_entry["document_start"] == "bos")
     if len(encoded.doc_ends) == 0:
         raise _empty_corpus(stats)
     splits = _write_splits(args, encoded, staging, work)
@@ -229,7 +240,8 @@ def run(args: argparse.Namespace, argv: list[str], sources: list[Source], loaded
 def _check_inputs(args: argparse.Namespace) -> tuple[list[Source], tuple | None]:
     """Every check that needs no heavy work (raises PrepareError).
 
-    Returns the resolved sources and, for a tokenizer file, (tokenizer, EOS token, EOS id).
+    Returns the resolved sources and, for a tokenizer file, (tokenizer, EOS token, EOS id,
+    document start).
     """
     from data_prep.output_folder import check_output_folder, clean_leftovers
 
@@ -240,10 +252,13 @@ def _check_inputs(args: argparse.Namespace) -> tuple[list[Source], tuple | None]
     check_output_folder(args.out, args.overwrite, inputs=_input_paths(args, sources))
     loaded = None
     if args.tokenizer != "train":
-        from data_prep.tokenizer import find_eos, load_tokenizer
+        from framework.tokenizer import default_document_start, find_bos, find_eos, load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
-        loaded = (tokenizer, *find_eos(tokenizer, args.eos_token, args.tokenizer))
+        start = args.document_start or default_document_start(tokenizer)
+        if start == "bos" and find_bos(tokenizer) is None:
+            raise PrepareError(f"--document-start bos: {args.tokenizer} adds no BOS to a text (allowed: eos)")
+        loaded = (tokenizer, *find_eos(tokenizer, args.eos_token, where=args.tokenizer), start)
     return sources, loaded
 
 
@@ -264,7 +279,8 @@ def _summary(out: str, manifest: dict, seconds: float) -> str:
     return (f"prepared {out}: train {train['tokens']:,} tokens ({train['documents']:,} docs, "
             f"{train['chunks']} chunks), val {val['tokens']:,} tokens ({val['documents']:,} docs); "
             f"vocab {manifest['tokenizer']['vocab_size']:,} ({manifest['dtype']}), "
-            f"eos id {manifest['tokenizer']['eos_id']}; {seconds:.1f} s")
+            f"eos id {manifest['tokenizer']['eos_id']}, documents start with "
+            f"{manifest['tokenizer']['document_start'].upper()}; {seconds:.1f} s")
 
 
 def main(argv: list[str]) -> int:
@@ -285,7 +301,7 @@ def main(argv: list[str]) -> int:
             manifest = run(args, argv, sources, loaded, staging)
             write_manifest(staging, manifest)
             folder.commit()
-    except PrepareError as error:
+    except (PrepareError, TokenizerError) as error:
         parser.error(str(error))  # prints "error: ..." and exits with status 2
     print(_summary(args.out, manifest, time.perf_counter() - started))
     return 0

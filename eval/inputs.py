@@ -165,7 +165,7 @@ def load_prompts(*, texts: Sequence[str] | None = None, prompts_file: str | None
                  ) -> tuple[list[list[int]], list[str] | None]:
     """(token ids, texts or None) of at most ``count`` prompts from one source: ``texts``
     (``--prompt``), a file (``--prompts``) or a prepared folder (``--data``). Text needs
-    ``codec`` (an ``eval.tokenizer.TextCodec``, or a callable returning one)."""
+    ``codec`` (a ``framework.tokenizer.TextCodec``, or a callable returning one)."""
     if texts is not None:
         check_text_prompts(texts)
         rows: list[str] | list[list[int]] = list(texts)

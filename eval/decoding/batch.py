@@ -78,7 +78,7 @@ class BatchGenerator:
         self.sampling, self.seed, self.seed_by = sampling, seed, seed_by
 
     @torch.inference_mode()
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, eos_id: int | None = None,
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, eos_id: int | Sequence[int] | None = None,
                  stop: StopStrings | None = None, on_tokens: OnTokens | None = None,
                  numbers: Sequence[int] | None = None) -> tuple[list[Transcript], GenerationStats]:
         """Continuations of ``prompts`` (token-id lists, decoded together as one batch).

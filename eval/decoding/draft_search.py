@@ -388,7 +388,7 @@ def search(model: Decoder, objective: CalibrationObjective, confirm_prompts: Seq
 
 def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, check_vocabulary, load_prompts
-    from eval.tokenizer import CodecLoader
+    from framework.tokenizer import CodecLoader
     from framework.checkpoint import CheckpointError, load_decoder, read_model_config
     from framework.training.loop_progress import progress
 

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.decoding.dynamic_exit import check_threshold, parse_candidates
     from eval.decoding.sampling import Sampling
     from eval.inputs import ContextLimit, check_vocabulary
-    from eval.tokenizer import TextCodec
+    from framework.tokenizer import TextCodec
     from framework.checkpoint import Checkpoint, CheckpointError
 
     parser = _parser()
@@ -210,7 +210,7 @@ def _run(decode, prompts, texts, codec, args, *, stream: bool):
     from framework.training.loop_progress import progress
 
     stop = StopStrings(args.stop, codec.decode)
-    eos = None if args.ignore_eos else codec.eos_id
+    eos = None if args.ignore_eos else codec.stop_ids
     if stream:
         streamer = Streamer(codec, args.stop)
         if not args.no_echo:

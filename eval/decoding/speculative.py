@@ -100,7 +100,7 @@ class SelfSpeculativeDecoder:
         return items[0].tokens, stats
 
     @torch.inference_mode()
-    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, eos_id: int | None = None,
+    def generate_batch(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, eos_id: int | Sequence[int] | None = None,
                        stop: StopStrings | None = None, on_tokens: OnTokens | None = None,
                        numbers: Sequence[int] | None = None,
                        generators: list[torch.Generator] | None = None) -> tuple[list[Transcript], GenerationStats]:

@@ -49,7 +49,7 @@ class Comparison:
 def compare(model: Decoder, draft: Draft, prompts: Sequence[torch.Tensor | Sequence[int]], *,
             max_new_tokens: int = 64, gamma: int = 5, adaptive: AdaptiveThreshold | None = None,
             temperature: float = 0.0, sampling: Sampling | None = None, repeats: int = 3, warmup: int = 1,
-            seed: int = 0, batch_size: int = 1, eos_id: int | None = None,
+            seed: int = 0, batch_size: int = 1, eos_id: int | Sequence[int] | None = None,
             on_batch: Callable[[int], None] | None = None) -> dict:
     """Time plain decoding and self-speculative decoding on every batch of prompts
     (median of ``repeats`` after ``warmup`` untimed runs each) and return the report."""
@@ -163,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, check_vocabulary, load_prompts
-    from eval.tokenizer import CodecLoader
+    from framework.tokenizer import CodecLoader
     from framework.checkpoint import CheckpointError, load_decoder, read_model_config
     from framework.training.loop_progress import progress
 
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         limit = ContextLimit(cfg.max_seq_len)
         prompts = [limit.fit(p, reserve=args.max_new_tokens) for p in prompts]
-        eos_id = None if args.ignore_eos else codec.eos_id_or_none()
+        eos_id = None if args.ignore_eos else codec.stop_ids_or_none()
         model, cfg = load_decoder(args.ckpt, map_location=device)
         adapters = _load_adapters(args.adapters, model)
         spec = (f"skip:{args.skip_layers}" if args.skip_layers is not None

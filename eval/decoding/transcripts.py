@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -49,13 +49,15 @@ class Transcripts:
     """What each sequence of a batch has written, and which batch rows still run.
     ``running[i]`` is the sequence number of batch row i."""
 
-    def __init__(self, count: int, max_new_tokens: int, *, eos_id: int | None = None,
+    def __init__(self, count: int, max_new_tokens: int, *, eos_id: int | Iterable[int] | None = None,
                  stop: StopStrings | None = None, on_tokens: OnTokens | None = None) -> None:
         if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
             raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: must be an integer >= 1")
         self.items = [Transcript() for _ in range(count)]
         self.running = list(range(count))
-        self.max_new_tokens, self.eos_id, self.stop, self.on_tokens = max_new_tokens, eos_id, stop, on_tokens
+        self.max_new_tokens, self.stop, self.on_tokens = max_new_tokens, stop, on_tokens
+        # every id that ends a text (an eos_token_id list: Llama-3.x-Instruct's <|eot_id|> and <|end_of_text|>)
+        self.eos_ids = frozenset([] if eos_id is None else [eos_id] if isinstance(eos_id, int) else eos_id)
 
     def add(self, row: int, tokens: Sequence[int], blocks: Sequence[float]) -> int:
         """Append batch row ``row``'s new tokens until it ends; the number appended."""
@@ -65,7 +67,7 @@ class Transcripts:
         for token, cost in zip(tokens, blocks):
             if item.finish_reason is not None:
                 break
-            if token == self.eos_id:
+            if int(token) in self.eos_ids:
                 item.finish_reason = "eos"
                 break
             item.tokens.append(int(token))

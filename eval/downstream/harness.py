@@ -190,8 +190,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     from eval.skip_sets import parse_skip_set
-    from eval.tokenizer import find_tokenizer
-    from framework.checkpoint import CheckpointError, read_model_config
+    from framework.checkpoint import CheckpointError, find_tokenizer, read_model_config
 
     options.refuse_existing(parser, [args.out, samples_path(args.out) if args.log_samples else None],
                             args.overwrite)

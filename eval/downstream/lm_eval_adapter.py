@@ -8,7 +8,7 @@
 Model arguments (in an lm-eval argument string, separate skip layers with ';'):
     ckpt | pretrained   a .ckpt from `layerdrop pretrain` or an exported folder (required)
     tokenizer           a tokenizer.json (default: found beside the checkpoint, or the
-                        data folder its training run read; see eval/tokenizer.py)
+                        data folder its training run read; see framework/tokenizer.py)
     exit_layer          early exit K: run blocks 0..K-1 only (K in 1..L)
     skip_layers         a skip set of block indices 0..L-1: alternate-odd, 2-5, 1;3;5, …
     adapters            a folder from `layerdrop adapters fit`: exit_layer K reads its exit
@@ -51,7 +51,7 @@ from eval.decoding.sampling import Sampling
 from eval.decoding.transcripts import StopStrings
 from eval.downstream.multiple_choice import score_continuations, score_exits
 from eval.skip_sets import parse_skip_set
-from eval.tokenizer import EOS_CANDIDATES, TextCodec, eos_id_of, find_tokenizer
+from framework.tokenizer import TextCodec
 from framework.checkpoint import load_decoder
 from framework.training.loop_progress import progress
 
@@ -339,4 +339,4 @@ class ExitScores:
         return [table[key] for key in keys]
 
 
-__all__ = ["LayerDropLM", "ExitScores", "find_tokenizer", "eos_id_of", "EOS_CANDIDATES"]
+__all__ = ["LayerDropLM", "ExitScores"]

@@ -10,7 +10,7 @@ finds, resumes, proves harmless and exports them.
       zero.py             a DeepSpeed ZeRO-2/3 folder
     safety.py           weights-only reading of every pickled file; the proof
     loader.py           Checkpoint: opened, proven harmless and read once; load_decoder
-    tokenizer_record.py the tokenizer a checkpoint records, EOS names, finding it again
+    tokenizer_record.py the tokenizer a checkpoint records, finding it again
     folder.py           the checkpoint folder's crash-safe protocol (staging, publish, last.ckpt)
     saving.py           PeriodicCheckpoint, AtomicCheckpointIO (Lightning)
     keep_tokenizer.py   KeepTokenizer: the run's tokenizer beside its checkpoints (Lightning)

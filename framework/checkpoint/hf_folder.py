@@ -1,12 +1,11 @@
 """The ``hf`` form: a Hugging Face folder, ``config.json`` + ``model.safetensors`` (or shards
 named by ``model.safetensors.index.json``) + ``tokenizer.json``, as
-``save_pretrained`` writes one (of any family with a transformers class).
+``save_pretrained`` writes a ``LlamaForCausalLM``.
 
 Read: only safetensors (memory-mapped, one tensor at a time). A folder that holds
 only pickled ``pytorch_model.bin`` weights is refused in one line, never unpickled.
-The config and the names go through the Hugging Face mapping of the family that reads
-the config's ``model_type`` (framework/families/<name>/hf.py), which refuses anything it
-cannot represent exactly. Shard files named by the index must lie inside
+The config and the names go through framework/families/llama_hf.py, which refuses
+anything it cannot represent exactly. Shard files named by the index must lie inside
 the folder.
 
 Write (``layerdrop export --format hf``): model.safetensors, config.json,
@@ -28,8 +27,7 @@ from framework.files.atomic_write import copy_file, write_text
 from framework.checkpoint.base import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, copy_into, read_json
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.config import ModelConfig
-from framework.families.family_spec import HFConfigError, HFMapping, shown
-from framework.families.registry import family_spec, hf_families, hf_model_types
+from framework.families.llama_hf import HFConfigError, from_hf, from_hf_config, hf_names, to_hf, to_hf_config
 
 INDEX_FILE = "model.safetensors.index.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -59,7 +57,10 @@ class HfFolder:
         return read_json(path / CONFIG_FILE)
 
     def model_config(self, path: Path, metadata: dict[str, Any]) -> ModelConfig:
-        return config_of(metadata, str(path / CONFIG_FILE))
+        try:
+            return from_hf_config(metadata, source=str(path / CONFIG_FILE))
+        except HFConfigError as err:
+            raise CheckpointError(str(err)) from None
 
     def tensors(self, path: Path, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
         return read_tensors(path, cfg)
@@ -90,25 +91,8 @@ def read_model_config(path: str | os.PathLike) -> ModelConfig:
     config field that would change the function (CheckpointError, one line)."""
     path = Path(path)
     weight_files(path)  # refuses a folder without safetensors before anything else
-    return config_of(read_hf_config(path), str(path / CONFIG_FILE))
-
-
-def mapping_of(hf: dict[str, Any], source: str) -> HFMapping:
-    """The Hugging Face mapping of the family that reads this config's ``model_type``."""
-    families = hf_model_types()
-    model_type = hf.get("model_type")
-    if model_type is None:  # an old config without one: its architecture says it
-        model_type = next((t for t, spec in families.items() if hf.get("architectures") == [spec.hf.architecture]), None)
-    if model_type not in families:
-        raise CheckpointError(f"{source}: model_type={shown(model_type)} is not supported: allowed: "
-                              + ", ".join(repr(t) for t in families))
-    return families[model_type].hf
-
-
-def config_of(hf: dict[str, Any], source: str) -> ModelConfig:
-    """The ModelConfig of a Hugging Face config.json (CheckpointError, one line, if refused)."""
     try:
-        return mapping_of(hf, source).config_from_hf(hf, source=source)
+        return from_hf_config(read_hf_config(path), source=str(path / CONFIG_FILE))
     except HFConfigError as err:
         raise CheckpointError(str(err)) from None
 
@@ -141,7 +125,7 @@ def weight_files(path: Path) -> list[Path]:
 
 def read_tensors(path: str | os.PathLike, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """The decoder's (name, tensor) pairs from the folder's safetensors; names that
-    the family does not have are refused (they would be silently dropped)."""
+    the Llama family does not have are refused (they would be silently dropped)."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -156,8 +140,7 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig) -> Iterator[tuple[st
                 raise
             raise CheckpointError(f"{str(path)!r}: a safetensors file cannot be read: "
                          f"{str(err).strip().splitlines()[0]}") from None
-        mapping = _writer(cfg)
-        expected = mapping.hf_names(cfg)
+        expected = hf_names(cfg)
         unknown = sorted(n for n in where if n not in expected and not n.endswith(_BUFFERS))
         if unknown:
             raise CheckpointError(f"{str(path)!r} holds tensors a {cfg.family} decoder of this config does not have "
@@ -165,22 +148,24 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig) -> Iterator[tuple[st
         missing = sorted(expected - set(where))
         if missing:
             raise CheckpointError(f"{str(path)!r} does not match its config.json: missing {missing[:5]}")
-        yield from mapping.from_hf(lambda name: where[name].get_tensor(name), cfg)
+        yield from from_hf(lambda name: where[name].get_tensor(name), cfg)
 
 
 # ------------------------------------------------------------------ writing
 
 
 def write_hf_folder(decoder: torch.nn.Module, out_dir: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None,
-                    eos_id: int | None = None, bos_id: int | None = None, overwrite: bool = False) -> Path:
-    """Write ``decoder`` (one process, unsharded, a family with a transformers class) as a
-    Hugging Face folder."""
+                    eos_id: int | list[int] | None = None, bos_id: int | None = None, overwrite: bool = False) -> Path:
+    """Write ``decoder`` (one process, unsharded, family llama) as a Hugging Face folder."""
     out_dir = Path(out_dir)
-    config = hf_config_of(decoder.config, bos_id=bos_id, eos_id=eos_id)
+    try:
+        config = to_hf_config(decoder.config, bos_id=bos_id, eos_id=eos_id)
+    except HFConfigError as err:
+        raise CheckpointError(str(err)) from None
     if (out_dir / WEIGHTS_FILE).exists() and not overwrite:
         raise CheckpointError(f"{str(out_dir)!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
     out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = list(_writer(decoder.config).to_hf(decoder.state_dict(), decoder.config))
+    tensors = list(to_hf(decoder.state_dict(), decoder.config))
     with SafetensorsWriter(out_dir / WEIGHTS_FILE, [(n, t.dtype, tuple(t.shape)) for n, t in tensors]) as writer:
         for name, tensor in tensors:
             writer.write(name, tensor)
@@ -196,36 +181,20 @@ def write_hf_folder(decoder: torch.nn.Module, out_dir: str | os.PathLike, *, tok
     return out_dir
 
 
-def hf_config_of(cfg: ModelConfig, *, bos_id: int | None = None, eos_id: int | list[int] | None = None) -> dict[str, Any]:
-    """The config.json of ``cfg`` as its family's transformers class; CheckpointError (one
-    line) for a family without one or a config it cannot hold (before any weight is read)."""
-    try:
-        return _writer(cfg).config_to_hf(cfg, bos_id=bos_id, eos_id=eos_id)
-    except HFConfigError as err:
-        raise CheckpointError(str(err)) from None
-
-
-def _writer(cfg: ModelConfig) -> HFMapping:
-    mapping = family_spec(cfg.family).hf
-    if mapping is None:
-        raise CheckpointError(f"family={cfg.family!r} has no transformers class; --format hf needs family: "
-                              + ", ".join(hf_families()))
-    return mapping
-
-
-def _special_tokens(tokenizer: Path, eos_id: int | None, bos_id: int | None) -> dict[str, str]:
-    """The eos/bos token strings of the ids, for transformers' tokenizer_config.json."""
+def _special_tokens(tokenizer: Path, eos_id: int | list[int] | None, bos_id: int | None) -> dict[str, str]:
+    """The eos/bos token strings of the ids (an eos_token_id list: its first), for
+    transformers' tokenizer_config.json."""
     from tokenizers import Tokenizer
 
     loaded = Tokenizer.from_file(str(tokenizer))
     tokens = {}
     for key, token_id in (("eos_token", eos_id), ("bos_token", bos_id)):
-        token = loaded.id_to_token(token_id) if token_id is not None else None
+        token_id = (token_id or [None])[0] if isinstance(token_id, list) else token_id
+        token = loaded.id_to_token(token_id) if isinstance(token_id, int) else None
         if token is not None:
             tokens[key] = token
     return tokens
 
 
 __all__ = ["HfFolder", "is_hf_folder", "read_model_config", "read_tensors", "weight_files", "write_hf_folder",
-           "hf_config_of", "config_of", "mapping_of",
            "INDEX_FILE", "PICKLED_WEIGHTS"]

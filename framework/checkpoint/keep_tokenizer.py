@@ -19,7 +19,8 @@ import lightning.pytorch as pl
 
 from framework.files.atomic_write import copy_file, replacing
 from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE
-from framework.checkpoint.tokenizer_record import is_url, record_for, sha256_of
+from framework.checkpoint.tokenizer_record import CONVENTION_KEYS, is_url, record_for, sha256_of
+from framework.tokenizer import check_model_tokenizer
 
 
 class KeepTokenizer(pl.Callback):
@@ -27,7 +28,8 @@ class KeepTokenizer(pl.Callback):
     (with its sha256, and the data folder as an absolute path) in every checkpoint.
 
     A run resumed in a folder whose tokenizer.json differs from the data's stops
-    before its first step: its token ids would mean other strings.
+    before its first step: its token ids would mean other strings. So does a run from
+    ``model.init_from`` on data prepared with another tokenizer than the model's.
     """
 
     def __init__(self) -> None:
@@ -46,7 +48,11 @@ class KeepTokenizer(pl.Callback):
         entry = manifest["tokenizer"]
         self.source = f"{self.data_dir}/{entry.get('file', TOKENIZER_FILE)}"
         self.record = record_for(sha256=self._sha256(), vocab_size=entry.get("vocab_size"),
-                                 eos_token=entry.get("eos_token"), eos_id=entry.get("eos_id"))
+                                 eos_token=entry.get("eos_token"), eos_id=entry.get("eos_id"),
+                                 **{key: entry.get(key) for key in CONVENTION_KEYS})
+        init_from = getattr(pl_module, "init_from", None)
+        if init_from is not None:  # before the model is materialised: the DataModule's setup ran, configure_model not
+            check_model_tokenizer(init_from, self.source, self.record)
 
     def _sha256(self) -> str | None:
         if is_url(self.source):

@@ -4,7 +4,8 @@ again from any working directory.
 The record (one shape everywhere: a prepared folder's manifest, every training
 checkpoint under ``checkpoint["layerdrop"]``, an export's config.json)::
 
-    tokenizer   {file: "tokenizer.json", sha256, vocab_size, eos_token, eos_id}
+    tokenizer   {file: "tokenizer.json", sha256, vocab_size, eos_token, eos_id,
+                 bos_token?, bos_id?, document_start?}   (framework/tokenizer.py: the conventions)
     data_dir    (training checkpoints) the prepared data folder, absolute (or its URL)
 
 ``find_tokenizer_of`` looks, in order, in: an exported folder; the checkpoint's own
@@ -16,33 +17,25 @@ above the checkpoint. A file whose sha256 differs from the recorded one is passe
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
 from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE, CheckpointError
-from framework.files.manifest import sha256_of
+from framework.files.manifest import read_manifest, sha256_of
 
-# The usual end-of-text names, in the order a tokenizer without a recorded EOS is
-# searched for one (GPT-2/our BPE, Llama 3, SentencePiece models, Gemma, ...).
-EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<|im_end|>", "<|eot_id|>")
-RECORD_KEYS = ("file", "sha256", "vocab_size", "eos_token", "eos_id")
+# What a record may say of the tokens beyond the file, copied wherever a record travels.
+CONVENTION_KEYS = ("bos_token", "bos_id", "document_start")
 
 
-def record_for(*, sha256: str | None, vocab_size: Any, eos_token: Any, eos_id: Any,
-               name: str = TOKENIZER_FILE) -> dict[str, Any]:
-    """The record of a tokenizer stored under the file name ``name``."""
-    return {"file": name, "sha256": sha256, "vocab_size": vocab_size, "eos_token": eos_token, "eos_id": eos_id}
-
-
-def first_eos(tokenizer: Any) -> tuple[str, int] | None:
-    """(name, id) of the first of EOS_CANDIDATES a ``tokenizers.Tokenizer`` holds."""
-    for name in EOS_CANDIDATES:
-        token_id = tokenizer.token_to_id(name)
-        if token_id is not None:
-            return name, token_id
-    return None
+def record_for(*, sha256: str | None, vocab_size: Any, eos_token: Any, eos_id: Any, name: str = TOKENIZER_FILE,
+               **conventions: Any) -> dict[str, Any]:
+    """The record of a tokenizer stored under the file name ``name``; the BOS and the
+    document-start convention (CONVENTION_KEYS) only where known: older records lack them."""
+    unknown = sorted(set(conventions) - set(CONVENTION_KEYS))
+    if unknown:
+        raise TypeError(f"record_for: {unknown[0]!r} is not a tokenizer record key")
+    return {"file": name, "sha256": sha256, "vocab_size": vocab_size, "eos_token": eos_token, "eos_id": eos_id,
+            **{key: value for key, value in conventions.items() if value is not None}}
 
 
 def is_url(path: str) -> bool:
@@ -86,13 +79,12 @@ def find_tokenizer_of(path: Path, form: Any, metadata: dict[str, Any]) -> Path:
 
 def _data_tokenizer(data_dir: Path) -> Path:
     """The tokenizer file a prepared data folder's manifest names."""
-    manifest = data_dir / "manifest.json"
     try:
-        name = json.loads(manifest.read_text()).get("tokenizer", {}).get("file", TOKENIZER_FILE)
+        name = read_manifest(str(data_dir)).get("tokenizer", {}).get("file", TOKENIZER_FILE)
     except (OSError, ValueError, AttributeError):
         name = TOKENIZER_FILE
     return data_dir / name
 
 
-__all__ = ["EOS_CANDIDATES", "RECORD_KEYS", "record_for", "first_eos", "sha256_of", "is_url", "record_of",
+__all__ = ["CONVENTION_KEYS", "record_for", "sha256_of", "is_url", "record_of",
            "find_tokenizer_of"]

@@ -11,7 +11,8 @@ Keys::
     command             the `layerdrop prepare ...` command line
     seed, val_fraction, max_tokens, chunk_tokens
     dtype               "uint16" | "uint32" (token storage in the chunks)
-    tokenizer           {file, sha256, vocab_size, eos_token, eos_id, origin, trained_on?}
+    tokenizer           {file, sha256, vocab_size, eos_token, eos_id, bos_token?, bos_id?,
+                         document_start ("bos" | "eos", framework/tokenizer.py), origin, trained_on?}
     sources             one entry per source: its description + what was read from it
                         {documents, bytes, invalid_utf8, skipped_binary, skipped_empty}
                         (under --max-tokens the last encoding batch is read whole, so

@@ -195,3 +195,26 @@ def test_the_tokenizer_hint_comes_only_with_a_tokenizer_error(tmp_path):
         line = refusal(layerdrop("export", "--ckpt", ckpt, "--out", tmp_path / "out"))
         assert "--no-tokenizer" not in line and "--tokenizer" not in line
     assert not (tmp_path / "out").exists()
+
+
+def test_an_hf_folder_with_an_eos_list_exports_to_hf_whole(tmp_path, capsys):
+    """Llama-3.x-Instruct's eos_token_id is a list: the export keeps it (it died with a
+    TypeError, leaving a half folder) and names the first id's token in tokenizer_config."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers.hf_llama import tiny_hf_llama
+    from tests.helpers.hf_tokenizer import llama3_tokenizer
+
+    source = tmp_path / "hf"
+    tiny_hf_llama(source, vocab=300, layers=2)
+    llama3_tokenizer(source / "tokenizer.json")
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "bos_token_id": 0, "eos_token_id": [1, 3]}))
+    out = tmp_path / "out"
+    assert export_main(["--ckpt", str(source), "--out", str(out), "--format", "hf"]) == 0
+    written = json.loads((out / "config.json").read_text())
+    assert (written["bos_token_id"], written["eos_token_id"]) == (0, [1, 3])
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [1, 3]
+    tokens = json.loads((out / "tokenizer_config.json").read_text())
+    assert (tokens["bos_token"], tokens["eos_token"]) == ("<|begin_of_text|>", "<|end_of_text|>")
+    assert AutoModelForCausalLM.from_pretrained(out).generation_config.eos_token_id == [1, 3]

@@ -13,6 +13,7 @@ import pytest
 from framework.checkpoint import CKPT_KEY, CheckpointError, find_tokenizer, read_metadata
 from framework.checkpoint import tokenizer_record
 from framework.checkpoint.keep_tokenizer import KeepTokenizer
+from framework.tokenizer import TextCodec
 from framework.checkpoint.tokenizer_record import sha256_of
 from tests.helpers.checkpoint_run import moved_copy, pretrained_run
 
@@ -38,10 +39,8 @@ def test_found_from_another_working_directory(run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     checkpoint = run / "run" / "checkpoints" / "last.ckpt"
     assert find_tokenizer(checkpoint) == (run / "run" / "checkpoints" / "tokenizer.json").resolve()
-    from eval.downstream.lm_eval_adapter import find_tokenizer as eval_find_tokenizer
-
-    path, eos_id = eval_find_tokenizer(checkpoint)
-    assert path == find_tokenizer(checkpoint) and eos_id == tokenizer_record(checkpoint)["eos_id"]
+    codec = TextCodec.for_checkpoint(checkpoint)
+    assert codec.path == find_tokenizer(checkpoint) and codec.eos_id == tokenizer_record(checkpoint)["eos_id"]
 
 
 def test_found_through_the_recorded_data_folder_or_refused_in_one_line(run, tmp_path, monkeypatch):

@@ -368,3 +368,42 @@ def test_overwrite_refuses_a_folder_that_is_not_prepared_data(code_corpus, tmp_p
     line = refused("prepare", "--files", code_corpus, "--out", str(tmp_path / "mine"), "--overwrite")
     assert "holds 1 entries but no manifest.json: it is not data made by layerdrop prepare" in line
     assert hashes(tmp_path) == before
+
+
+def test_a_tokenizer_with_a_bos_starts_every_document_with_it(code_corpus, tmp_path, prepare):
+    """Llama 3's tokenizer adds <|begin_of_text|>: each document is BOS + text + EOS, as
+    Hugging Face's tok(text) starts it; --document-start eos keeps the EOS separator alone."""
+    from tests.helpers.hf_tokenizer import llama3_tokenizer
+
+    path = tmp_path / "llama3.json"
+    tokenizer = llama3_tokenizer(path)
+    out = str(tmp_path / "data")
+    assert prepare("--files", code_corpus, "--tokenizer", str(path), "--out", out, "--val-fraction", "0.2")[0] == 0
+    entry = read_manifest(out)["tokenizer"]
+    assert (entry["document_start"], entry["bos_token"], entry["bos_id"]) == ("bos", "<|begin_of_text|>", 0)
+    assert (entry["eos_token"], entry["eos_id"]) == ("<|end_of_text|>", 1)
+    docs, tokens = _docs_by_split(out, "train")
+    assert len(docs) > 3 and all(doc[0] == 0 and (doc[1:] != 0).all() for doc in docs)
+    texts = {open(os.path.join(code_corpus, f), encoding="utf-8").read() for f in os.listdir(code_corpus)}
+    assert {tokenizer.decode(doc[1:].tolist()) for doc in docs} <= texts
+
+    plain = str(tmp_path / "plain")
+    assert prepare("--files", code_corpus, "--tokenizer", str(path), "--out", plain, "--val-fraction", "0.2",
+                   "--document-start", "eos")[0] == 0
+    assert read_manifest(plain)["tokenizer"]["document_start"] == "eos"
+    docs, _ = _docs_by_split(plain, "train")
+    assert not any(doc[0] == 0 for doc in docs)
+
+
+def test_the_trained_tokenizer_records_the_eos_start_and_refuses_bos(small, code_corpus, tmp_path, prepare):
+    entry = read_manifest(small)["tokenizer"]
+    assert entry["document_start"] == "eos" and "bos_id" not in entry
+    code, stderr = prepare("--files", code_corpus, "--document-start", "bos", "--out", str(tmp_path / "out"))
+    assert code == 2 and "--document-start bos needs a tokenizer that adds a BOS" in error_line(stderr)
+    path = tmp_path / "gpt2.json"
+    from tests.helpers.hf_tokenizer import no_bos_tokenizer
+
+    no_bos_tokenizer(path)
+    code, stderr = prepare("--files", code_corpus, "--tokenizer", str(path), "--document-start", "bos",
+                           "--out", str(tmp_path / "out"))
+    assert code == 2 and "adds no BOS" in error_line(stderr)

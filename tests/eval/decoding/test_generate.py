@@ -18,7 +18,7 @@ from eval.decoding import modes
 from eval.decoding.generate import Streamer, main
 from eval.decoding.batch import BatchGenerator
 from eval.decoding.static_route import StaticRoute
-from eval.tokenizer import TextCodec
+from framework.tokenizer import TextCodec
 from framework.checkpoint import load_decoder
 from tiny_lm import export_tiny_model
 
@@ -206,8 +206,8 @@ def test_several_prompts_print_in_order(model_dir, capsys):
     (["--prompts", "/no/such/file.txt"], "--prompts '/no/such/file.txt' does not exist"),
     (["--prompts", "OBJECT"], "is invalid: it holds an object, expected a JSON list"),
     (["--prompts", "STRING"], "is invalid: it holds a string, expected a JSON list"),
-    (["--prompt", "x", "--tokenizer", "GARBAGE"], "is not a valid tokenizer.json"),
-    (["--prompt", "x", "--eot-token", "<nope>"], "eot_token='<nope>' is not in the tokenizer's vocabulary"),
+    (["--prompt", "x", "--tokenizer", "GARBAGE"], "not a readable tokenizer.json"),
+    (["--prompt", "x", "--eot-token", "<nope>"], "eot_token '<nope>' is not in the vocabulary of"),
 ])
 def test_bad_input_is_one_line_before_the_model_loads(model_dir, capsys, tmp_path, monkeypatch, args, message):
     import framework.checkpoint
@@ -287,11 +287,11 @@ def test_hostile_prompt_and_tokenizer_files_are_one_line(model_dir, tmp_path, ca
         "string": (["generate", "--ckpt", export, "--prompts", tmp_path / "string.json"],
                    "it holds a string, expected a JSON list"),
         "tokenizer-flag": (["generate", "--ckpt", export, "--prompt", "x", "--tokenizer", tmp_path / "garbage.json"],
-                           f"tokenizer '{tmp_path / 'garbage.json'}' is not a valid tokenizer.json"),
+                           f"tokenizer '{tmp_path / 'garbage.json'}': not a readable tokenizer.json"),
         "tokenizer-in-export": (["generate", "--ckpt", export, "--prompt", "x"],
-                                f"tokenizer '{export / 'tokenizer.json'}' is not a valid tokenizer.json"),
+                                f"tokenizer '{export / 'tokenizer.json'}': not a readable tokenizer.json"),
         "speculate-run": (["speculate", "run", "--ckpt", export, "--prompts", tmp_path / "ids.json", "--out",
-                           tmp_path / "report.json"], f"tokenizer '{export / 'tokenizer.json'}' is not a valid"),
+                           tmp_path / "report.json"], f"tokenizer '{export / 'tokenizer.json'}': not a readable"),
     }[case]
     if case in ("tokenizer-in-export", "speculate-run"):
         (export / "tokenizer.json").write_text("{not a tokenizer")

@@ -21,7 +21,7 @@ from eval.decoding.sampling import Sampling
 from eval.decoding.speculative import AdaptiveThreshold, SelfSpeculativeDecoder, plain_decode
 from eval.decoding.speedup import compare, main
 from eval.decoding.transcripts import StopStrings
-from eval.tokenizer import TextCodec
+from framework.tokenizer import TextCodec
 from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
 from framework.model.decoder import Decoder

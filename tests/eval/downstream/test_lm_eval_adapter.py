@@ -14,7 +14,8 @@ import lm_eval  # noqa: E402
 from lm_eval.api.instance import Instance  # noqa: E402
 from lm_eval.tasks import TaskManager  # noqa: E402
 
-from eval.downstream.lm_eval_adapter import LayerDropLM, find_tokenizer  # noqa: E402
+from eval.downstream.lm_eval_adapter import LayerDropLM  # noqa: E402
+from framework.tokenizer import TextCodec  # noqa: E402
 from framework.checkpoint import CheckpointError, load_decoder  # noqa: E402
 from eval.downstream.multiple_choice import encode_pair, read_examples, score_examples  # noqa: E402
 from eval.decoding.sampling import Sampling  # noqa: E402
@@ -228,7 +229,7 @@ def test_unsupported_generation_arguments_are_refused(lm, gen_kwargs, message):
     ({"skip_layers": "2;3"}, r"layers \[3\] are outside 0..2"),
     ({"batch_size": "auto"}, "batch_size='auto' is not supported"),
     ({"batch_size": 0}, "batch_size=0 is invalid"),
-    ({"eot_token": "<nope>"}, "not in the tokenizer's vocabulary"),
+    ({"eot_token": "<nope>"}, "'<nope>' is not in the vocabulary of"),
 ])
 def test_bad_model_arguments_are_clear_errors(model_dir, model_args, message):
     with pytest.raises(ValueError, match=message):
@@ -243,7 +244,8 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_tokenizer_is_found_beside_the_checkpoint_or_in_its_data_folder(model_dir, tmp_path):
-    assert find_tokenizer(model_dir) == (model_dir / "tokenizer.json", None)
+    codec = TextCodec.for_checkpoint(model_dir)
+    assert codec.path == model_dir / "tokenizer.json"
     # A Lightning checkpoint in runs/x/checkpoints/ whose run read data/: the manifest's tokenizer.
     data = tmp_path / "data"
     data.mkdir()
@@ -252,7 +254,8 @@ def test_tokenizer_is_found_beside_the_checkpoint_or_in_its_data_folder(model_di
     ckpt = tmp_path / "runs" / "x" / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir(parents=True)
     torch.save({"state_dict": {}, "datamodule_hyper_parameters": {"data_dir": str(data)}}, ckpt)
-    assert find_tokenizer(ckpt) == (data / "tok.json", 0)
+    codec = TextCodec.for_checkpoint(ckpt)
+    assert (codec.path, codec.eos_id) == (data / "tok.json", 0)
     (data / "tok.json").unlink()
     with pytest.raises(ValueError, match="no tokenizer found for checkpoint"):
-        find_tokenizer(ckpt)
+        TextCodec.for_checkpoint(ckpt)

@@ -1,0 +1,247 @@
+"""The tokenizer, in one place: loading a tokenizer.json, its end-of-text (EOS) and
+begin-of-text (BOS) ids, how a document starts, and text <-> token ids as the model
+saw them in training.
+
+Two document-start conventions (``document_start`` in a prepared folder's manifest
+and in every checkpoint's tokenizer record):
+
+    "eos"  documents are separated by EOS only, so a text starts after an EOS (the
+           BPE that `layerdrop prepare` trains has no BOS; every folder prepared
+           before the key existed)
+    "bos"  each document is what the tokenizer's own post-processor makes of it (BOS
+           first, as Hugging Face's ``tok(text)``), then EOS
+
+A prompt is encoded the same way: ``[EOS] + ids`` under "eos"; the post-processor's
+output otherwise, so a Llama-3 folder is conditioned on ``<|begin_of_text|>`` exactly
+as ``model.generate(**tok(text))`` is. A Hugging Face folder records no convention: its
+tokenizer's post-processor is the convention.
+
+Generation stops at any id of ``TextCodec.stop_ids``: the EOS and, for a folder whose
+config.json / generation_config.json name an ``eos_token_id`` list (Llama-3.x-Instruct:
+``<|end_of_text|>``, ``<|eom_id|>``, ``<|eot_id|>``), every id of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from tokenizers import Tokenizer
+
+from framework.checkpoint import Checkpoint, CheckpointError
+from framework.checkpoint.tokenizer_record import record_for
+from framework.files.manifest import MANIFEST_FILE, read_manifest, sha256_of
+
+# The usual end-of-text names, in the order a tokenizer without a recorded EOS is
+# searched for one (GPT-2/our BPE, Llama 3, SentencePiece models, Gemma, ...).
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>", "<|im_end|>", "<|eot_id|>")
+DOCUMENT_STARTS = ("bos", "eos")
+GENERATION_CONFIG_FILE = "generation_config.json"
+
+
+class TokenizerError(ValueError):
+    """A tokenizer that is missing, unreadable, or lacks a token asked of it (one line)."""
+
+
+def load_tokenizer(path: str | os.PathLike, flag: str = "--tokenizer") -> Tokenizer:
+    """The tokenizer.json at ``path``; TokenizerError naming ``flag`` and the file otherwise."""
+    if not os.path.isfile(path):
+        raise TokenizerError(f"{flag} {str(path)!r}: no such file (give a tokenizer.json)")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as error:  # the Rust side raises plain Exception with a parse message
+        message = (str(error).splitlines() or [type(error).__name__])[0]
+        raise TokenizerError(f"{flag} {str(path)!r}: not a readable tokenizer.json ({message})") from None
+
+
+def vocab_size_of(tokenizer: Tokenizer) -> int:
+    """Rows an embedding needs: one more than the largest id, added tokens included."""
+    return max(tokenizer.get_vocab(with_added_tokens=True).values()) + 1
+
+
+def find_eos(tokenizer: Tokenizer, requested: str | None = None, *, flag: str = "--eos-token",
+             where: str = "the tokenizer") -> tuple[str, int]:
+    """(EOS token, its id): ``requested``, else the first of EOS_CANDIDATES the vocabulary holds."""
+    if requested is not None:
+        token_id = tokenizer.token_to_id(requested)
+        if token_id is None:
+            raise TokenizerError(f"{flag} {requested!r} is not in the vocabulary of {where}")
+        return requested, token_id
+    for name in EOS_CANDIDATES:
+        token_id = tokenizer.token_to_id(name)
+        if token_id is not None:
+            return name, token_id
+    raise TokenizerError(f"{where} has none of the usual EOS tokens ({', '.join(EOS_CANDIDATES)}); "
+                         f"name yours with {flag}")
+
+
+def added_prefix(tokenizer: Tokenizer) -> list[int]:
+    """The ids the tokenizer's post-processor puts before a text (Llama 3: [BOS]; ours: [])."""
+    plain = tokenizer.encode("a", add_special_tokens=False).ids
+    full = tokenizer.encode("a", add_special_tokens=True).ids
+    for start in range(len(full) - len(plain) + 1):
+        if full[start:start + len(plain)] == plain:
+            return full[:start]
+    return []
+
+
+def find_bos(tokenizer: Tokenizer) -> tuple[str, int] | None:
+    """(BOS token, its id) when the post-processor starts every text with one token."""
+    prefix = added_prefix(tokenizer)
+    if len(prefix) != 1:
+        return None
+    return tokenizer.id_to_token(prefix[0]), prefix[0]
+
+
+def default_document_start(tokenizer: Tokenizer) -> str:
+    """"bos" for a tokenizer that adds a BOS (as Hugging Face's would), "eos" otherwise."""
+    return "bos" if find_bos(tokenizer) is not None else "eos"
+
+
+def id_list(value: Any) -> list[int]:
+    """An ``eos_token_id`` as Hugging Face writes it (an int, a list of ints, or null) as a list."""
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def folder_token_ids(folder: Path, config: dict[str, Any], key: str) -> list[int]:
+    """``key`` (eos_token_id / bos_token_id) of a folder's config.json (``config``) and its
+    generation_config.json, which Hugging Face's ``generate`` reads: every id, in order."""
+    ids = id_list(config.get(key))
+    generation = folder / GENERATION_CONFIG_FILE
+    if generation.is_file():
+        try:
+            ids += id_list(json.loads(generation.read_text()).get(key))
+        except (OSError, ValueError, AttributeError):
+            pass  # a broken generation_config.json changes no token of the model
+    return list(dict.fromkeys(ids))
+
+
+def check_model_tokenizer(ckpt: str | os.PathLike | Checkpoint, data_file: str, data_record: dict[str, Any],
+                          *, flag: str = "model.init_from") -> None:
+    """Refuse data whose tokenizer is not the model's, in one line naming both: the same
+    file (sha256), else the same vocabulary. A model without a tokenizer file needs the
+    data's vocabulary to be its embedding's size."""
+    ckpt = Checkpoint.open(ckpt)
+    model_name = f"{flag}={str(ckpt.path)!r}"
+    try:
+        model_file: Path | None = ckpt.find_tokenizer()
+    except CheckpointError:
+        model_file = None
+    if model_file is None:
+        rows = ckpt.model_config.vocab_size
+        if data_record.get("vocab_size") != rows:
+            raise TokenizerError(f"the data's tokenizer {data_file} has a vocabulary of {data_record.get('vocab_size')}, "
+                                 f"{model_name} has {rows} embedding rows and no tokenizer.json: prepare the data "
+                                 "with the model's tokenizer (layerdrop prepare --tokenizer FILE)")
+        return
+    if data_record.get("sha256") and data_record["sha256"] == sha256_of(model_file):
+        return
+    same = False
+    if os.path.isfile(data_file):  # a file can differ in bytes and hold the same vocabulary
+        same = (load_tokenizer(data_file, "the data's tokenizer").get_vocab(with_added_tokens=True)
+                == load_tokenizer(model_file, "the model's tokenizer").get_vocab(with_added_tokens=True))
+    if not same:
+        raise TokenizerError(f"the data's tokenizer {data_file} is not the tokenizer of {model_name} ({model_file}): "
+                             f"its token ids would mean other strings; prepare the data with "
+                             f"--tokenizer {model_file}")
+
+
+@dataclass
+class TextCodec:
+    """A tokenizer and its conventions: text -> ids -> text, as the model saw them."""
+
+    tokenizer: Tokenizer
+    eos_id: int
+    path: Path
+    eos_first: bool = True  # the "eos" convention: a text starts after an EOS
+    stop_ids: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        self.stop_ids = tuple(dict.fromkeys((self.eos_id, *self.stop_ids)))
+
+    @classmethod
+    def for_checkpoint(cls, ckpt: str | os.PathLike | Checkpoint, tokenizer: str | os.PathLike | None = None,
+                       eos_token: str | None = None) -> "TextCodec":
+        """The codec of a checkpoint of any form (a path, or a Checkpoint already opened):
+        its tokenizer, or ``tokenizer``. The EOS is ``eos_token``, else the recorded one (checkpoint, else
+        the manifest beside the tokenizer), else the folder config's first
+        ``eos_token_id``, else the first usual EOS name in the vocabulary."""
+        ckpt = Checkpoint.open(ckpt)
+        path = Path(tokenizer) if tokenizer is not None else ckpt.find_tokenizer()
+        loaded = load_tokenizer(path, "tokenizer")
+        record = {} if tokenizer is not None else recorded_conventions(ckpt, path)
+        config_eos = folder_token_ids(ckpt.path, ckpt.metadata, "eos_token_id") if ckpt.form.self_contained else []
+        config_eos = [i for i in config_eos if loaded.id_to_token(i) is not None]
+        if eos_token is not None:
+            eos_id, stops = find_eos(loaded, eos_token, flag="eot_token", where=str(path))[1], []
+        else:
+            eos_id = record.get("eos_id")
+            if not isinstance(eos_id, int):
+                eos_id = config_eos[0] if config_eos else find_eos(loaded, flag="eot_token", where=str(path))[1]
+            stops = config_eos
+        start = record.get("document_start")
+        if start is None:  # no record: a tokenizer with a BOS (or an HF folder) is its own convention
+            start = "bos" if find_bos(loaded) is not None or ckpt.form.name == "hf" else "eos"
+        return cls(loaded, eos_id, path, eos_first=start == "eos", stop_ids=tuple(stops))
+
+    def encode(self, text: str) -> list[int]:
+        """The text's own ids, nothing added."""
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt starts a new document, as documents started in training."""
+        if self.eos_first:
+            return [self.eos_id] + self.encode(text)
+        return self.tokenizer.encode(text, add_special_tokens=True).ids
+
+
+class CodecLoader:
+    """Loads a checkpoint's ``TextCodec`` on first use (prompts that are token ids need none)."""
+
+    def __init__(self, ckpt: str | os.PathLike | Checkpoint, tokenizer: str | os.PathLike | None = None,
+                 eos_token: str | None = None) -> None:
+        self.ckpt, self.tokenizer, self.eos_token = ckpt, tokenizer, eos_token
+        self.loaded: TextCodec | None = None
+
+    def __call__(self) -> TextCodec:
+        if self.loaded is None:
+            self.loaded = TextCodec.for_checkpoint(self.ckpt, self.tokenizer, self.eos_token)
+        return self.loaded
+
+    def stop_ids_or_none(self) -> tuple[int, ...] | None:
+        """The ids that end a text when a tokenizer can be found (given one, it must load)."""
+        try:
+            return self().stop_ids
+        except TokenizerError:
+            raise
+        except ValueError:  # no tokenizer found (CheckpointError)
+            if self.tokenizer is not None:
+                raise
+            return None
+
+
+def recorded_conventions(ckpt: Checkpoint, path: Path) -> dict[str, Any]:
+    """The checkpoint's tokenizer record, completed by the manifest of the prepared
+    folder its tokenizer was found in (records older than a key lack it)."""
+    record = ckpt.tokenizer_record()
+    manifest = path.parent / MANIFEST_FILE
+    if manifest.is_file() and ("eos_id" not in record or "document_start" not in record):
+        try:
+            entry = read_manifest(str(path.parent)).get("tokenizer", {})
+        except (OSError, ValueError):
+            entry = {}
+        if isinstance(entry, dict):
+            record = {**entry, **{k: v for k, v in record.items() if v is not None}}
+    return record
+
+
+__all__ = ["EOS_CANDIDATES", "DOCUMENT_STARTS", "TokenizerError", "load_tokenizer", "vocab_size_of", "find_eos",
+           "added_prefix", "find_bos", "default_document_start", "record_for", "id_list", "folder_token_ids",
+           "check_model_tokenizer", "TextCodec", "CodecLoader", "recorded_conventions"]
