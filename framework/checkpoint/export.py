@@ -2,10 +2,11 @@
 
     layerdrop export --ckpt runs/x/checkpoints/last.ckpt --out exports/x
     layerdrop export --ckpt runs/x/checkpoints/step-00001000.ckpt --out exports/x-1000 --no-tokenizer
-    layerdrop export --ckpt runs/llama/export --out hf/llama --format hf    # LlamaForCausalLM
+    layerdrop export --ckpt runs/qwen/export --out hf/qwen --format hf    # Qwen2ForCausalLM
 
 ``--format hf`` writes a Hugging Face folder (framework/checkpoint/hf_folder.py) that
-transformers loads as ``LlamaForCausalLM``; only the Llama family has one.
+transformers loads as the family's class (its framework/families/<name>/hf.py); the
+default Celerity family has none.
 
 ``--ckpt`` takes every form framework/checkpoint/forms.py lists (a .ckpt file, an FSDP2
 or DeepSpeed folder, an export). The tokenizer is found as
@@ -37,12 +38,11 @@ from typing import Any
 from framework.files.atomic_write import copy_file, write_text
 from framework.checkpoint.base import CKPT_KEY, CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
 from framework.checkpoint.folder import finish_replacement, publish, remove_path, staging_path
-from framework.checkpoint.hf_folder import INDEX_FILE, write_hf_folder
+from framework.checkpoint.hf_folder import INDEX_FILE, hf_config_of, write_hf_folder
 from framework.checkpoint.loader import Checkpoint
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.checkpoint.tokenizer_record import sha256_of
 from framework.command_parser import CommandParser
-from framework.families.llama_hf import HFConfigError, to_hf_config
 from framework.files.output_path import folder_problem
 
 EXPORT_FOLDER = "export"
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                  "else is ever replaced)")
     parser.add_argument("--format", choices=("layerdrop", "hf"), default="layerdrop",
                         help="layerdrop: model.safetensors + config.json (every family); hf: a Hugging Face "
-                             "LlamaForCausalLM folder (family llama)")
+                             "folder (LlamaForCausalLM, Qwen2ForCausalLM, ...: every family but celerity)")
     tokenizer = parser.add_mutually_exclusive_group()
     tokenizer.add_argument("--tokenizer", default=None, help="the tokenizer.json to include (default: the run's)")
     tokenizer.add_argument("--no-tokenizer", action="store_true", help="export the weights without a tokenizer")
@@ -163,10 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             raise CheckpointError(f"--tokenizer {args.tokenizer!r} does not exist")
         ckpt = Checkpoint.open(args.ckpt)
         if args.format == "hf":
-            try:  # a Celerity model is refused before any weight is read
-                to_hf_config(ckpt.model_config)
-            except HFConfigError as err:
-                raise CheckpointError(str(err)) from None
+            hf_config_of(ckpt.model_config)  # a family without a transformers class: refused before any weight is read
         tokenizer_file = _tokenizer_for(args, ckpt)
         decoder, _ = ckpt.load_decoder()
         record = training_record(ckpt)
@@ -191,7 +188,8 @@ def _export_hf(args: argparse.Namespace, decoder: Any, record: dict[str, Any], t
     bos_id = source_config.get("bos_id", record.get("bos_token_id"))
     write_hf_folder(decoder, args.out, tokenizer=tokenizer, eos_id=eos_id, bos_id=bos_id,
                     overwrite=args.overwrite)
-    print(f"exported {args.ckpt} -> {args.out} (Hugging Face LlamaForCausalLM: model.safetensors, config.json, "
+    print(f"exported {args.ckpt} -> {args.out} (Hugging Face {hf_config_of(decoder.config)['architectures'][0]}: "
+          "model.safetensors, config.json, "
           "generation_config.json" + (", tokenizer.json" if tokenizer is not None else "; no tokenizer") + ")")
     return 0
 

@@ -1,11 +1,12 @@
 """The ``hf`` form: a Hugging Face folder, ``config.json`` + ``model.safetensors`` (or shards
 named by ``model.safetensors.index.json``) + ``tokenizer.json``, as
-``save_pretrained`` writes a ``LlamaForCausalLM``.
+``save_pretrained`` writes one (of any family with a transformers class).
 
 Read: only safetensors (memory-mapped, one tensor at a time). A folder that holds
 only pickled ``pytorch_model.bin`` weights is refused in one line, never unpickled.
-The config and the names go through framework/families/llama_hf.py, which refuses
-anything it cannot represent exactly. Shard files named by the index must lie inside
+The config and the names go through the Hugging Face mapping of the family that reads
+the config's ``model_type`` (framework/families/<name>/hf.py), which refuses anything it
+cannot represent exactly. Shard files named by the index must lie inside
 the folder.
 
 Write (``layerdrop export --format hf``): model.safetensors, config.json,
@@ -27,7 +28,8 @@ from framework.files.atomic_write import copy_file, write_text
 from framework.checkpoint.base import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, copy_into, read_json
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.config import ModelConfig
-from framework.families.llama_hf import HFConfigError, from_hf, from_hf_config, hf_names, to_hf, to_hf_config
+from framework.families.family_spec import HFConfigError, HFMapping, shown
+from framework.families.registry import family_spec, hf_families, hf_model_types
 
 INDEX_FILE = "model.safetensors.index.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -57,10 +59,7 @@ class HfFolder:
         return read_json(path / CONFIG_FILE)
 
     def model_config(self, path: Path, metadata: dict[str, Any]) -> ModelConfig:
-        try:
-            return from_hf_config(metadata, source=str(path / CONFIG_FILE))
-        except HFConfigError as err:
-            raise CheckpointError(str(err)) from None
+        return config_of(metadata, str(path / CONFIG_FILE))
 
     def tensors(self, path: Path, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
         return read_tensors(path, cfg)
@@ -91,8 +90,25 @@ def read_model_config(path: str | os.PathLike) -> ModelConfig:
     config field that would change the function (CheckpointError, one line)."""
     path = Path(path)
     weight_files(path)  # refuses a folder without safetensors before anything else
+    return config_of(read_hf_config(path), str(path / CONFIG_FILE))
+
+
+def mapping_of(hf: dict[str, Any], source: str) -> HFMapping:
+    """The Hugging Face mapping of the family that reads this config's ``model_type``."""
+    families = hf_model_types()
+    model_type = hf.get("model_type")
+    if model_type is None:  # an old config without one: its architecture says it
+        model_type = next((t for t, spec in families.items() if hf.get("architectures") == [spec.hf.architecture]), None)
+    if model_type not in families:
+        raise CheckpointError(f"{source}: model_type={shown(model_type)} is not supported: allowed: "
+                              + ", ".join(repr(t) for t in families))
+    return families[model_type].hf
+
+
+def config_of(hf: dict[str, Any], source: str) -> ModelConfig:
+    """The ModelConfig of a Hugging Face config.json (CheckpointError, one line, if refused)."""
     try:
-        return from_hf_config(read_hf_config(path), source=str(path / CONFIG_FILE))
+        return mapping_of(hf, source).config_from_hf(hf, source=source)
     except HFConfigError as err:
         raise CheckpointError(str(err)) from None
 
@@ -125,7 +141,7 @@ def weight_files(path: Path) -> list[Path]:
 
 def read_tensors(path: str | os.PathLike, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """The decoder's (name, tensor) pairs from the folder's safetensors; names that
-    the Llama family does not have are refused (they would be silently dropped)."""
+    the family does not have are refused (they would be silently dropped)."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -140,7 +156,8 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig) -> Iterator[tuple[st
                 raise
             raise CheckpointError(f"{str(path)!r}: a safetensors file cannot be read: "
                          f"{str(err).strip().splitlines()[0]}") from None
-        expected = hf_names(cfg)
+        mapping = _writer(cfg)
+        expected = mapping.hf_names(cfg)
         unknown = sorted(n for n in where if n not in expected and not n.endswith(_BUFFERS))
         if unknown:
             raise CheckpointError(f"{str(path)!r} holds tensors a {cfg.family} decoder of this config does not have "
@@ -148,7 +165,7 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig) -> Iterator[tuple[st
         missing = sorted(expected - set(where))
         if missing:
             raise CheckpointError(f"{str(path)!r} does not match its config.json: missing {missing[:5]}")
-        yield from from_hf(lambda name: where[name].get_tensor(name), cfg)
+        yield from mapping.from_hf(lambda name: where[name].get_tensor(name), cfg)
 
 
 # ------------------------------------------------------------------ writing
@@ -156,16 +173,14 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig) -> Iterator[tuple[st
 
 def write_hf_folder(decoder: torch.nn.Module, out_dir: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None,
                     eos_id: int | list[int] | None = None, bos_id: int | None = None, overwrite: bool = False) -> Path:
-    """Write ``decoder`` (one process, unsharded, family llama) as a Hugging Face folder."""
+    """Write ``decoder`` (one process, unsharded, a family with a transformers class) as a
+    Hugging Face folder."""
     out_dir = Path(out_dir)
-    try:
-        config = to_hf_config(decoder.config, bos_id=bos_id, eos_id=eos_id)
-    except HFConfigError as err:
-        raise CheckpointError(str(err)) from None
+    config = hf_config_of(decoder.config, bos_id=bos_id, eos_id=eos_id)
     if (out_dir / WEIGHTS_FILE).exists() and not overwrite:
         raise CheckpointError(f"{str(out_dir)!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
     out_dir.mkdir(parents=True, exist_ok=True)
-    tensors = list(to_hf(decoder.state_dict(), decoder.config))
+    tensors = list(_writer(decoder.config).to_hf(decoder.state_dict(), decoder.config))
     with SafetensorsWriter(out_dir / WEIGHTS_FILE, [(n, t.dtype, tuple(t.shape)) for n, t in tensors]) as writer:
         for name, tensor in tensors:
             writer.write(name, tensor)
@@ -179,6 +194,23 @@ def write_hf_folder(decoder: torch.nn.Module, out_dir: str | os.PathLike, *, tok
                             **_special_tokens(Path(tokenizer), eos_id, bos_id)}
         write_text(out_dir / "tokenizer_config.json", json.dumps(tokenizer_config, indent=2) + "\n")
     return out_dir
+
+
+def hf_config_of(cfg: ModelConfig, *, bos_id: int | None = None, eos_id: int | list[int] | None = None) -> dict[str, Any]:
+    """The config.json of ``cfg`` as its family's transformers class; CheckpointError (one
+    line) for a family without one or a config it cannot hold (before any weight is read)."""
+    try:
+        return _writer(cfg).config_to_hf(cfg, bos_id=bos_id, eos_id=eos_id)
+    except HFConfigError as err:
+        raise CheckpointError(str(err)) from None
+
+
+def _writer(cfg: ModelConfig) -> HFMapping:
+    mapping = family_spec(cfg.family).hf
+    if mapping is None:
+        raise CheckpointError(f"family={cfg.family!r} has no transformers class; --format hf needs family: "
+                              + ", ".join(hf_families()))
+    return mapping
 
 
 def _special_tokens(tokenizer: Path, eos_id: int | list[int] | None, bos_id: int | None) -> dict[str, str]:
@@ -197,4 +229,5 @@ def _special_tokens(tokenizer: Path, eos_id: int | list[int] | None, bos_id: int
 
 
 __all__ = ["HfFolder", "is_hf_folder", "read_model_config", "read_tensors", "weight_files", "write_hf_folder",
+           "hf_config_of", "config_of", "mapping_of",
            "INDEX_FILE", "PICKLED_WEIGHTS"]
