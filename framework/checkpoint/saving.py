@@ -15,6 +15,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
 from framework.files.atomic_write import fsync_dir, replacing
+from framework.files.disk_space import DiskFull, check_room, free_bytes, is_disk_full, size_on_disk
 from framework.checkpoint.export import EXPORT_FOLDER
 from framework.checkpoint.folder import (LAST, clean_leftovers, point_last, publish, remove_path, retire, staging_path,
                                          step_checkpoints)
@@ -112,14 +113,30 @@ class PeriodicCheckpoint(Checkpoint):
         path = os.path.join(self.dirpath, f"step-{step:08d}.ckpt")
         refuse_nonfinite_state(trainer, f"the state at step {step}", f"it was not saved to {path}")
         staging = staging_path(path)
+        problem = None
         if trainer.is_global_zero:
             remove_path(staging)  # a leftover of a killed save of this very step
+            problem = self._room_problem(path)
+        if trainer.strategy.broadcast(problem) is not None:  # every rank stops, none waits at a barrier
+            raise DiskFull(f"{problem}; nothing was written{self._previous_intact(path)}")
         trainer.strategy.barrier("PeriodicCheckpoint.staging")
+        saved_before = self.saved
         self.saved = [(s, p) for s, p in self.saved if p != path] + [(step, path)]  # saved with the state
         self.last_model_path = os.path.join(self.dirpath, LAST)
-        # Returns after a barrier: every rank has written its part. weights_only=False said
-        # explicitly: unset, Lightning logs a line at every save.
-        trainer.save_checkpoint(staging, weights_only=False)
+        try:
+            # Returns after a barrier: every rank has written its part. weights_only=False said
+            # explicitly: unset, Lightning logs a line at every save.
+            trainer.save_checkpoint(staging, weights_only=False)
+        except Exception as err:
+            if not is_disk_full(err):
+                raise
+            self.saved = saved_before
+            if trainer.is_global_zero:
+                remove_path(staging)  # never published, never linked as last
+            said = str(err) if isinstance(err, DiskFull) else (
+                f"disk full while writing {staging}: about {self._known_size(path) or 0:,} bytes needed, "
+                f"{free_bytes(self.dirpath):,} free")
+            raise DiskFull(f"{said}; nothing of this save was kept{self._previous_intact(path)}") from None
         if trainer.is_global_zero:
             publish(staging, path)
             point_last(path, self.last_model_path)
@@ -130,6 +147,30 @@ class PeriodicCheckpoint(Checkpoint):
         trainer.strategy.barrier("PeriodicCheckpoint.publish")
         self._last_saved_step = step
         self.finite_checkpoints.append((step, path))
+
+    def _known_size(self, path: str) -> int | None:
+        """The size of this run's newest checkpoint on disk: what the next save needs."""
+        previous = next((p for _, p in reversed(self.saved) if p != path and os.path.exists(p)), None)
+        return size_on_disk(previous) if previous is not None else None
+
+    def _room_problem(self, path: str) -> str | None:
+        """Why a save of known size cannot fit (the previous one is retired only after
+        the new one is in place, so the whole size must be free)."""
+        needed = self._known_size(path)
+        if needed is None:
+            return None
+        try:
+            check_room(path, needed, "the save (the size of the previous checkpoint)")
+        except DiskFull as full:
+            return str(full)
+        return None
+
+    def _previous_intact(self, path: str) -> str:
+        previous = next(((s, p) for s, p in reversed(self.saved) if p != path and os.path.exists(p)), None)
+        if previous is None:
+            return "; this run has no earlier checkpoint: free space and start it again"
+        return (f"; the previous checkpoint {previous[1]} (step {previous[0]}) is intact: free space, then "
+                "continue with --resume auto")
 
     def _set_aside_newer(self, step: int) -> None:
         """Checkpoints newer than the one resumed from belong to a run this one replaces."""
@@ -174,9 +215,28 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)
-        with replacing(target) as partial, open(partial, "wb") as handle:
-            torch.save(checkpoint, handle)
+        needed = tensor_bytes(checkpoint)
+        check_room(target, needed, "the checkpoint's tensors")
+        try:
+            with replacing(target) as partial, open(partial, "wb") as handle:
+                torch.save(checkpoint, handle)
+        except Exception as err:  # torch's zip writer turns ENOSPC into a RuntimeError
+            if not is_disk_full(err):
+                raise
+            raise DiskFull(f"disk full while writing {target}: about {needed:,} bytes needed, "
+                           f"{free_bytes(target):,} free") from None
         fsync_dir(target.parent)
+
+
+def tensor_bytes(state: Any) -> int:
+    """The bytes of every tensor in a (nested) checkpoint dict: what its file holds, near enough."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(tensor_bytes(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(tensor_bytes(value) for value in state)
+    return 0
 
 
 def use_atomic_checkpoint_io(trainer: pl.Trainer) -> None:

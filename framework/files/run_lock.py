@@ -17,20 +17,27 @@ A command's children inherit its locks: the holder puts ``folder=token`` into
 ``LAYERDROP_HELD_LOCKS`` of its environment, so `layerdrop sweep` holding a run folder
 runs `layerdrop pretrain` there, while a `pretrain` started by hand is refused.
 
-Reading, taking over and writing a record happen inside a short ``filelock.FileLock``
-on ``.layerdrop.lock.guard`` (flock; the library copes with its own corner cases). The
-record itself is ours: filelock's lease markers record neither a start time nor a
-command, and a contender takes over a lease only after watching it for the whole lease
-time, where `pretrain` must refuse (or take over a dead holder's lock) at once.
+A new lock is made with a hard link of a complete record to the lock name, which fails
+when the name exists, on a local disk and on NFS alike: of two commands starting at once
+exactly one gets it. Reading, taking over and rewriting a record (heartbeat, members,
+release) happen inside a short ``filelock.FileLock`` on a guard file in this host's
+temporary folder (named by the folder's path; nothing is left in the run folder), which
+orders the commands of one host; two hosts taking over the same stale lock in the same
+instant is the one race left. The record itself is ours: filelock's lease markers record
+neither a start time nor a command, and a contender takes over a lease only after
+watching it for the whole lease time, where `pretrain` must refuse (or take over a dead
+holder's lock) at once.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
 import socket
 import sys
+import tempfile
 import threading
 import time
 from datetime import datetime, timezone
@@ -84,12 +91,15 @@ class RunLock:
                 if holder is not None:
                     reason = stale_reason(holder, self.stale_after)
                     if reason is None:
-                        raise RunFolderInUse(f"{self.folder} is in use: {describe(holder)}; wait for it to finish, "
-                                             "or stop it (a lock whose holder died is taken over)")
+                        raise RunFolderInUse(in_use_message(self.folder, holder))
                     note = f"took over the lock of {self.folder} from {describe(holder)}: {reason}"
                 self.token = secrets.token_hex(8)
-                write_json(self.path, {**self._me(), "started": now_text(), "command": self.command,
-                                       "argv": sys.argv[1:][:20], "heartbeat": time.time(), "token": self.token})
+                record = {**self._me(), "started": now_text(), "command": self.command, "argv": sys.argv[1:][:20],
+                          "heartbeat": time.time(), "token": self.token}
+                if holder is None:
+                    self._create(record)
+                else:
+                    write_json(self.path, record)
         _export_held(self.folder, self.token)
         self._beat = threading.Thread(target=self._heartbeat, name=f"run-lock {self.folder.name}", daemon=True)
         self._beat.start()
@@ -112,11 +122,8 @@ class RunLock:
         if not self.inherited:
             _export_held(self.folder, None)
         self.token = None
-        if self.created and {entry.name for entry in self.folder.iterdir()} <= {LOCK_FILE + ".guard"}:
-            # A command refused before it wrote anything leaves no folder behind. (Only a
-            # folder it made: removing the guard of a folder others use could let two in.)
-            Path(str(self.path) + ".guard").unlink(missing_ok=True)
-            try:
+        if self.created:
+            try:  # a command refused before it wrote anything leaves no folder behind
                 self.folder.rmdir()
             except OSError:
                 pass
@@ -132,7 +139,22 @@ class RunLock:
 
     # -- inside ---------------------------------------------------------------------
     def _guard(self) -> FileLock:
-        return FileLock(str(self.path) + ".guard")
+        digest = hashlib.sha256(str(self.path).encode()).hexdigest()[:24]
+        folder = Path(tempfile.gettempdir()) / f"layerdrop-locks-{os.getuid()}"
+        folder.mkdir(exist_ok=True)
+        return FileLock(str(folder / f"{digest}.guard"))
+
+    def _create(self, record: dict[str, Any]) -> None:
+        """The record under the lock name, or RunFolderInUse when another command made
+        one first (possibly on another host)."""
+        partial = self.folder / f"{LOCK_FILE}.{self.token}"
+        write_json(partial, record)
+        try:
+            os.link(partial, self.path)
+        except FileExistsError:
+            raise RunFolderInUse(in_use_message(self.folder, read_holder(self.path) or {})) from None
+        finally:
+            partial.unlink(missing_ok=True)
 
     @staticmethod
     def _me() -> dict[str, Any]:
@@ -198,6 +220,11 @@ def describe(holder: dict[str, Any]) -> str:
             f"{holder.get('started', 'at an unknown time')}{age})")
 
 
+def in_use_message(folder: Path, holder: dict[str, Any]) -> str:
+    return (f"{folder} is in use: {describe(holder)}; wait for it to finish, or stop it (a lock whose holder "
+            "died is taken over)")
+
+
 def in_use(folder: str | os.PathLike, stale_after: float | None = None) -> str | None:
     """The holder line of a live lock on ``folder`` or on a folder above it (a
     `layerdrop export --out <run>/export` while that run trains); None when free or
@@ -209,7 +236,7 @@ def in_use(folder: str | os.PathLike, stale_after: float | None = None) -> str |
         if holder is None or (holder.get("token") and holder.get("token") in _held_tokens().values()):
             continue
         if stale_reason(holder, limit) is None:
-            return f"{candidate} is in use: {describe(holder)}"
+            return in_use_message(candidate, holder)
     return None
 
 

@@ -40,6 +40,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from framework.config import PositiveInt, check
+from framework.files.disk_space import DiskFull
 from framework.files.run_lock import RunFolderInUse, RunLock
 from framework.training.callbacks import RunSummary, Throughput
 from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
@@ -151,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     except ArgumentError as err:  # a bad flag, recipe key or value
         print(f"error: {' '.join(str(err).split())}; see {PROG} --help", file=sys.stderr)
         return 2
+    except DiskFull as err:  # which file, bytes needed and free, the checkpoint to resume from
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     except NonFiniteLossError as err:
         if rank_zero_only.rank == 0:
             print(f"error: {err}", file=sys.stderr)

@@ -123,3 +123,75 @@ def test_the_final_checkpoint_is_saved_before_the_export(prepared_tokens, tmp_pa
     saved = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*.ckpt"))
     assert saved == ["step-00000003.ckpt", "step-00000004.ckpt"]  # every 3 steps, and the end
     assert not (tmp_path / "run" / "export").exists()
+
+
+class NoRoomAfter:
+    """A file whose disk fills after ``room`` bytes (ENOSPC, as a full disk answers)."""
+
+    def __init__(self, handle, room: int) -> None:
+        self.handle, self.room, self.written = handle, room, 0
+
+    def write(self, data) -> int:
+        if self.written + len(data) > self.room:
+            import errno
+
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.written += len(data)
+        return self.handle.write(data)
+
+    def flush(self) -> None:
+        self.handle.flush()
+
+
+def _error_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+
+
+def test_a_full_disk_during_a_save_is_one_line_and_the_previous_checkpoint_resumes(prepared_tokens, tmp_path,
+                                                                                  monkeypatch, capsys):
+    """ENOSPC half-way through the step-6 save: one line naming the file, the bytes needed
+    and free, and the step-3 checkpoint (intact, still last.ckpt), then resumed from it."""
+    from framework.training.pretrain import main
+
+    real_save = torch.save
+
+    def filling(obj, f, *args, **kwargs):
+        if ".step-00000006" in str(getattr(f, "name", "")):
+            f = NoRoomAfter(f, 4096)
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", filling)
+    root = tmp_path / "run"
+    assert main(tiny_cli_args(prepared_tokens, root)) == 1
+    lines = _error_lines(capsys)
+    assert "Traceback" not in "\n".join(lines) and lines[-1].startswith("error: disk full while writing "), lines
+    line = lines[-1]
+    assert ".step-00000006.ckpt.staging" in line and "bytes needed" in line and " free" in line, line
+    assert f"the previous checkpoint {root / 'checkpoints' / 'step-00000003.ckpt'} (step 3) is intact" in line
+    folder = root / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir() if not p.name.endswith(".json")) == [
+        "last.ckpt", "step-00000003.ckpt"]
+    assert os.readlink(folder / "last.ckpt") == "step-00000003.ckpt"
+    monkeypatch.setattr(torch, "save", real_save)
+    assert main(tiny_cli_args(prepared_tokens, root) + ["--resume", "auto"]) == 0
+    assert "resume: continuing from" in capsys.readouterr().out
+    assert torch.load(folder / "last.ckpt", weights_only=True)["global_step"] == 6
+
+
+def test_a_save_known_not_to_fit_is_refused_before_it_starts(prepared_tokens, tmp_path, monkeypatch, capsys):
+    import framework.files.disk_space as disk_space
+    from framework.training.pretrain import main
+
+    root = tmp_path / "run"
+    first = root / "checkpoints" / "step-00000003.ckpt"
+    monkeypatch.setattr(disk_space, "free_bytes", lambda path: 1000 if first.exists() else 10**12)
+    written = []
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f, *a, **k: (written.append(str(getattr(f, "name", f))),
+                                                                real_save(obj, f, *a, **k))[1])
+    assert main(tiny_cli_args(prepared_tokens, root)) == 1
+    line = _error_lines(capsys)[-1]
+    assert line.startswith(f"error: not enough disk space for {root / 'checkpoints' / 'step-00000006.ckpt'}: "), line
+    assert f"needs {first.stat().st_size:,} bytes" in line and "1,000 are free; nothing was written" in line, line
+    assert not any("00000006" in name for name in written)
+    assert os.readlink(root / "checkpoints" / "last.ckpt") == "step-00000003.ckpt"
