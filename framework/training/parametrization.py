@@ -52,7 +52,7 @@ UNEMBEDDING = "unembedding"
 _GROUP_PATTERNS = [
     (re.compile(r"blocks\.\d+\.(attn\.qkv|attn\.proj|ffn\.up|ffn\.down)\.weight"), HIDDEN),
     (re.compile(r"blocks\.\d+\.(attn\.qkv|attn\.proj|ffn\.up|ffn\.down)\.bias"), NORMS_AND_BIASES),
-    (re.compile(r"blocks\.\d+\.(attn_norm|ffn_norm)\.(weight|bias)"), NORMS_AND_BIASES),
+    (re.compile(r"blocks\.\d+\.(attn_norm|ffn_norm|attn\.q_norm|attn\.k_norm)\.(weight|bias)"), NORMS_AND_BIASES),
     (re.compile(r"embed\.weight"), EMBEDDING),
     (re.compile(r"norm\.(weight|bias)"), FINAL_NORM),
     (re.compile(r"head\.weight"), UNEMBEDDING),
@@ -196,7 +196,7 @@ def _checked_config(decoder: nn.Module, pcfg: ParametrizationConfig) -> ModelCon
 
 
 def _is_norm_weight(name: str) -> bool:
-    return re.search(r"(^|\.)(attn_norm|ffn_norm|norm)\.weight$", name) is not None
+    return re.search(r"(^|\.)(attn_norm|ffn_norm|norm|q_norm|k_norm)\.weight$", name) is not None
 
 
 __all__ = [

@@ -18,6 +18,8 @@ from framework.families.registry import build_decoder, new_block
 from framework.model.flops import dense_step_flops, executed_step_flops
 from framework.layer_dropout import DropPlan
 from framework.model.decoder import Decoder
+from tests.helpers import family_checks as checks
+from tests.helpers.family_checks import naive_attention
 from tests.helpers.hf_llama import LLAMA3_ROPE, VOCAB, tiny_hf_llama
 
 SHAPES = {"gqa-untied": {}, "gqa-tied": {"tie": True}, "mha-llama3-rope": {"kv_heads": 4, "rope_scaling": LLAMA3_ROPE},
@@ -32,16 +34,9 @@ def loaded(tmp_path, **shape):
 
 @pytest.mark.parametrize("shape", list(SHAPES), ids=str)
 def test_logits_and_every_exit_equal_transformers(tmp_path, shape):
-    hf, decoder, cfg = loaded(tmp_path, **SHAPES[shape])
+    checks.logits_and_exits_equal(tiny_hf_llama, tmp_path / "hf", **SHAPES[shape])
     if SHAPES[shape].get("shard"):
         assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
-    tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        ref = hf(tokens, output_hidden_states=True)
-        assert (decoder(tokens) - ref.logits).abs().max() <= 1e-5
-        for k in range(1, cfg.n_layers):  # HF's last hidden state is already normed
-            exit_logits = hf.lm_head(hf.model.norm(ref.hidden_states[k]))
-            assert (decoder(tokens, exit_layer=k) - exit_logits).abs().max() <= 1e-5
 
 
 def test_llama3_scaling_changes_the_function(tmp_path):
@@ -127,16 +122,6 @@ def test_cache_under_left_padding_gives_what_each_prompt_gives_alone():
 def test_a_cache_of_grouped_heads_holds_the_kv_heads_only():
     model = build_decoder(small_cfg())
     assert model.new_cache(2, 8).keys[0].shape == (2, 2, 8, 8)
-
-
-def naive_attention(q, k, v, mask):
-    """Matmuls FlopCounterMode sees (it does not count CPU's fused SDPA)."""
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
-    if mask is None:
-        mask = torch.full(scores.shape[-2:], float("-inf")).triu(1)
-    return torch.softmax(scores + mask, dim=-1) @ v
 
 
 @pytest.mark.parametrize("tie", [False, True])

@@ -22,6 +22,9 @@ ACTIVATION_SHAPES = {
     "llama": dict(family="llama", ffn_hidden=160, bias=False),
     # grouped K/V (2 heads for 4 queries), an FFN width of its own, the head tied to the embedding
     "llama-gqa": dict(family="llama", n_kv_heads=2, ffn_hidden=96, tie_embeddings=True, bias=False),
+    # q/k/v biases (nothing more saved); per-head q/k norms with a head_dim of its own
+    "qwen2": dict(family="qwen2", n_kv_heads=2, ffn_hidden=96, bias=False),
+    "qwen3": dict(family="qwen3", n_kv_heads=2, head_dim=24, ffn_hidden=96, bias=False),
 }
 
 

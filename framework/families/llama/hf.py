@@ -70,6 +70,7 @@ class LlamaMapping:
         for field, allowed in {**self.fixed_values, **HARMLESS_AT}.items():
             if hf.get(field, allowed) != allowed:
                 raise self.refuse(source, field, hf[field], f"allowed: {allowed!r}")
+        self.check_family_fields(hf, source)
         if hf.get("attention_dropout", 0.0) != 0.0:
             raise self.refuse(source, "attention_dropout", hf["attention_dropout"],
                               "allowed: 0.0 (layerdrop drops whole layers)")
@@ -94,6 +95,9 @@ class LlamaMapping:
         if architectures != [self.architecture]:
             raise self.refuse(source, "architectures", architectures, f"allowed: [{self.architecture!r}] "
                               f"(model_type {self.model_type!r})")
+
+    def check_family_fields(self, hf: dict[str, Any], source: str) -> None:
+        """The fields a family built on these blocks adds (none for Llama)."""
 
     def model_fields(self, hf: dict[str, Any], source: str) -> dict[str, Any]:
         """ModelConfig's fields from an already-checked config.json."""
