@@ -38,28 +38,57 @@ from typing import Any
 from framework.files.atomic_write import copy_file, write_text
 from framework.checkpoint.base import CKPT_KEY, CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
 from framework.checkpoint.folder import finish_replacement, publish, remove_path, staging_path
-from framework.checkpoint.hf_folder import INDEX_FILE, hf_config_of, write_hf_folder
+from framework.checkpoint.hf_folder import hf_config_of, write_hf_folder
 from framework.checkpoint.loader import Checkpoint
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.checkpoint.tokenizer_record import sha256_of
 from framework.command_parser import CommandParser
 from framework.files.output_path import folder_problem
+from framework.files.run_lock import in_use
 
 EXPORT_FOLDER = "export"
 EXPORT_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE)
-# What --format hf writes besides those (and an earlier sharded export's index).
-HF_FILES = ("generation_config.json", "tokenizer_config.json", INDEX_FILE)
+
+
+MARKER = ".layerdrop-export"  # written last into every export this project makes (both formats)
 
 
 def is_export(folder: Path) -> bool:
-    """A folder holding an export and nothing else (hidden leftovers aside)."""
+    """An export this project wrote: its marker, or (an export from before the marker) a
+    layerdrop config.json beside the weights and nothing else. A Hugging Face folder
+    from elsewhere (``save_pretrained``) is not one, whatever its file names."""
+    if (folder / MARKER).is_file():
+        return True
     names = {entry.name for entry in folder.iterdir() if not entry.name.startswith(".")}
-    return bool(names & {WEIGHTS_FILE, CONFIG_FILE}) and names <= set(EXPORT_FILES + HF_FILES)
+    if CONFIG_FILE not in names or not names <= set(EXPORT_FILES):
+        return False
+    try:
+        config = json.loads((folder / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and isinstance(config.get("model"), dict) and "architectures" not in config
+
+
+def export_target(out: str | os.PathLike) -> Path:
+    """The folder an ``--out`` names, refused in one line when an export cannot own it
+    (the current folder or one above it: an export replaces the folder it writes); a
+    symbolic link is followed, so the folder it points at is replaced and the link kept."""
+    given = Path(out)
+    if given.name in ("", ".", "..") or Path.cwd().resolve().is_relative_to(given.resolve()):
+        raise CheckpointError(f"--out {str(out)!r} is invalid: an export replaces the folder it writes, and this one "
+                              "holds the current folder; name a new folder (e.g. --out exports/run)")
+    if given.is_symlink():
+        target = Path(os.path.realpath(given))
+        if target.exists() and not target.is_dir():
+            raise CheckpointError(f"--out {str(out)!r} is a link to the file {str(target)!r}: give a folder")
+        return target
+    return given
 
 
 def check_export_target(out: Path, overwrite: bool) -> None:
     """Refuse, before any work, an ``--out`` that the export would not only create or
-    replace: a file, a folder that is not an export, an export without --overwrite."""
+    replace: a file, a folder that is not an export, an export without --overwrite.
+    What a killed export left beside it is cleaned up first."""
     finish_replacement(out)
     if not os.path.lexists(out):
         return
@@ -70,8 +99,8 @@ def check_export_target(out: Path, overwrite: bool) -> None:
         return
     if not is_export(out):
         shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
-        raise CheckpointError(f"--out {str(out)!r} is a folder that is not an export (it holds {shown}): give a new "
-                              "or empty folder (--overwrite replaces only an earlier export)")
+        raise CheckpointError(f"--out {str(out)!r} is a folder that is not an export (it holds {shown}; layerdrop "
+                              "replaces only a folder it exported, --overwrite or not): give a new or empty folder")
     if not overwrite:
         raise CheckpointError(f"{str(out)!r} already holds {WEIGHTS_FILE if WEIGHTS_FILE in held else CONFIG_FILE}; "
                               "pass --overwrite to replace it")
@@ -82,22 +111,45 @@ def export_decoder(decoder: Any, out_dir: str | os.PathLike, *, extra: dict | No
     """Write ``decoder`` (one process, unsharded) as an exported folder; refuses to
     replace an export unless ``overwrite`` (and anything else always).
     ``tokenizer``: a tokenizer.json to copy in."""
-    out = Path(out_dir)
+    out = export_target(out_dir)
     check_export_target(out, overwrite)
-    if out.is_dir() and not any(out.iterdir()):  # an empty folder: filled in place
-        _write(decoder, out, extra, tokenizer)
-        return out
+    return write_staged(out, lambda folder: _write(decoder, folder, extra, tokenizer))
+
+
+def write_staged(out: Path, write: Any) -> Path:
+    """``write(folder)`` into a staging folder beside ``out``, marked as this project's,
+    then swapped in with two renames: ``out`` is the old export or the new, never a mix."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = staging_path(out)
     remove_path(staging)
     staging.mkdir()
     try:
-        _write(decoder, staging, extra, tokenizer)
+        write(staging)
+        mark_export(staging)
     except BaseException:
         remove_path(staging)
         raise
     publish(staging, out)
     return out
+
+
+def mark_export(folder: Path) -> None:
+    write_text(folder / MARKER, "written by layerdrop: `layerdrop export --overwrite` may replace this folder\n")
+
+
+def check_tokenizer(path: Path, vocab_size: int) -> None:
+    """A tokenizer.json that loads and fits the model's vocabulary, before it is copied."""
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(path))
+    except Exception as error:  # the Rust side raises plain Exception with a parse message
+        message = (str(error).splitlines() or [type(error).__name__])[0]
+        raise CheckpointError(f"tokenizer {str(path)!r} is not a readable tokenizer.json ({message})") from None
+    size = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+    if size > vocab_size:
+        raise CheckpointError(f"tokenizer {str(path)!r} has ids up to {size - 1}, beyond the model's vocabulary of "
+                              f"{vocab_size}: it belongs to another model")
 
 
 def _write(decoder: Any, folder: Path, extra: dict | None, tokenizer: str | os.PathLike | None) -> None:
@@ -154,10 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer.add_argument("--tokenizer", default=None, help="the tokenizer.json to include (default: the run's)")
     tokenizer.add_argument("--no-tokenizer", action="store_true", help="export the weights without a tokenizer")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    out = Path(args.out)
     try:
+        out = export_target(args.out)
         if (problem := folder_problem(out)) is not None:  # before anything is read
             raise CheckpointError(f"--out {problem}")
+        if (busy := in_use(out)) is not None:  # a run writing there (its export/) right now
+            raise CheckpointError(f"--out {busy}")
         check_export_target(out, args.overwrite)
         if args.tokenizer is not None and not Path(args.tokenizer).is_file():
             raise CheckpointError(f"--tokenizer {args.tokenizer!r} does not exist")
@@ -165,10 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.format == "hf":
             hf_config_of(ckpt.model_config)  # a family without a transformers class: refused before any weight is read
         tokenizer_file = _tokenizer_for(args, ckpt)
+        if tokenizer_file is not None:
+            check_tokenizer(tokenizer_file, ckpt.model_config.vocab_size)
         decoder, _ = ckpt.load_decoder()
         record = training_record(ckpt)
         if args.format == "hf":
-            return _export_hf(args, decoder, record, tokenizer_file)
+            return _export_hf(args, out, decoder, record, tokenizer_file)
         if tokenizer_file is not None:
             record["tokenizer"] = {**record.get("tokenizer", {}), "file": TOKENIZER_FILE,
                                    "sha256": sha256_of(tokenizer_file)}
@@ -181,13 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _export_hf(args: argparse.Namespace, decoder: Any, record: dict[str, Any], tokenizer: Path | None) -> int:
+def _export_hf(args: argparse.Namespace, out: Path, decoder: Any, record: dict[str, Any],
+               tokenizer: Path | None) -> int:
     source_config = record.get("tokenizer") or {}
     # a run's tokenizer record (prepared data's BOS/EOS), else what an HF config said (an eos list stays one)
     eos_id = source_config.get("eos_id", record.get("eos_token_id"))
     bos_id = source_config.get("bos_id", record.get("bos_token_id"))
-    write_hf_folder(decoder, args.out, tokenizer=tokenizer, eos_id=eos_id, bos_id=bos_id,
-                    overwrite=args.overwrite)
+    write_staged(out, lambda folder: write_hf_folder(decoder, folder, tokenizer=tokenizer, eos_id=eos_id,
+                                                     bos_id=bos_id))
     print(f"exported {args.ckpt} -> {args.out} (Hugging Face {hf_config_of(decoder.config)['architectures'][0]}: "
           "model.safetensors, config.json, "
           "generation_config.json" + (", tokenizer.json" if tokenizer is not None else "; no tokenizer") + ")")
@@ -205,5 +262,6 @@ def _tokenizer_for(args: argparse.Namespace, ckpt: Checkpoint) -> Path | None:
         raise CheckpointError(f"{err}; pass --tokenizer FILE, or --no-tokenizer to export the weights alone") from None
 
 
-__all__ = ["export_decoder", "check_export_target", "is_export", "training_record", "write_config", "main",
+__all__ = ["export_decoder", "check_export_target", "is_export", "export_target", "write_staged", "mark_export",
+           "check_tokenizer", "MARKER", "training_record", "write_config", "main",
            "EXPORT_FOLDER", "EXPORT_FILES"]

@@ -19,7 +19,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from framework.files.atomic_write import copy_file
 from framework.checkpoint.base import TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
-from framework.checkpoint.export import EXPORT_FOLDER, write_config
+from framework.checkpoint.export import EXPORT_FOLDER, mark_export, write_config
 from framework.checkpoint.folder import finish_replacement, publish, remove_path, staging_path
 from framework.checkpoint.keep_tokenizer import KeepTokenizer
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
@@ -128,6 +128,7 @@ class FinalExport(pl.Callback):
             print("final export: no tokenizer found for the run's data; the export holds the weights alone",
                   file=sys.stderr, flush=True)
         write_config(staging, config)
+        mark_export(staging)
         publish(staging, out)
         rank_zero_info(f"exported the final model to {out} (model.safetensors + config.json"
                        + (" + tokenizer.json)" if "tokenizer" in config else ")")

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from framework.checkpoint import CheckpointError, load_decoder
 from framework.checkpoint.tokenizer_record import sha256_of
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
-from framework.checkpoint.export import main as export_main
+from framework.checkpoint.export import MARKER, main as export_main
 from tests.helpers.battery import hashes, layerdrop, refusal
 from tests.helpers.checkpoint_run import moved_copy, pretrained_run
 
@@ -31,6 +31,11 @@ def checkpoint(run_root):
     return run_root / "run" / "checkpoints" / "last.ckpt"
 
 
+def visible(folder: Path) -> list[str]:
+    """What an export holds besides its marker (the hidden file saying layerdrop wrote it)."""
+    return sorted(p.name for p in folder.iterdir() if p.name != MARKER)
+
+
 def same_function(a, b) -> None:
     tokens = torch.randint(0, a.config.vocab_size, (2, 9))
     with torch.no_grad():
@@ -40,7 +45,7 @@ def same_function(a, b) -> None:
 def test_export_writes_the_same_function_and_the_tokenizer(checkpoint, run_root, tmp_path, capsys):
     out = tmp_path / "export"
     assert export_main(["--ckpt", str(checkpoint), "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert visible(out) == ["config.json", "model.safetensors", "tokenizer.json"]
     config = json.loads((out / "config.json").read_text())
     assert config["training"]["global_step"] == 2 and config["training"]["layer_dropout"]["p_max"] == 0.4
     tokenizer = config["tokenizer"]
@@ -57,7 +62,7 @@ def test_export_writes_the_same_function_and_the_tokenizer(checkpoint, run_root,
 
 def test_every_run_ends_with_an_export_of_its_final_model(checkpoint, run_root):
     out = run_root / "run" / "export"
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert visible(out) == ["config.json", "model.safetensors", "tokenizer.json"]
     config = json.loads((out / "config.json").read_text())
     assert config["training"]["global_step"] == 2
     assert config["tokenizer"]["sha256"] == sha256_of(out / "tokenizer.json")
@@ -88,7 +93,7 @@ def test_without_a_tokenizer_the_export_stops_unless_told(checkpoint, tmp_path, 
     assert err.count("\n") == 1 and "no tokenizer found" in err and "--no-tokenizer" in err
     assert not (tmp_path / "a").exists()
     assert export_main(["--ckpt", str(lone), "--out", str(tmp_path / "b"), "--no-tokenizer"]) == 0
-    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["config.json", "model.safetensors"]
+    assert visible(tmp_path / "b") == ["config.json", "model.safetensors"]
     assert "tokenizer" not in json.loads((tmp_path / "b" / "config.json").read_text())
     kept = checkpoint.parent / "tokenizer.json"
     assert export_main(["--ckpt", str(lone), "--out", str(tmp_path / "c"), "--tokenizer", str(kept)]) == 0
@@ -172,7 +177,7 @@ def test_overwrite_replaces_an_export_whole(checkpoint, tmp_path, capsys):
     out = tmp_path / "export"
     assert export_main(["--ckpt", str(checkpoint), "--out", str(out)]) == 0
     assert export_main(["--ckpt", str(checkpoint), "--out", str(out), "--overwrite", "--no-tokenizer"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]  # no stale tokenizer
+    assert visible(out) == ["config.json", "model.safetensors"]  # no stale tokenizer
     assert not list(tmp_path.glob(".export*"))
 
 
@@ -218,3 +223,81 @@ def test_an_hf_folder_with_an_eos_list_exports_to_hf_whole(tmp_path, capsys):
     tokens = json.loads((out / "tokenizer_config.json").read_text())
     assert (tokens["bos_token"], tokens["eos_token"]) == ("<|begin_of_text|>", "<|end_of_text|>")
     assert AutoModelForCausalLM.from_pretrained(out).generation_config.eos_token_id == [1, 3]
+
+
+# ------------------------------------------------- every writer owns what it replaces
+def test_a_foreign_hugging_face_folder_is_never_replaced(checkpoint, tmp_path):
+    """A bare save_pretrained folder once passed for an export: --overwrite replaced it."""
+    from tests.helpers.hf_llama import tiny_hf_llama
+
+    theirs = tmp_path / "theirs"
+    tiny_hf_llama(theirs)
+    before = hashes(theirs)
+    for form in ("layerdrop", "hf"):
+        line = refusal(layerdrop("export", "--ckpt", theirs if form == "hf" else checkpoint, "--out", theirs,
+                                 "--format", form, "--overwrite", "--no-tokenizer"))
+        assert "is a folder that is not an export" in line and "generation_config.json" in line, line
+    assert hashes(theirs) == before
+
+
+def test_an_hf_export_is_staged_and_replaced_whole(tmp_path, prepared_tokens, capsys):
+    """--format hf --overwrite once wrote in place and kept a stale tokenizer.json."""
+    from tests.helpers.hf_llama import tiny_hf_llama
+
+    tiny_hf_llama(tmp_path / "source", vocab=512)
+    out = tmp_path / "hf"
+    tokenizer = prepared_tokens / "tokenizer.json"
+    assert export_main(["--ckpt", str(tmp_path / "source"), "--out", str(out), "--format", "hf",
+                        "--tokenizer", str(tokenizer)]) == 0
+    assert (out / MARKER).is_file() and (out / "tokenizer.json").is_file()
+    assert export_main(["--ckpt", str(tmp_path / "source"), "--out", str(out), "--format", "hf", "--overwrite",
+                        "--no-tokenizer"]) == 0
+    assert visible(out) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert not list(tmp_path.glob(".hf*"))
+
+
+def test_a_linked_out_replaces_the_folder_it_points_at(checkpoint, tmp_path, capsys):
+    """--out a link to an export once replaced the link with a new folder, the target unchanged."""
+    target = tmp_path / "exports" / "v1"
+    assert export_main(["--ckpt", str(checkpoint), "--out", str(target)]) == 0
+    (tmp_path / "current").symlink_to(target)
+    assert export_main(["--ckpt", str(checkpoint), "--out", str(tmp_path / "current"), "--overwrite",
+                        "--no-tokenizer"]) == 0
+    assert (tmp_path / "current").is_symlink() and (tmp_path / "current").resolve() == target.resolve()
+    assert visible(target) == ["config.json", "model.safetensors"]
+
+
+@pytest.mark.parametrize("out", [".", "..", "./"])
+def test_the_current_folder_is_refused_in_one_line(checkpoint, tmp_path, out):
+    before = hashes(tmp_path)
+    line = refusal(layerdrop("export", "--ckpt", checkpoint, "--out", out, cwd=tmp_path))
+    assert f"--out {out!r} is invalid: an export replaces the folder it writes" in line
+    assert hashes(tmp_path) == before
+
+
+def test_a_tokenizer_that_does_not_load_or_fit_is_refused_before_it_is_copied(checkpoint, tmp_path):
+    (tmp_path / "garbage.json").write_text('{"not": "a tokenizer"}')
+    line = refusal(layerdrop("export", "--ckpt", checkpoint, "--out", tmp_path / "out",
+                             "--tokenizer", tmp_path / "garbage.json"))
+    assert "is not a readable tokenizer.json" in line and "garbage.json" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_export_into_a_run_that_is_training_is_refused(checkpoint, tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    from framework.files.run_lock import LOCK_FILE
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        (tmp_path / "run").mkdir()
+        (tmp_path / "run" / LOCK_FILE).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                                               "command": "pretrain", "token": "x"}))
+        line = refusal(layerdrop("export", "--ckpt", checkpoint, "--out", tmp_path / "run" / "export"))
+        assert "is in use: `layerdrop pretrain`" in line and f"pid {holder.pid}" in line
+        assert not (tmp_path / "run" / "export").exists()
+    finally:
+        holder.kill()
+        holder.wait()
