@@ -25,7 +25,9 @@ from typing import Any, Iterator
 import torch
 
 from framework.files.atomic_write import copy_file, write_text
-from framework.checkpoint.base import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, copy_into, read_json
+from framework.checkpoint.base import (CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, copy_into,
+                                       first_line, read_json)
+from framework.checkpoint.shape_check import check_config_against
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.config import ModelConfig
 from framework.families.family_spec import HFConfigError, HFMapping, shown
@@ -33,6 +35,7 @@ from framework.families.registry import family_spec, hf_families, hf_model_types
 
 INDEX_FILE = "model.safetensors.index.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 # Hugging Face buffers some old checkpoints carry: recomputed here, never read.
 _BUFFERS = ("rotary_emb.inv_freq",)
 
@@ -59,7 +62,7 @@ class HfFolder:
         return read_json(path / CONFIG_FILE)
 
     def model_config(self, path: Path, metadata: dict[str, Any]) -> ModelConfig:
-        return config_of(metadata, str(path / CONFIG_FILE))
+        return checked_config(path, metadata)
 
     def tensors(self, path: Path, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
         return read_tensors(path, cfg)
@@ -90,7 +93,43 @@ def read_model_config(path: str | os.PathLike) -> ModelConfig:
     config field that would change the function (CheckpointError, one line)."""
     path = Path(path)
     weight_files(path)  # refuses a folder without safetensors before anything else
-    return config_of(read_hf_config(path), str(path / CONFIG_FILE))
+    return checked_config(path, read_hf_config(path))
+
+
+def checked_config(path: Path, hf: dict[str, Any]) -> ModelConfig:
+    """The folder's ModelConfig, checked against its safetensors headers before anything
+    is built: every name and shape the config implies (the same one-line refusal the
+    project's own checkpoints get), float dtypes only. Nothing but the headers is read."""
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"{str(path / CONFIG_FILE)!r} is not a JSON object")
+    cfg = config_of(hf, str(path / CONFIG_FILE))
+    stored = {name: shape for name, shape in header_shapes(path).items() if not name.endswith(_BUFFERS)}
+    check_config_against(cfg, _writer(cfg).our_shapes(stored, cfg), path)
+    return cfg
+
+
+def header_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Hugging Face name -> shape, from the safetensors headers of the folder (no tensor
+    is read); a tensor of a non-float dtype is refused (it would be cast silently)."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for file in weight_files(path):
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                for name in handle.keys():
+                    piece = handle.get_slice(name)
+                    if piece.get_dtype() not in FLOAT_DTYPES:
+                        raise CheckpointError(f"{str(file)!r}: {shown(name)} is {piece.get_dtype()}: layerdrop reads "
+                                              f"float weights only ({', '.join(FLOAT_DTYPES)}); a quantized or "
+                                              "integer checkpoint is not supported")
+                    shapes[name] = tuple(piece.get_shape())
+        except CheckpointError:
+            raise
+        except Exception as err:
+            raise CheckpointError(f"{str(path)!r}: a safetensors file cannot be read: "
+                                  f"{first_line(err)}") from None
+    return shapes
 
 
 def mapping_of(hf: dict[str, Any], source: str) -> HFMapping:
@@ -99,7 +138,7 @@ def mapping_of(hf: dict[str, Any], source: str) -> HFMapping:
     model_type = hf.get("model_type")
     if model_type is None:  # an old config without one: its architecture says it
         model_type = next((t for t, spec in families.items() if hf.get("architectures") == [spec.hf.architecture]), None)
-    if model_type not in families:
+    if not isinstance(model_type, str) or model_type not in families:
         raise CheckpointError(f"{source}: model_type={shown(model_type)} is not supported: allowed: "
                               + ", ".join(repr(t) for t in families))
     return families[model_type].hf
@@ -116,17 +155,15 @@ def config_of(hf: dict[str, Any], source: str) -> ModelConfig:
 def weight_files(path: Path) -> list[Path]:
     """The safetensors files of the folder (the shards its index names, in order)."""
     if (path / INDEX_FILE).is_file():
-        try:
-            weight_map = json.loads((path / INDEX_FILE).read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError):
-            raise CheckpointError(f"{str(path / INDEX_FILE)!r} is not a safetensors index (no weight_map)") from None
+        index = str(path / INDEX_FILE)
+        weight_map = _weight_map(path / INDEX_FILE)
         files = []
         for name in dict.fromkeys(weight_map.values()):
             file = (path / name).resolve()
-            if path.resolve() not in file.parents:
-                raise CheckpointError(f"{str(path / INDEX_FILE)!r} names the shard {name!r} outside the folder")
+            if not _inside_model(path, name, file):
+                raise CheckpointError(f"{index!r} names the shard {shown(name)} outside the folder")
             if not file.is_file():
-                raise CheckpointError(f"{str(path / INDEX_FILE)!r} names the shard {name!r}, which does not exist")
+                raise CheckpointError(f"{index!r} names the shard {shown(name)}, which does not exist")
             files.append(file)
         return files
     if (path / WEIGHTS_FILE).is_file():
@@ -137,6 +174,36 @@ def weight_files(path: Path) -> list[Path]:
                      "only and never unpickles a model; convert it where you trust it, e.g. "
                      "from_pretrained(...).save_pretrained(dir, safe_serialization=True)")
     raise CheckpointError(f"{str(path)!r} has a Hugging Face config.json but no {WEIGHTS_FILE} or {INDEX_FILE}")
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The index's weight_map, {tensor name: shard file name}; one line naming the key otherwise."""
+    try:
+        content = json.loads(index.read_text())
+    except (OSError, ValueError, RecursionError) as err:
+        raise CheckpointError(f"{str(index)!r} is not JSON: {first_line(err)}") from None
+    weight_map = content.get("weight_map") if isinstance(content, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{str(index)!r} is not a safetensors index: weight_map={shown(weight_map)}, "
+                              "allowed: an object {tensor name: shard file}")
+    for key, value in weight_map.items():
+        if not isinstance(value, str):
+            raise CheckpointError(f"{str(index)!r}: weight_map[{shown(key)}]={shown(value)} is invalid: allowed: "
+                                  "a shard file name")
+    return weight_map
+
+
+def _inside_model(folder: Path, name: str, file: Path) -> bool:
+    """A shard named by the index is the folder's own: it lies inside the folder, or is a
+    link from inside it into the blob store of the model's own Hugging Face cache tree
+    (``models--org--name/snapshots/<revision>/`` -> ``models--org--name/blobs/``)."""
+    root = folder.resolve()
+    named = Path(os.path.normpath(folder.absolute() / name))
+    if root in file.parents:
+        return True
+    blobs = root.parent.parent / "blobs"
+    return (root.parent.name == "snapshots" and named.parent == folder.absolute() and (folder / name).is_symlink()
+            and blobs in file.parents)
 
 
 def read_tensors(path: str | os.PathLike, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:

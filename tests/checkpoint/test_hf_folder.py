@@ -88,7 +88,7 @@ def test_tensors_the_family_does_not_have_are_refused(hf_dir):
     tensors = load_file(hf_dir / "model.safetensors")
     tensors["model.layers.0.self_attn.q_norm.weight"] = torch.ones(16)
     save_file(tensors, hf_dir / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match="the first 'model.layers.0.self_attn.q_norm.weight'"):
+    with pytest.raises(CheckpointError, match=r"unexpected \['model.layers.0.self_attn.q_norm.weight'\]"):
         load_decoder(hf_dir)
 
 
@@ -135,3 +135,101 @@ def test_export_format_hf_does_not_overwrite_unless_asked(tmp_path, hf_dir):
     assert export_main(args) == 0
     assert export_main(args) == 2
     assert export_main([*args, "--overwrite"]) == 0
+
+
+# ------------------------------------------------------------------ checked before anything is built
+
+
+def refused(folder: Path, match: str) -> str:
+    """The one-line CheckpointError of reading the folder's config (what init_from does
+    first) and of loading it."""
+    from framework.checkpoint import read_model_config
+
+    for read in (read_model_config, load_decoder):
+        with pytest.raises(CheckpointError, match=match) as err:
+            read(folder)
+        assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("field, value", [("hidden_size", 10**7), ("intermediate_size", 10**10),
+                                          ("vocab_size", 10**12), ("num_hidden_layers", 10**6),
+                                          ("num_attention_heads", 10**6), ("num_key_value_heads", 1)])
+def test_config_sizes_are_checked_against_the_safetensors_headers(hf_dir, field, value):
+    """Absurd (or merely wrong) sizes: the project's own one-line refusal, from the headers,
+    before anything is allocated (these ended in allocator tracebacks or ran for minutes)."""
+    edit_config(hf_dir, **{field: value})
+    refused(hf_dir, "does not match its config")
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"hidden_size": 1e7}, "hidden_size=10000000.0 is not supported: allowed: a positive integer"),
+    ({"num_key_value_heads": "2"}, "num_key_value_heads='2' is not supported: allowed: a positive integer"),
+    ({"architectures": 5}, "architectures=5 is not supported"),
+    ({"model_type": ["llama"]}, r"model_type=\['llama'\] is not supported"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+      "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling=.* conflicts with rope_parameters"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}, "rope_theta": 500000.0},
+     "rope_theta=500000.0 is not supported: it conflicts with rope_parameters.rope_theta=10000.0"),
+    ({"rope_interleaved": True}, "rope_interleaved=True is not supported: allowed: False"),
+])
+def test_a_malformed_or_conflicting_config_is_refused_naming_the_key(tmp_path, changes, message):
+    tiny_hf_llama(tmp_path / "hf")
+    edit_config(tmp_path / "hf", **{"rope_scaling": None, **changes})
+    refused(tmp_path / "hf", message)
+
+
+@pytest.mark.parametrize("weight_map, message", [
+    ([1, 2], r"weight_map=\[1, 2\], allowed: an object"), (5, "weight_map=5, allowed: an object"),
+    ({"model.norm.weight": {"nested": "model.safetensors"}}, r"weight_map\['model.norm.weight'\]=\{'nested'"),
+])
+def test_a_malformed_index_is_refused_naming_the_key(tmp_path, weight_map, message):
+    tiny_hf_llama(tmp_path / "hf", shard=True)
+    (tmp_path / "hf" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    refused(tmp_path / "hf", message)
+
+
+def test_integer_weights_are_refused_not_cast(hf_dir):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(hf_dir / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].to(torch.int8)
+    save_file(tensors, hf_dir / "model.safetensors", metadata={"format": "pt"})
+    refused(hf_dir, "'model.norm.weight' is I8: layerdrop reads float weights only")
+
+
+def test_shards_linked_into_the_models_own_blob_store_are_accepted(tmp_path):
+    """The Hugging Face cache layout: snapshots/<revision>/<shard> -> ../../blobs/<hash>."""
+    original = tiny_hf_llama(tmp_path / "plain", shard=True)
+    model = tmp_path / "hub" / "models--org--tiny"
+    snapshot, blobs = model / "snapshots" / "abc123", model / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for n, file in enumerate(sorted((tmp_path / "plain").iterdir())):
+        file.rename(blobs / f"blob{n}")
+        (snapshot / file.name).symlink_to(Path("..", "..", "blobs", f"blob{n}"))
+    decoder, _ = load_decoder(snapshot)
+    with torch.no_grad():
+        assert (decoder(TOKENS) - original(TOKENS).logits).abs().max() <= 1e-5
+    # A link anywhere else is still outside the folder.
+    shard = next(p for p in snapshot.iterdir() if p.name.startswith("model-"))
+    target = shard.resolve()
+    shard.unlink()
+    (tmp_path / "elsewhere").mkdir()
+    target.rename(tmp_path / "elsewhere" / "blob")
+    shard.symlink_to(tmp_path / "elsewhere" / "blob")
+    refused(snapshot, f"names the shard '{shard.name}' outside the folder")
+
+
+def test_an_unknown_fields_value_is_shortened_in_the_error(hf_dir):
+    edit_config(hf_dir, huge_field="x" * 1_000_000)
+    message = refused(hf_dir, r"huge_field='xxx.*\.\.\. \(1000002 characters\) is not supported")
+    assert len(message) < 1000
+
+
+def test_known_harmless_fields_are_accepted(hf_dir):
+    """SmolLM2's config marks itself ``is_llama_config`` and says ``rope_interleaved: false``
+    (the halves layout, which is Llama's)."""
+    edit_config(hf_dir, is_llama_config=True, rope_interleaved=False)
+    decoder, cfg = load_decoder(hf_dir)
+    assert cfg.family == "llama"

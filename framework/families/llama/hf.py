@@ -17,6 +17,8 @@ they change its class attributes and add their fields and tensors.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
@@ -40,6 +42,9 @@ ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "low_freq_factor", "hi
              "original_max_position_embeddings"}
 INT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
               "num_key_value_heads", "head_dim", "max_position_embeddings")
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
 class LlamaMapping:
     """LlamaForCausalLM <-> family llama."""
 
@@ -201,16 +206,25 @@ class LlamaMapping:
             yield name, tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
 
     def our_shapes(self, hf_shapes: dict[str, tuple[int, ...]], cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-        """Our name -> the shape its Hugging Face parts make (rows added up); a part whose
-        other dimensions differ from the first's gives its own shape, which then matches
-        nothing. Parts missing from ``hf_shapes`` leave the name out."""
-        shapes = {}
-        for name, parts in self.name_map(cfg).items():
+        """Our name -> the shape its Hugging Face parts make (rows added up), for the layers
+        the file holds (not the config's count, which may be absurd). A name whose parts
+        are not all there is left out (missing); a Hugging Face name that is no part of
+        any is kept as it is (unexpected); parts whose other dimensions differ give the
+        first odd part's shape, which then matches nothing."""
+        layers = sorted({int(match[1]) for name in hf_shapes if (match := _HF_LAYER.match(name))})
+        names = {name: parts for name, parts in self.name_map(dataclasses.replace(cfg, n_layers=1)).items()
+                 if not name.startswith("blocks.")}
+        for i in layers:
+            names.update(self.layer_names(i))
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, parts in names.items():
             if not all(part in hf_shapes for part in parts):
                 continue
             found = [tuple(hf_shapes[part]) for part in parts]
-            odd = next((shape for shape in found if shape[1:] != found[0][1:] or not shape), None)
+            odd = next((shape for shape in found if not shape or shape[1:] != found[0][1:]), None)
             shapes[name] = odd if odd is not None else (sum(s[0] for s in found), *found[0][1:])
+        known = {part for parts in names.values() for part in parts}
+        shapes.update({name: tuple(shape) for name, shape in hf_shapes.items() if name not in known})
         return shapes
 
     def to_hf(self, state: dict[str, torch.Tensor], cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
