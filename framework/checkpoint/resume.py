@@ -113,6 +113,33 @@ def _step_of(opened: Checkpoint, path: Path) -> int | None:
     return int(step) if isinstance(step, int) else None
 
 
+# ------------------------------------------------------ the world it ran on
+
+
+def world_of(trainer: Any) -> dict[str, Any]:
+    """What a checkpoint records of the processes that wrote it (checked on resume)."""
+    return {"processes": trainer.world_size, "strategy": type(trainer.strategy).__name__,
+            "accumulate_grad_batches": trainer.accumulate_grad_batches}
+
+
+def check_same_world(saved: Any, trainer: Any) -> None:
+    """A resume on another number of processes is refused in one line. Each rank's
+    position in the data stream is stored per rank and the global batch is
+    micro-batch × processes × accumulation: on another world size the stream would
+    repeat or skip samples and the batch would change, and DDP files and DeepSpeed
+    folders are not resharded. (A checkpoint from before this record passes.)"""
+    if not isinstance(saved, dict) or not isinstance(saved.get("processes"), int):
+        return
+    was, now = saved["processes"], trainer.world_size
+    if was == now:
+        return
+    raise ValueError(f"the checkpoint was written by {was} processes ({saved.get('strategy')}) and this run has {now}: "
+                     "resuming on another number of processes is not supported (each rank's place in the data "
+                     "stream and the global batch would change); resume on "
+                     f"{was} processes (--trainer.devices x --trainer.num_nodes), or start a new run from its weights "
+                     "(--model.init_from CHECKPOINT)")
+
+
 # ------------------------------------------------- optimizer settings on resume
 
 _SHOWN = {"lr": "lr", "initial_lr": "peak lr", "weight_decay": "weight_decay", "eps": "eps", "betas": "betas"}
@@ -212,4 +239,5 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["ResumeChoice", "choose_checkpoint", "incomplete_reason", "apply_recipe_optimizer_settings"]
+__all__ = ["ResumeChoice", "choose_checkpoint", "incomplete_reason", "apply_recipe_optimizer_settings", "world_of",
+           "check_same_world"]

@@ -305,13 +305,20 @@ class LayerDropModule(pl.LightningModule):
             "layer_dropout": asdict(self.dropout_cfg),
             "parametrization": asdict(self.param_cfg),
         }
+        if self._trainer is not None:
+            from framework.checkpoint.resume import world_of
+
+            checkpoint[CKPT_KEY]["world"] = world_of(self.trainer)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get(CKPT_KEY, {}).get("model_config")
         if not isinstance(saved, dict):
             raise ValueError(f"checkpoint has no {CKPT_KEY!r} model config: it was not written by layerdrop pretrain")
         check_same_model(saved, self.model_cfg.to_dict())
-        from framework.checkpoint.resume import apply_recipe_optimizer_settings
+        from framework.checkpoint.resume import apply_recipe_optimizer_settings, check_same_world
+
+        if self._trainer is not None:
+            check_same_world(checkpoint[CKPT_KEY].get("world"), self.trainer)
 
         # The recipe's LR, schedule and weight decay win over the saved ones (else a lower
         # LR after a divergence would be silently ignored); said in one line.

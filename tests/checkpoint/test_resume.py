@@ -227,3 +227,26 @@ def test_resume_auto_with_only_damaged_checkpoints_says_what_is_damaged(prepared
     assert "--resume auto found no complete checkpoint" in line and "step-00000003.ckpt (cut short at 14 bytes)" in line
     assert "Move them out of the folder to start from step 0" in line and "resume it (--resume auto)" not in line
     assert hashes(folder) == before
+
+
+def test_a_resume_on_another_number_of_processes_is_one_line(prepared_tokens, tmp_path, capsys):
+    """Losing a node: a checkpoint records the processes that wrote it; a resume on
+    another number is refused in one line (nothing reshards the data stream's per-rank
+    position or keeps the global batch yet), the checkpoint untouched."""
+    import torch
+
+    root = tmp_path / "run"
+    assert main(tiny_cli_args(prepared_tokens, root, steps=3) + ["--trainer.logger", "false"]) == 0
+    checkpoint = root / "checkpoints" / "step-00000003.ckpt"
+    state = torch.load(checkpoint, weights_only=True)
+    assert state["layerdrop"]["world"] == {"processes": 1, "strategy": "SingleDeviceStrategy",
+                                           "accumulate_grad_batches": 1}
+    state["layerdrop"]["world"]["processes"] = 2  # as a 2-rank DDP run writes it
+    elsewhere = tmp_path / "two-ranks.ckpt"
+    torch.save(state, elsewhere)
+    capsys.readouterr()
+    assert main(tiny_cli_args(prepared_tokens, tmp_path / "resumed", steps=6) + [
+        "--trainer.logger", "false", "--resume", str(elsewhere)]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("error: the checkpoint was written by 2 processes (SingleDeviceStrategy) and this run has 1")
+    assert "resume on 2 processes" in line and "--model.init_from" in line
