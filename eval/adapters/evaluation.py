@@ -38,12 +38,11 @@ def adapter_losses(backbone: Decoder, adapters: ExitAdapters, batches: Iterable,
     positions = targets_counted = 0
     for inputs, targets in batches:
         inputs, targets = inputs.to(device), targets.to(device)
-        states = backbone.hidden(inputs, all_layers=True)
-        bias = backbone.attention_bias(inputs.shape[1], None)
-        teacher, labels = states[-1].flatten(0, 1), targets.flatten()
-        for e, hidden in adapters.exit_hidden(states, bias).items():
+        out = backbone.step(inputs, exits=adapters.as_exits(), states=True)
+        teacher, labels = out.hidden.flatten(0, 1), targets.flatten()
+        for e, hidden in out.reads.items():
             sums[e] += chunked_sum(lambda a, p, t, y: _exit_sums(backbone.logits, a, p, t, y), hidden.flatten(0, 1),
-                                   states[e - 1].flatten(0, 1), teacher, labels, chunk_tokens=chunk_tokens)
+                                   out.states[e - 1].flatten(0, 1), teacher, labels, chunk_tokens=chunk_tokens)
         positions += inputs.numel()
         targets_counted += counted_tokens(targets)
     if targets_counted == 0:

@@ -77,14 +77,10 @@ class ExitAdapters(nn.Module):
                     nn.init.ones_(module.weight)
                     nn.init.zeros_(module.bias)
 
-    def exit_hidden(self, states: Sequence[torch.Tensor], bias: torch.Tensor | None) -> dict[int, torch.Tensor]:
-        """``states[k-1]`` (the stream after block k-1) through adapter k."""
-        return {e: self.blocks[str(e)](states[e - 1], bias) for e in self.exits}
-
-    def exit_logits(self, backbone: Decoder, states: Sequence[torch.Tensor], bias: torch.Tensor | None
-                    ) -> dict[int, torch.Tensor]:
-        """Each adapter's output through the backbone's shared final norm + head."""
-        return {e: backbone.logits(h) for e, h in self.exit_hidden(states, bias).items()}
+    def as_exits(self) -> dict[int, nn.Module]:
+        """{exit k: its adapter block}, as ``Decoder.step(exits=...)`` runs them: adapter k
+        on the stream after block k-1, read in ``StepOutput.reads[k]``."""
+        return {e: self.blocks[str(e)] for e in self.exits}
 
 
 # ------------------------------------------------------------------------ files

@@ -88,11 +88,11 @@ class AdapterModule(pl.LightningModule):
         return self
 
     def exit_kls(self, inputs: torch.Tensor) -> dict[int, torch.Tensor]:
-        with torch.no_grad():
-            states = self.backbone.hidden(inputs, all_layers=True)
-        bias = self.backbone.attention_bias(inputs.shape[1], None)
-        return {e: chunked_distillation_kl(hidden, states[-1], self.backbone.logits, self.loss_chunk_tokens)
-                for e, hidden in self.adapters.exit_hidden(states, bias).items()}
+        # One forward: the frozen backbone (no parameter needs a gradient, so none of its
+        # activations is kept) with every adapter read at its exit.
+        out = self.backbone.step(inputs, exits=self.adapters.as_exits())
+        return {e: chunked_distillation_kl(hidden, out.hidden, self.backbone.logits, self.loss_chunk_tokens)
+                for e, hidden in out.reads.items()}
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         kls = self.exit_kls(batch[0])

@@ -216,22 +216,34 @@ class DraftCosts:
     @classmethod
     @torch.inference_mode()
     def measure(cls, model: Decoder, context: int, gamma: int, repeats: int = 15) -> "DraftCosts":
-        """Forward times at ``context`` cached tokens: the fastest of ``repeats`` runs,
-        interleaved, so that other processes' load disturbs every shape alike."""
+        """Forward times at ``context`` cached tokens, of the forwards a skip draft runs
+        (its ``step`` with no block skipped, with every block skipped; its ``verify`` of
+        m tokens): the fastest of ``repeats`` runs, interleaved, so that other processes'
+        load disturbs every shape alike."""
         num_layers = len(model.blocks)
+        full, empty = SkipDraft(()), SkipDraft(range(num_layers))
         cache = model.new_cache(1, context + gamma + 2)
-        model(torch.zeros(1, context, dtype=torch.long), cache=cache)
-        shapes = [(m, ()) for m in range(1, gamma + 2)] + [(1, tuple(range(num_layers)))]
+        full.prefill(model, torch.zeros(1, context, dtype=torch.long), cache, None)
+        shapes = [("verify", m) for m in range(1, gamma + 2)] + [("step", "full"), ("step", "empty")]
+
+        def run(shape: tuple) -> None:
+            kind, what = shape
+            if kind == "verify":
+                full.verify(model, torch.zeros(1, what, dtype=torch.long), cache, context)
+            else:
+                (full if what == "full" else empty).step(model, torch.zeros(1, 1, dtype=torch.long), cache)
+
         fastest = {shape: math.inf for shape in shapes}
-        for run in range(repeats + 2):
-            for tokens, skip in shapes:
+        for repeat in range(repeats + 2):
+            for shape in shapes:
                 tick = time.perf_counter()
-                model(torch.zeros(1, tokens, dtype=torch.long), skip_layers=skip, cache=cache)
-                if run >= 2:  # the first runs warm up the allocator
-                    fastest[(tokens, skip)] = min(fastest[(tokens, skip)], time.perf_counter() - tick)
+                run(shape)
+                if repeat >= 2:  # the first runs warm up the allocator
+                    fastest[shape] = min(fastest[shape], time.perf_counter() - tick)
                 cache.crop(context)
-        full = fastest[(1, ())]
-        return cls(empty=fastest[shapes[-1]] / full, verify=[fastest[(m, ())] / full for m in range(1, gamma + 2)])
+        step = fastest[("step", "full")]
+        return cls(empty=fastest[("step", "empty")] / step,
+                   verify=[fastest[("verify", m)] / step for m in range(1, gamma + 2)])
 
 
 def replay_rounds(agree: Sequence[bool], gamma: int) -> list[tuple[int, int]]:
@@ -263,7 +275,7 @@ class CalibrationObjective:
         self.continuations = torch.tensor([item.tokens for item in items])
         self.sequences, self._padding = left_padded([r + item.tokens for r, item in zip(rows, items)], "cpu")
         self._prefix: list[torch.Tensor] | None = None
-        self._bias: torch.Tensor | None = None
+        self._inputs_padding: torch.Tensor | None = None
         self._estimates: dict[tuple, dict] = {}
 
     @torch.inference_mode()
@@ -276,16 +288,16 @@ class CalibrationObjective:
             # A draft equals the full model up to its first skipped block (or its exit):
             # keep the full model's stream before every block and resume from there.
             inputs, padding = self.sequences[:, :-1], self._padding[:, :-1]
-            padding = padding if bool(padding.any()) else None
-            self._bias = self.model.attention_bias(inputs.shape[1], None, padding)
-            self._prefix = [self.model.embed(inputs)] + self.model.hidden(inputs, padding=padding, all_layers=True)
+            self._inputs_padding = padding if bool(padding.any()) else None
+            embedded = self.model.step(inputs, layers=[]).hidden
+            self._prefix = [embedded] + self.model.step(embedded, padding=self._inputs_padding, states=True).states
         if exit_layer is not None:
             self.model.active_layers(exit_layer)  # validates 1..L
             h = self._prefix[exit_layer]
         else:
             first = min(skip, default=num_layers)
-            h = self.model.run_blocks(self._prefix[first], [i for i in range(first, num_layers) if i not in skip],
-                                      bias=self._bias)
+            h = self.model.step(self._prefix[first], layers=[i for i in range(first, num_layers) if i not in skip],
+                                padding=self._inputs_padding).hidden
         predictions = self.model.logits(h[:, -self.new_tokens:]).argmax(-1)
         return predictions == self.continuations
 

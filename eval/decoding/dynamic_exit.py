@@ -99,10 +99,16 @@ class DynamicExit:
     def select_rows(self, rows: torch.Tensor) -> None:
         pass  # no state between steps: everything lives in the cache
 
-    def _adapter(self, exit_layer: int):
+    def adapter(self, exit_layer: int):
+        """The adapter block exit ``exit_layer``'s head reads through (None: the plain exit)."""
         return None if self.adapters is None else self.adapters.blocks[str(exit_layer)]
 
-    def _leaves(self, logits: torch.Tensor) -> torch.Tensor:
+    def exits(self) -> dict:
+        """{candidate exit: its adapter or None}, as ``Decoder.step(exits=...)`` takes them."""
+        return {e: self.adapter(e) for e in self.candidates}
+
+    def leaves(self, logits: torch.Tensor) -> torch.Tensor:
+        """[R] bool: the rows whose exit logits [R, V] are confident enough to stop there."""
         if self.threshold >= 1.0:
             return torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
         return confidence(logits) >= self.threshold
@@ -125,13 +131,13 @@ class DynamicExit:
 
         def leave(exit_layer: int, running: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
             head = model.logits(read[:, -1])
-            leaving = self._leaves(head)
+            leaving = self.leaves(head)
             for row, row_logits in zip(running[leaving].tolist(), head[leaving]):
                 logits[row] = row_logits
                 blocks[row] = exit_layer + (passed[exit_layer] if self.adapters else 0)
             return leaving
 
-        out = model.step(tokens, cache, exits={e: self._adapter(e) for e in self.candidates}, leave=leave)
+        out = model.step(tokens, cache, exits=self.exits(), leave=leave)
         if out.running is None or out.running.numel():
             still = torch.arange(rows, device=tokens.device) if out.running is None else out.running
             for row, row_logits in zip(still.tolist(), model.logits(out.hidden[still, -1])):
@@ -139,7 +145,7 @@ class DynamicExit:
         return torch.stack(logits), blocks  # type: ignore[arg-type]
 
     def _adapter_exits(self) -> dict:
-        return {e: self._adapter(e) for e in self.adapters.exits} if self.adapters is not None else {}
+        return {e: self.adapter(e) for e in self.adapters.exits} if self.adapters is not None else {}
 
 
 @torch.inference_mode()
@@ -149,28 +155,21 @@ def dynamic_forward(model: Decoder, route: DynamicExit, tokens: torch.Tensor
     exit head reads (pre-norm, [B, S, d]) and its exit K [B, S], decided exactly as
     incremental decoding with ``route`` decides them (same confidence, same propagated
     K/V), but for all positions in one pass (without a prefill: every position decides)."""
-    bias = model.attention_bias(tokens.shape[1])
-    h = model.embed(tokens)
-    active = torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
-    out = torch.zeros_like(h)
+    out = torch.zeros(*tokens.shape, model.config.d_model, dtype=model.embed.weight.dtype, device=tokens.device)
     exits = torch.full(tokens.shape, route.num_layers, dtype=torch.long, device=tokens.device)
-    start = 0
-    for e in [*route.candidates, route.num_layers]:
-        for index in range(start, e):  # an exited position keeps its state; its K/V come from it
-            h = torch.where(active[..., None], model.blocks[index](h, bias), h)
-        start = e
-        adapter = route._adapter(e) if e < route.num_layers else None
-        read = h if adapter is None else adapter(h, bias)
-        if e == route.num_layers:
-            out[active] = read[active]
-            break
+
+    def leave(exit_layer: int, read: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         picked = read[active]
-        leave = route._leaves(model.logits(picked))
-        where = active.nonzero(as_tuple=True)
-        leaving = tuple(w[leave] for w in where)
-        out[leaving] = picked[leave]
-        exits[leaving] = e
-        active[leaving] = False
+        leaving = torch.zeros_like(active)
+        leaving[active] = route.leaves(model.logits(picked))
+        out[leaving] = read[leaving]
+        exits[leaving] = exit_layer
+        return leaving
+
+    # an exited position keeps its state; its K/V for later positions come from it
+    result = model.step(tokens, exits=route.exits(), leave_positions=leave)
+    active = result.active if result.active is not None else torch.ones_like(exits, dtype=torch.bool)
+    out[active] = result.hidden[active]
     return out, exits
 
 

@@ -146,9 +146,10 @@ def score_continuations(decoder: torch.nn.Module, pairs: Sequence[TokenPair], *,
             yield None, lambda rows, positions: decoder(tokens, exit_layer=exit_layer,
                                                         skip_layers=skip_layers)[rows, positions]
             return
-        hidden = decoder.hidden(tokens, exit_layer=exit_layer, skip_layers=skip_layers)
-        if adapter is not None:
-            hidden = adapter(hidden, decoder.attention_bias(width, None))
+        layers = decoder.active_layers(exit_layer, skip_layers)
+        at = exit_layer if exit_layer is not None else len(decoder.blocks)  # where the adapter reads
+        out = decoder.step(tokens, layers=layers, exits={} if adapter is None else {at: adapter})
+        hidden = out.hidden if adapter is None else out.reads[at]
         yield None, lambda rows, positions: decoder.logits(hidden[rows, positions])
 
     return _scored(decoder, pairs, heads, batch_size, max_length, min_batches, on_batch).get(None, [])
@@ -164,7 +165,7 @@ def score_exits(decoder: torch.nn.Module, pairs: Sequence[TokenPair], exits: Seq
         decoder.active_layers(k)  # validates 1..L before any work
 
     def heads(decoder, tokens, width):
-        states = decoder.hidden(tokens, exit_layer=exits[-1], all_layers=True)
+        states = decoder.step(tokens, layers=range(exits[-1]), states=True).states
         for k in exits:
             yield k, lambda rows, positions, state=states[k - 1]: decoder.logits(state[rows, positions])
 

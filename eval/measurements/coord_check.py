@@ -78,7 +78,7 @@ def train_and_record(initial: Decoder, pcfg: ParametrizationConfig, batches: Seq
     history = []
     for step, batch in enumerate(batches):
         drop_plan = plan(drop_cfg, rates, batch_size, StepKey(seed, 0, step))
-        h = model.hidden(batch[:, :-1], plan=drop_plan)
+        h = model.step(batch[:, :-1], plan=drop_plan).hidden
         history.append(rms(h))
         loss = F.cross_entropy(model.logits(h).flatten(0, 1).float(), batch[:, 1:].flatten())
         optimizer.zero_grad(set_to_none=True)

@@ -67,7 +67,7 @@ def exit_losses(decoder: Decoder, batches: Iterable[Batch], *, chunk_tokens: int
     sums = torch.zeros(len(exits), dtype=torch.float64, device=device)
     tokens = 0
     for inputs, targets in batches:
-        states = decoder.hidden(inputs.to(device), exit_layer=exits[-1], all_layers=True)
+        states = decoder.step(inputs.to(device), layers=range(exits[-1]), states=True).states
         for index, k in enumerate(exits):
             sums[index] += _summed_loss(decoder, states[k - 1], targets, chunk_tokens)
         tokens += counted_tokens(targets)
@@ -90,12 +90,13 @@ def skip_losses(decoder: Decoder, batches: Iterable[Batch], skips: Sequence[Sequ
     sums = torch.zeros(len(skips), dtype=torch.float64, device=device)
     tokens = 0
     for inputs, targets in batches:
-        embedded = decoder.embed(inputs.to(device))
-        prefix = [embedded] + decoder.hidden(inputs.to(device), all_layers=True)
+        # a skip set is the full model up to its first skipped block: resume from there
+        embedded = decoder.step(inputs.to(device), layers=[]).hidden
+        prefix = [embedded] + decoder.step(embedded, states=True).states
         for index, skip in enumerate(skips):
             first = skip[0] if skip else num_layers
             rest = [i for i in range(first, num_layers) if i not in skip]
-            final = decoder.run_blocks(prefix[first], rest)
+            final = decoder.step(prefix[first], layers=rest).hidden
             sums[index] += _summed_loss(decoder, final, targets, chunk_tokens)
         tokens += counted_tokens(targets)
     _require_tokens(tokens)
@@ -275,6 +276,8 @@ def skip_main(argv: list[str] | None = None) -> int:
     _check_common(parser, args)
     if args.sets is None and args.sweep is None:
         args.sets, args.sweep = list(DEFAULT_SETS), list(DEFAULT_SWEEPS)
+    elif args.sweep:  # a sweep is read against the full model: its row leads the table and the plot
+        args.sets = ["none", *(args.sets or [])]
     try:
         skips = [sets.resolve_sets(args.sets or [], args.sweep or [], cfg.n_layers) for cfg in args.configs]
     except ValueError as err:

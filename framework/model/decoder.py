@@ -96,7 +96,7 @@ class Block(nn.Module):
                 cache: KVCache | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``drop`` (training) runs each branch on its kept rows; ``rows`` (decoding with
         per-row early exit) updates only those rows, while every row still writes this
-        layer's K/V from its current state (see ``Decoder.run_blocks``)."""
+        layer's K/V from its current state (see ``Decoder.step``)."""
         if rows is not None:
             return self._update_rows(h, bias, cache, rows)
         drop = drop or LayerDrop(None, None, 1.0)
@@ -115,14 +115,22 @@ class Block(nn.Module):
 LeaveRule = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+# leave_positions(exit K, what its head reads [B, T, d], positions still running [B, T]) -> [B, T] bool
+LeavePositions = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
 class StepOutput(NamedTuple):
-    """What ``Decoder.step`` computed: the stream after its last block [B, T, d] (rows
-    that left early keep their exit state), what each requested exit's head reads, and
-    the rows still running at the end (None: all of them)."""
+    """What ``Decoder.step`` computed: the stream after its last block [B, T, d] (rows or
+    positions that left early keep their exit state), what each requested exit's head
+    reads, the rows still running at the end (None: all of them), the stream after every
+    block that ran (``states=True``; else None) and the positions still running at the
+    end (``leave_positions``; else None)."""
 
     hidden: torch.Tensor
     reads: dict[int, torch.Tensor]
     running: torch.Tensor | None
+    states: list[torch.Tensor] | None = None
+    active: torch.Tensor | None = None
 
 
 class Decoder(nn.Module):
@@ -170,81 +178,85 @@ class Decoder(nn.Module):
         """Logits [B, T, V]. ``plan`` only in training; ``exit_layer=k`` runs blocks
         0..k-1; ``skip_layers`` are passed through by the residual; ``cache`` decodes;
         ``padding`` [B, T] marks positions of left-padded rows that hold no token."""
-        return self.logits(self.hidden(tokens, plan=plan, exit_layer=exit_layer,
-                                       skip_layers=skip_layers, cache=cache, padding=padding))
+        layers = self.active_layers(exit_layer, skip_layers)
+        return self.logits(self.step(tokens, cache, layers=layers, plan=plan, padding=padding).hidden)
 
     def hidden(self, tokens: torch.Tensor, *, plan: DropPlan | None = None, exit_layer: int | None = None,
-               skip_layers: Iterable[int] = (), cache: KVCache | None = None, padding: torch.Tensor | None = None,
+               skip_layers: Iterable[int] = (), padding: torch.Tensor | None = None,
                all_layers: bool = False) -> torch.Tensor | list[torch.Tensor]:
-        """Residual stream before the final norm; with ``all_layers`` the stream after
-        every block that ran (the early-exit points), in order. ``padding`` [B, T] marks
-        the positions of left-padded rows that hold no token (kept in ``cache``)."""
-        active = self.active_layers(exit_layer, skip_layers)
-        if plan is not None:
-            self.check_plan(plan, tokens.shape[0], cache)
-        if cache is not None and padding is not None:
-            cache.mark_padding(padding)
-            padding = None
-        states: list[torch.Tensor] | None = [] if all_layers else None
-        h = self.run_blocks(self.embed(tokens), active, cache=cache, plan=plan,
-                            bias=self.attention_bias(tokens.shape[1], cache, padding), states=states)
-        if cache is not None:
-            cache.advance(tokens.shape[1])
-        return states if states is not None else h
+        """``step`` without a cache, as training reads it: the residual stream before the
+        final norm; with ``all_layers`` the stream after every block that ran (the
+        early-exit points), in order."""
+        out = self.step(tokens, layers=self.active_layers(exit_layer, skip_layers), plan=plan, padding=padding,
+                        states=all_layers)
+        return out.states if all_layers else out.hidden
 
-    def run_blocks(self, h: torch.Tensor, layers: Iterable[int], *, bias: torch.Tensor | None = None,
+    def _run_blocks(self, h: torch.Tensor, layers: Iterable[int], *, bias: torch.Tensor | None,
                    cache: KVCache | None = None, plan: DropPlan | None = None, rows: torch.Tensor | None = None,
-                   states: list[torch.Tensor] | None = None) -> torch.Tensor:
+                   positions: torch.Tensor | None = None, states: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Run the blocks ``layers`` once each, in the order given, on the residual stream
-        ``h`` [B, T, d]; the one loop every forward, draft and resumed pass goes through.
+        ``h`` [B, T, d]: the one loop of ``step``.
 
-        K/V are written to ``cache`` at its current length (the caller advances it).
-        ``bias`` defaults to the causal ALiBi mask of T queries (and the cache's padding).
+        K/V are written to ``cache`` at its current length (``step`` advances it).
         ``rows`` (decoding with per-row early exit): only those rows are updated; the
         others keep their state and still write every layer's K/V from it, so later
         tokens attend to the state a row exited with (CALM's state propagation).
-        ``states`` collects the stream after each block.
+        ``positions`` [B, T] bool (the same, teacher-forced, per position): positions
+        outside it keep their state. ``states`` collects the stream after each block.
         """
-        if bias is None:  # (stays None where FlexAttention computes the mask itself)
-            bias = self.attention_bias(h.shape[1], cache)
         for index in layers:
             drop = plan.layers[index] if plan is not None else None
             block = self.blocks[index]
             # rows only when given: a compiled block (framework/strategies/parallelize.py) takes the training arguments
-            h = block(h, bias, drop, cache) if rows is None else block(h, bias, drop, cache, rows)
+            updated = block(h, bias, drop, cache) if rows is None else block(h, bias, drop, cache, rows)
+            h = updated if positions is None else torch.where(positions[..., None], updated, h)
             if states is not None:
                 states.append(h)
         return h
 
-    def step(self, inputs: torch.Tensor, cache: KVCache, *, layers: Iterable[int] | None = None,
-             padding: torch.Tensor | None = None, exits: Mapping[int, nn.Module | None] | None = None,
-             leave: LeaveRule | None = None, advance: bool = True) -> StepOutput:
-        """One decoding forward of T new positions through ``cache``: the sequence every
-        decoding route goes through (mark padding -> attention bias -> embed -> blocks ->
-        exit reads -> cache advance), whatever family the blocks belong to.
+    def step(self, inputs: torch.Tensor, cache: KVCache | None = None, *, layers: Iterable[int] | None = None,
+             padding: torch.Tensor | None = None, plan: DropPlan | None = None,
+             exits: Mapping[int, nn.Module | None] | None = None, leave: LeaveRule | None = None,
+             leave_positions: LeavePositions | None = None, states: bool = False,
+             advance: bool = True) -> StepOutput:
+        """The forward: every training step, measurement and decoding route is one call
+        (mark padding -> attention bias -> embed -> blocks -> exit reads -> cache
+        advance), whatever family the blocks belong to.
 
         ``inputs``: token ids [B, T], or a residual stream [B, T, d] to resume from
-        (verification above a draft's exit). ``layers``: the blocks to run, in order
-        (default: all). ``padding`` [B, T] marks positions holding no token.
+        (verification above a draft's exit, a skip set above the blocks it shares with
+        the full model; ``layers=[]`` returns the embedding). ``cache``: decoding through
+        a KV cache (None: the T positions alone). ``layers``: the blocks to run, in order
+        (default: all). ``padding`` [B, T] marks positions holding no token. ``plan``:
+        training's layer dropout (no cache). ``states``: keep the stream after every
+        block (the early-exit points) in ``StepOutput.states``.
         ``exits`` {K: adapter or None}: after the blocks below K have run, the state
         exit K's head reads (through its adapter block, which writes its own K/V) goes
         to ``StepOutput.reads[K]``. ``leave(K, rows, read)`` may then return which of
         the still-running ``rows`` stop there: later blocks update only the others,
         while every row writes their K/V from its current state (CALM's state
-        propagation, see ``run_blocks``). ``advance=False`` leaves the cache length
-        alone (a forward whose positions are rewritten next).
+        propagation, see ``_run_blocks``). ``leave_positions(K, read, active)`` is the
+        same decision per position of a teacher-forced pass ([B, T] masks).
+        ``advance=False`` leaves the cache length alone (a forward whose positions are
+        rewritten next).
         """
-        if padding is not None:
+        if plan is not None:
+            self.check_plan(plan, inputs.shape[0], cache)
+        if cache is not None and padding is not None:
             cache.mark_padding(padding)
+            padding = None
         h = self.embed(inputs) if inputs.dim() == 2 else inputs
-        bias = self.attention_bias(h.shape[1], cache)
+        bias = self.attention_bias(h.shape[1], cache, padding)
         layers = list(range(len(self.blocks)) if layers is None else layers)
+        collected: list[torch.Tensor] | None = [] if states else None
         reads: dict[int, torch.Tensor] = {}
         running: torch.Tensor | None = None  # rows still updated (None: all)
+        active: torch.Tensor | None = None  # positions still updated (leave_positions; None: all)
         done = 0
         for exit_layer in sorted(exits or {}):
             below = [i for i in layers[done:] if i < exit_layer]
-            h = self.run_blocks(h, below, bias=bias, cache=cache, rows=running)
+            h = self._run_blocks(h, below, bias=bias, cache=cache, plan=plan, rows=running, positions=active,
+                                states=collected)
             done += len(below)
             adapter = (exits or {})[exit_layer]
             read = h if adapter is None else (adapter(h, bias, None, cache) if running is None
@@ -255,10 +267,14 @@ class Decoder(nn.Module):
                 if rows.numel():
                     stays = ~leave(exit_layer, rows, read[rows])
                     running = None if bool(stays.all()) and running is None else rows[stays]
-        h = self.run_blocks(h, layers[done:], bias=bias, cache=cache, rows=running)
-        if advance:
+            if leave_positions is not None:
+                active = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device) if active is None else active
+                active = active & ~leave_positions(exit_layer, read, active)
+        h = self._run_blocks(h, layers[done:], bias=bias, cache=cache, plan=plan, rows=running, positions=active,
+                            states=collected)
+        if cache is not None and advance:
             cache.advance(h.shape[1])
-        return StepOutput(h, reads, running)
+        return StepOutput(h, reads, running, collected, active)
 
     def check_plan(self, plan: DropPlan, batch_size: int, cache: KVCache | None) -> None:
         if len(plan) != len(self.blocks):

@@ -162,15 +162,35 @@ def test_meta_construction_then_materialise_restores_slopes():
     assert torch.all(decoder.blocks[0].attn.qkv.bias == 0)
 
 
-def test_run_blocks_is_the_forward_loop():
+def test_step_is_the_forward():
+    """Every way in (forward, hidden, a stream resumed above its embedding) is one step."""
     decoder = Decoder(ModelConfig(vocab_size=50, d_model=16, n_layers=4, n_heads=2, max_seq_len=16,
                                   attention="sdpa")).eval()
     tokens = torch.randint(0, 50, (2, 6))
     with torch.no_grad():
-        states = []
-        h = decoder.run_blocks(decoder.embed(tokens), [0, 2, 3], states=states)
-        assert torch.equal(h, decoder.hidden(tokens, skip_layers=[1]))
-        assert len(states) == 3 and torch.equal(states[-1], h)
+        embedded = decoder.step(tokens, layers=[]).hidden
+        assert torch.equal(embedded, decoder.embed(tokens))
+        out = decoder.step(embedded, layers=[0, 2, 3], states=True)
+        assert torch.equal(out.hidden, decoder.hidden(tokens, skip_layers=[1]))
+        assert len(out.states) == 3 and torch.equal(out.states[-1], out.hidden)
+        assert torch.equal(decoder.logits(out.hidden), decoder(tokens, skip_layers=[1]))
+
+
+def test_positions_that_leave_keep_their_state():
+    """leave_positions: a teacher-forced position that leaves at exit K keeps the state
+    it had there; the others run on."""
+    torch.manual_seed(0)
+    decoder = Decoder(ModelConfig(vocab_size=50, d_model=16, n_layers=4, n_heads=2, max_seq_len=16,
+                                  attention="sdpa")).eval()
+    tokens = torch.randint(0, 50, (2, 6))
+    leaving = torch.zeros(2, 6, dtype=torch.bool)
+    leaving[0, 2] = leaving[1, 5] = True
+    with torch.no_grad():
+        out = decoder.step(tokens, exits={2: None}, leave_positions=lambda k, read, active: leaving)
+        at_exit, full = decoder.hidden(tokens, exit_layer=2), decoder.hidden(tokens)
+        assert torch.equal(out.hidden[leaving], at_exit[leaving]) and torch.equal(out.active, ~leaving)
+        assert torch.allclose(out.hidden[0, :2], full[0, :2], atol=1e-6)  # causal: before the kept state
+        assert (out.hidden[0, 3:] - full[0, 3:]).abs().max() > 1e-5  # after it: they attend to it
 
 
 def test_updating_some_rows_keeps_the_others_and_writes_every_rows_k_v():
@@ -246,3 +266,19 @@ def test_rows_that_leave_at_an_exit_keep_their_state_and_write_later_k_v_from_it
         decoder.blocks[3].attn(decoder.blocks[3].attn_norm(out.reads[1]), decoder.attention_bias(1, reference),
                                reference)
         torch.testing.assert_close(cache.keys[3][1, :, :1], reference.keys[3][1, :, :1], rtol=0, atol=1e-12)
+
+
+def test_no_module_outside_the_model_builds_a_forward_by_hand():
+    """Decoder.step is the one forward: eval/ and the rest of framework/ neither embed,
+    build an attention bias nor run blocks themselves (a route's adapter read included)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    by_hand = re.compile(r"\.(embed|attention_bias|_run_blocks|run_blocks)\(|\.blocks\[[^\]]+\]\(|(?<!self)\._(adapter|leaves)\(")
+    found = [f"{path.relative_to(root)}:{number}: {line.strip()}"
+             for folder in ("eval", "framework") for path in sorted((root / folder).rglob("*.py"))
+             if not path.is_relative_to(root / "framework" / "model") and not path.is_relative_to(
+                 root / "framework" / "families")
+             for number, line in enumerate(path.read_text().splitlines(), start=1) if by_hand.search(line)]
+    assert found == []

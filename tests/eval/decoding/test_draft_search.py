@@ -160,28 +160,28 @@ def test_objective_of_the_full_model_accepts_everything(model, prompts):
 
 def test_measured_costs_are_the_fastest_runs_relative_to_one_full_step(model, monkeypatch):
     """A fake clock charges each forward 1 + 0.5 per extra token (times 0.2 with no block
-    run) and slows the first two runs down: the costs must be those charges, relative."""
+    run) and slows the first two runs down: the costs must be those charges, relative.
+    The forwards timed are the ones a skip draft runs (Decoder.step), not another path."""
     import eval.decoding.draft_search as search_module
 
     clock = {"now": 0.0, "calls": 0}
+    step = model.step
 
-    def charge(module, args, kwargs):
-        tokens = args[0].shape[1]
-        if tokens > 8:  # the context fill, not a measured forward
-            return
-        clock["calls"] += 1
-        slow = 3.0 if clock["calls"] <= 2 * 4 else 1.0  # the untimed warm-up runs: 4 shapes, 2 runs
-        blocks = 0.2 if len(kwargs.get("skip_layers") or ()) == len(module.blocks) else 1.0
-        clock["now"] += slow * blocks * (1.0 + 0.5 * (tokens - 1))
+    def charged(inputs, cache=None, **kwargs):
+        tokens = inputs.shape[1]
+        if tokens < 8:  # not the context fill
+            clock["calls"] += 1
+            slow = 3.0 if clock["calls"] <= 2 * 5 else 1.0  # the untimed warm-up runs: 5 shapes, 2 runs
+            blocks = 0.2 if kwargs.get("layers") is not None and len(kwargs["layers"]) == 0 else 1.0
+            clock["now"] += slow * blocks * (1.0 + 0.5 * (tokens - 1))
+        return step(inputs, cache, **kwargs)
 
-    handle = model.register_forward_pre_hook(charge, with_kwargs=True)
+    monkeypatch.setattr(model, "step", charged)
     monkeypatch.setattr(search_module.time, "perf_counter", lambda: clock["now"])
-    try:
-        costs = DraftCosts.measure(model, context=8, gamma=2, repeats=3)
-    finally:
-        handle.remove()
+    costs = DraftCosts.measure(model, context=8, gamma=2, repeats=3)
     assert costs.empty == pytest.approx(0.2)
     assert costs.verify == pytest.approx([1.0, 1.5, 2.0])
+    assert clock["calls"] == 5 * 5  # every shape, every run, through step
 
 
 # ------------------------------------------------------------------------- CLI
