@@ -279,6 +279,22 @@ def test_a_value_the_recipe_does_not_accept_fails_that_run_at_its_config(tmp_pat
     assert not list(folder.dir.glob(".*partial*"))
 
 
+def test_a_moved_sweep_folder_resumes_with_its_paths_rewritten_and_a_changed_one_is_refused(tmp_path, data):
+    sweep = load_sweep(sweep_file(tmp_path, data))
+    run = next(r for r in sweep.runs if r.name == "p_max=0.5,seed=0")
+    assert Runner(sweep, tmp_path / "first", threads=1).write_config(RunFolder(tmp_path / "first", run)) is None
+    shutil.move(tmp_path / "first", tmp_path / "moved")
+    folder = RunFolder(tmp_path / "moved", run)
+    assert Runner(sweep, tmp_path / "moved", threads=1).write_config(folder) is None
+    for written in (folder.recipe, folder.config):
+        assert str(tmp_path / "first") not in written.read_text()
+        assert yaml.safe_load(written.read_text())["trainer"]["default_root_dir"] == str(folder.dir.resolve())
+    changed = load_sweep(sweep_file(tmp_path, data, overrides={**yaml.safe_load((tmp_path / "sweep.yaml").read_text())
+                                                                ["overrides"], "trainer.max_steps": 25}))
+    error = Runner(changed, tmp_path / "moved", threads=1).write_config(folder)
+    assert error.startswith(f"{folder.recipe} holds a different recipe")
+
+
 def test_predictions_count_the_early_exit_heads():
     """Each early-exit head a step (on average over the curriculum) is one more head on every token."""
     from framework.config import ModelConfig
@@ -448,3 +464,24 @@ def test_a_run_another_process_holds_is_waited_for_and_then_found_done(tmp_path,
     assert result["state"] == "done", result
     assert "pretrain" not in result["stages"]
     assert not (folder.dir / LOCK_FILE).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+def test_two_sweeps_sharing_a_folder_both_finish_and_train_each_run_once(tmp_path, data):
+    """Both once exited 1 with "did not finish … (None)" for the runs the other held."""
+    path = sweep_file(tmp_path, data, evals=[], runs={}, seeds=[0])
+    spec = yaml.safe_load(path.read_text())
+    spec["overrides"].update({"trainer.max_steps": 4, "trainer.val_check_interval": 4})
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = tmp_path / "out"
+    command = [*_sweep_command(path, out)[:-4], "--jobs", "1", "--threads-per-job", "1"]
+    sweeps = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for _ in range(2)]
+    outputs = [sweep.communicate(timeout=800)[0] for sweep in sweeps]
+    assert [sweep.returncode for sweep in sweeps] == [0, 0], outputs
+    for run in ("p_max=0.0,seed=0", "p_max=0.5,seed=0"):
+        assert json.loads((out / "runs" / run / "summary.json").read_text())["steps"] == 4
+        assert _status(out, run)["state"] == "done"
+        assert _status(out, run)["stages"]["pretrain"]["attempts"] == 1, outputs
