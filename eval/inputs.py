@@ -64,9 +64,13 @@ class ValidationData:
         if max_tokens is not None:  # read no more batches than the token cap needs
             needed = math.ceil(max_tokens / (seq_len * batch_size))
             self.max_batches = min(max_batches or needed, needed)
-        self.loader = self._loader()  # reads the manifest: bad folders fail here, before any model loads
+        try:
+            self.loader = self._loader()  # reads the manifest: bad folders fail here, before any model loads
+        except ValueError as err:
+            raise ValueError(with_seq_len_hint(str(err), seq_len)) from None
         if len(self.loader) == 0:
-            raise ValueError("its validation split holds no sequence of seq_len + 1 tokens")
+            raise ValueError(with_seq_len_hint("its validation split holds no sequence of seq_len + 1 tokens",
+                                               seq_len))
 
     def _loader(self):
         return validation_batches(self.data_dir, seq_len=self.seq_len, batch_size=self.batch_size,
@@ -78,6 +82,14 @@ class ValidationData:
 
     def __iter__(self) -> Iterator[Batch]:
         return capped_batches(self.loader, max_tokens=self.max_tokens, max_batches=self.max_batches)
+
+
+def with_seq_len_hint(message: str, seq_len: int, flag: str = "--seq-len") -> str:
+    """A data error about sequences that do not fit a split, plus the flag that fixes it
+    (the default sequence length is the model's window, often longer than a small split)."""
+    if "seq_len + 1" not in message:
+        return message
+    return f"{message}; pass a smaller {flag} (now {seq_len})"
 
 
 # ------------------------------------------------------------------------ prompts

@@ -16,7 +16,7 @@ from framework.training.library_noise import quiet_library_noise
 # command -> (module:function, one-line help). Two-word commands are groups.
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("data_prep.prepare:main", "corpus -> tokenizer -> litdata token chunks (+ manifest.json)"),
-    "pretrain": ("framework.training.pretrain:main", "pretrain with layer dropout (LightningCLI fit)"),
+    "pretrain": ("framework.recipes.pretrain_front:main", "pretrain with layer dropout (LightningCLI fit)"),
     "recipe": ("framework.recipes.recipe:main", "write a recipe for a size, token budget and devices (Table A.2's rules)"),
     "export": ("framework.checkpoint.export:main", "any checkpoint -> model.safetensors + config.json + tokenizer.json"),
     "eval exits": ("eval.measurements.exits:exits_main", "validation loss at every early-exit layer (one pass)"),
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"layerdrop {__version__}")
         return 0
     first = argv[0]
-    if first in _groups() and argv[1:2] in (["-h"], ["--help"], ["help"]):
+    if first in _groups() and argv[1:2] in ([], ["-h"], ["--help"], ["help"]):  # alone, as `layerdrop` alone
         print(_group_usage(first))
         return 0
     resolved = _resolve(argv)

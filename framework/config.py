@@ -245,6 +245,16 @@ class LayerDropoutConfig:
     decreasing over time (DTS), r_train = 1/ρ, whole layers, one draw per sequence.
     ``p_max = 0`` is dense training. An explicit ``distribution`` (one rate per layer)
     replaces ``p_max``, so giving both is refused.
+
+    Args:
+        p_max: the largest drop rate, in [0, 1); 0 is dense training. ILD + DTS saves p_max/4 of the blocks' FLOPs
+        distribution: rates across depth: uniform (p_max everywhere), increasing (ILD: l/(L-1)*p_max),
+            alternating (ALD: p_max on odd layers), or an explicit list of one rate per layer
+        schedule: rates over the run (max_steps): constant, increasing (ITS) or decreasing (DTS: dense at the end)
+        structure: what one draw drops: the whole block (layer) or attention and FFN apart (sublayer)
+        mask: one draw per sequence, one per micro-batch on each device (batch), or k of the B rows kept (count)
+        r_train: the kept blocks' scale in training: 1/rho (inverse_density, the paper's) or 1 (one)
+        seed: seed of the masks, drawn from (seed, rank, step, micro-batch, layer): reproducible after resume
     """
 
     p_max: Rate = 0.0

@@ -44,8 +44,7 @@ def test_console_script_is_installed_and_routes():
     assert "usage: layerdrop" in run("--help", console_script=True).stdout
 
 
-@pytest.mark.parametrize("args, bad", [(["frobnicate"], "'frobnicate'"), (["eval", "nope"], "'nope'"),
-                                       (["eval"], "(none)")])
+@pytest.mark.parametrize("args, bad", [(["frobnicate"], "'frobnicate'"), (["eval", "nope"], "'nope'")])
 def test_unknown_command_exits_2_with_one_line(args, bad):
     result = run(*args)
     assert result.returncode == 2
@@ -64,9 +63,11 @@ def cli_main(argv: list[str]) -> int:
 
 
 @pytest.mark.parametrize("group", ["eval", "adapters", "speculate"])
-@pytest.mark.parametrize("flag", ["--help", "-h"])
+@pytest.mark.parametrize("flag", ["--help", "-h", None])
 def test_every_command_group_lists_its_subcommands(group, flag):
-    result = run(group, flag)
+    """A group alone answers as `layerdrop` alone does: its usage, exit 0 (it used to say
+    "unknown subcommand '(none)'" and exit 2)."""
+    result = run(group, *([flag] if flag else []))
     assert result.returncode == 0, result.stderr
     assert f"usage: layerdrop {group} <subcommand>" in result.stdout
     members = [name for name in COMMANDS if name.startswith(group + " ")]

@@ -23,12 +23,14 @@ import functools
 import os
 import types
 import typing
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from lightning.pytorch.cli import LightningArgumentParser
+from framework.recipes.parser_cache import cached
 
-from framework.training.pretrain import PretrainCLI, build_cli
+if TYPE_CHECKING:  # the parser needs Lightning, which the cached keys do not
+    from lightning.pytorch.cli import LightningArgumentParser
 
 
 @dataclass(frozen=True)
@@ -64,8 +66,14 @@ class RecipeKeys:
 
 @functools.cache
 def recipe_keys() -> RecipeKeys:
-    """The keys of `layerdrop pretrain`'s parser (built once a process)."""
-    return keys_of(pretrain_parser())
+    """The keys of `layerdrop pretrain`'s parser: built once per version of the code
+    (framework/recipes/parser_cache.py), so a typo is found without importing Lightning."""
+    def build() -> str:
+        keys = keys_of(pretrain_parser())
+        return json.dumps({name: sorted(getattr(keys, name)) for name in ("leaves", "sections", "open")})
+
+    saved = json.loads(cached("recipe_keys.json", build))
+    return RecipeKeys(**{name: frozenset(values) for name, values in saved.items()})
 
 
 def keys_of(parser: LightningArgumentParser) -> RecipeKeys:
@@ -96,6 +104,17 @@ def holds_mapping(hint: Any) -> bool:
     return isinstance(hint, type) and not issubclass(hint, _PLAIN)
 
 
+def _parser_only_cli() -> type:
+    """A PretrainCLI that stops once its parser is built (Lightning is imported here)."""
+    from framework.training.pretrain import PretrainCLI
+
+    class _ParserOnly(PretrainCLI):
+        def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+            raise _ParserBuilt(parser)
+
+    return _ParserOnly
+
+
 class _ParserBuilt(Exception):
     """Carries the parser out of LightningCLI's constructor, which goes on to parse
     arguments and build the model, the data and the Trainer (there is no public way to
@@ -106,15 +125,12 @@ class _ParserBuilt(Exception):
         self.parser = parser
 
 
-class _ParserOnly(PretrainCLI):
-    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        raise _ParserBuilt(parser)
-
-
 def pretrain_parser() -> LightningArgumentParser:
     """The parser `layerdrop pretrain` parses a recipe with (nothing parsed, nothing built)."""
+    from framework.training.pretrain import build_cli
+
     try:
-        build_cli([], cli_class=_ParserOnly)
+        build_cli([], cli_class=_parser_only_cli())
     except _ParserBuilt as built:
         return built.parser
     raise AssertionError("PretrainCLI parsed its arguments without building a parser first")

@@ -9,10 +9,13 @@ alone. Lightning's own information lines (devices found, why fit stopped) stay.
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 
-# Lightning's rank-zero info lines advertising its cloud products.
-ADVERTISEMENTS = ("💡 Tip:",)
+# Lightning's rank-zero info lines advertising its cloud products, and lines that say
+# nothing to act on: the seed (it is in the resolved config), accelerators this project
+# never uses, and the restore (pretrain names the checkpoint it resumes from itself).
+ADVERTISEMENTS = ("💡 Tip:", "Seed set to ", "TPU available:", "HPU available:", "Restoring states from ")
 
 # Warnings raised inside the libraries about the libraries' own use of each other.
 LIBRARY_WARNINGS = (
@@ -25,12 +28,15 @@ LIBRARY_WARNINGS = (
 
 # Where Lightning's rank_zero_info writes (the fabric and the pytorch halves).
 LIGHTNING_INFO_LOGGERS = ("lightning.fabric.utilities.rank_zero", "lightning.pytorch.utilities.rank_zero",
-                          "lightning_utilities.core.rank_zero")
+                          "lightning_utilities.core.rank_zero", "lightning.fabric.utilities.seed")
+
+
+_RANK_PREFIX = re.compile(r"^\[rank: \d+\] ")  # rank_prefixed_message's, on the seed line
 
 
 class _DropAdvertisements(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(ADVERTISEMENTS)
+        return not _RANK_PREFIX.sub("", str(record.msg)).startswith(ADVERTISEMENTS)
 
 
 def quiet_library_noise() -> None:

@@ -24,6 +24,7 @@ DataModule's setup), a non-constant dropout schedule without ``max_steps``.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -51,6 +52,8 @@ from framework.checkpoint.saving import (PeriodicCheckpoint, refuse_earlier_chec
 from framework.training.module import LayerDropModule, check_same_model, with_parametrization
 from framework.training.nonfinite import NonFiniteLossError, NonFiniteLossGuard
 from framework.training.progress import StepProgressBar, StepProgressLines
+from framework.training.leftovers import remove_at_exit_if_unused
+from framework.training.run_checks import check_run, prefer_command_line, split_print_config
 
 PROG = "layerdrop pretrain"
 
@@ -74,8 +77,18 @@ class PretrainCLI(LightningCLI):
         parser.add_lightning_class_args(NonFiniteLossGuard, "guard")
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        args, print_flags = split_print_config(list(args or []))
         super().parse_arguments(parser, args)
+        prefer_command_line(self.config.model.lr_schedule, args)
         check_early(self.config)
+        if print_flags is not None:  # --print_config: what the run would check, then the config
+            check_trainer(self.config.trainer)
+            check_seq_len(self.config)
+            check_run(self.config, printing=True)
+            sys.stdout.write(parser.dump(self.config, **print_flags))
+            raise SystemExit(0)
+        if rank_zero_only.rank == 0:
+            remove_at_exit_if_unused(self.config.trainer.default_root_dir or ".", checkpoint_dir(self.config))
 
     def before_instantiate_classes(self) -> None:
         config = self.config
@@ -83,6 +96,7 @@ class PretrainCLI(LightningCLI):
             start_from(config)
         check_trainer(config.trainer)
         check_seq_len(config)
+        check_run(config)
         folder = checkpoint_dir(config)
         if rank_zero_only.rank == 0:
             hold_run_folders(config, folder)  # before anything in them is read, cleaned or written
@@ -112,6 +126,8 @@ class PretrainCLI(LightningCLI):
         # The tokenizer beside the checkpoints; the export at the end, ahead of RunSummary:
         # a resumed run whose export was killed makes it before the summary says "done".
         callbacks = [*export_callbacks(), *callbacks]
+        if config.get("logger") in (None, True):
+            config["logger"] = run_logger(config.get("default_root_dir"), resumed=self.ckpt_path is not None)
         trainer = super()._instantiate_trainer(config, callbacks)
         use_atomic_checkpoint_io(trainer)
         return trainer
@@ -197,12 +213,36 @@ def fit(cli: PretrainCLI) -> None:
     parent_fresh = log_dir is not None and not log_dir.parent.exists()
     try:
         trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.ckpt_path)
-    except BaseException:
+    except BaseException as error:
         if fresh and trainer.global_step <= cli.resumed_step:
             shutil.rmtree(log_dir, ignore_errors=True)
             if parent_fresh and log_dir.parent.is_dir() and not any(log_dir.parent.iterdir()):
                 log_dir.parent.rmdir()
+        if isinstance(error, SystemExit) and trainer.interrupted:  # Ctrl-C: Lightning shut down, exits 1
+            print(f"error: stopped by Ctrl-C at step {trainer.global_step}; the checkpoints are intact: continue "
+                  f"with {resume_command()}", file=sys.stderr, flush=True)
+            raise SystemExit(128 + signal.SIGINT) from None
         raise
+
+
+def resume_command() -> str:
+    """This command line with ``--resume auto``, as a user would type it again."""
+    argv = sys.argv[1:] if sys.argv[1:2] == ["pretrain"] else ["pretrain", *sys.argv[1:]]
+    if not any(arg == "--resume" or arg.startswith("--resume=") for arg in argv):
+        argv = [*argv, "--resume", "auto"]
+    return shlex.join(["layerdrop", *argv])
+
+
+def run_logger(root: str | None, *, resumed: bool) -> Any:
+    """Lightning's default TensorBoard logger, less its placeholder ``hp_metric = -1``; a
+    resumed run logs into the version it continues (the newest), so its curves go on in
+    one run instead of starting a version_N+1 at step N."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    logs = Path(root or ".") / "lightning_logs"
+    versions = [int(p.name.split("_")[1]) for p in logs.glob("version_*") if p.name.split("_")[1].isdigit()]
+    return TensorBoardLogger(save_dir=root or ".", version=max(versions) if resumed and versions else None,
+                             default_hp_metric=False)
 
 
 # ------------------------------------------------------------------ before the run

@@ -28,3 +28,14 @@ def test_lightning_advertisements_are_dropped_and_its_information_kept():
         tip = logger.makeRecord(name, logging.INFO, __file__, 1, "💡 Tip: For seamless cloud logging ...", (), None)
         info = logger.makeRecord(name, logging.INFO, __file__, 1, "GPU available: False, used: False", (), None)
         assert not logger.filter(tip) and logger.filter(info)
+
+
+def test_the_seed_and_unused_accelerator_lines_are_dropped():
+    """The issue's noise: "Seed set to 1234", "TPU available: False", "Restoring states ..."."""
+    quiet_library_noise()
+    seed = logging.getLogger("lightning.fabric.utilities.seed")
+    assert not seed.filter(seed.makeRecord(seed.name, logging.INFO, __file__, 1, "[rank: 0] Seed set to 1234", (),
+                                           None))
+    info = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    for line in ("TPU available: False, using: 0 TPU cores", "Restoring states from the checkpoint path at x"):
+        assert not info.filter(info.makeRecord(info.name, logging.INFO, __file__, 1, line, (), None))

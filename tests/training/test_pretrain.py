@@ -5,6 +5,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import lightning.pytorch as pl
 import pytest
@@ -196,3 +200,32 @@ def test_a_negative_progress_interval_is_refused_before_the_run(data_dir, tmp_pa
     assert capsys.readouterr().err.splitlines() == [
         "error: progress_every=-5.0 is invalid: must be a number of seconds >= 0, or null for no progress lines"]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_exits_130_with_the_resume_command_and_the_resumed_run_logs_on_in_its_version(data_dir, tmp_path):
+    """Ctrl-C used to exit 1 with no hint, and the resumed run logged to a new version_1."""
+    repo = Path(__file__).resolve().parents[2]
+    root = tmp_path / "run"
+    args = [*tiny_cli_args(data_dir, root, steps=30), "--progress_every", "0", "--checkpoint.every_n_steps", "2"]
+    child = subprocess.Popen([sys.executable, "-m", "framework.cli", "pretrain", *args], cwd=repo, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for line in child.stdout:
+        if line.startswith("step ") and int(line.split()[1].split("/")[0]) >= 4:
+            break
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=300)
+    assert child.returncode == 130, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("error: stopped by Ctrl-C at step ") and last.endswith("--resume auto"), last
+    assert main([*args, "--resume", "auto"]) == 0
+    assert sorted(p.name for p in (root / "lightning_logs").iterdir()) == ["version_0"]
+
+
+def test_tensorboard_holds_no_placeholder_hp_metric(finished_run):
+    """Lightning's default logger wrote `hp_metric = -1` into every run."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    scalars = EventAccumulator(str(finished_run / "lightning_logs" / "version_0"))
+    scalars.Reload()
+    assert "train/loss" in scalars.Tags()["scalars"] and "hp_metric" not in scalars.Tags()["scalars"]

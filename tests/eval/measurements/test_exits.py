@@ -184,6 +184,31 @@ def test_skip_command_sweeps_sets_in_parameter_order(prepared, capsys):
     assert (prepared / "skip.png").exists()
 
 
+def test_a_sweep_keeps_the_full_model_as_its_first_row(prepared, capsys):
+    """`--sweep single` alone used to leave the no-skip baseline out of the table and plot."""
+    out = prepared / "skip-single.json"
+    code, err = run(skip_main, ["--ckpt", prepared / "dense", "--data", prepared / "data", "--seq-len", 32,
+                                "--batches", 1, "--sweep", "single", "--out", out], capsys)
+    assert code == 0, err
+    assert [r["skip_layers"] for r in json.loads(out.read_text())["results"]] == [[], [0], [1], [2]]
+
+
+def test_a_sequence_longer_than_the_val_split_names_the_flag(prepared, capsys):
+    """The default --seq-len is the model's window: a small val split said it held no
+    sequence, without the flag to change."""
+    small = prepared / "small-val"  # the prepared data, its manifest saying the val split holds 20 tokens
+    small.mkdir(exist_ok=True)
+    for entry in (prepared / "data").iterdir():
+        if entry.name != "manifest.json" and not (small / entry.name).exists():
+            (small / entry.name).symlink_to(entry)
+    manifest = json.loads((prepared / "data" / "manifest.json").read_text())
+    manifest["splits"]["val"]["tokens"] = 20
+    (small / "manifest.json").write_text(json.dumps(manifest))
+    code, err = run(exits_main, ["--ckpt", prepared / "dense", "--data", small, "--out", prepared / "never.json"],
+                    capsys)
+    assert code == 2 and "pass a smaller --seq-len (now 64)" in err and len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--sets", "0,3"], "layers [3] are outside 0..2"),
     (["--sets", "middle-ish"], "allowed: none, alternate-odd"),

@@ -1,0 +1,189 @@
+"""The README runs as written: every ```bash block is executed, in README order, on the CPU,
+in a scratch folder laid out like a clone (recipes/ copied, the code and .venv linked).
+
+A block that needs what CI does not have is marked on the line directly above its fence:
+
+    <!-- readme: not-run (gpu) -->        GPUs
+    <!-- readme: not-run (cluster) -->    several nodes, SLURM
+    <!-- readme: not-run (hours) -->      CPU-hours of training (a full sweep)
+    <!-- readme: not-run (placeholders) -->   paths the reader supplies (their corpus, CKPT)
+
+and is checked instead: `bash -n`, every `layerdrop` command it names answers `--help`, and
+every recipe or launch script it names exists. A block runs unchanged; what would take too
+long is scaled by the environment variables the README's own text uses (`${STEPS:-300}` and
+the like, set small below) and by the Makefile's `STEPS` for `make demo`. `make test` is the
+suite itself and is not run from inside it; `make install` finds .venv installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+MARK = re.compile(r"^<!--\s*readme:\s*not-run\s*\(([a-z-]+)\)\s*-->$")
+REASONS = ("gpu", "cluster", "hours", "placeholders")
+
+# The README's own knobs, small: a smoke run of every command.
+SCALE = {"STEPS": "4", "LIMIT": "2", "BUDGET": "4"}
+
+# Run before every block (not part of its text): `make test` would run this suite again.
+PRELUDE = """set -eo pipefail
+make() {
+  if [ "$1" = test ]; then echo "readme test: 'make test' is this suite; not run from inside it"; return 0; fi
+  command make -o .venv/.installed "$@"
+}
+"""
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # of the opening fence, 1-based
+    text: str
+    not_run: str | None  # the marker's reason
+
+
+def readme_blocks(text: str) -> list[Block]:
+    """The ```bash blocks of ``text`` in order, with the not-run marker directly above each."""
+    lines, blocks, index = text.splitlines(), [], 0
+    while index < len(lines):
+        if lines[index].strip() == "```bash":
+            end = index + 1
+            while end < len(lines) and lines[end].strip() != "```":
+                end += 1
+            above = MARK.match(lines[index - 1].strip()) if index else None
+            blocks.append(Block(index + 1, "\n".join(lines[index + 1:end]) + "\n", above.group(1) if above else None))
+            index = end
+        index += 1
+    return blocks
+
+
+def commands(block: str) -> list[list[str]]:
+    """The `layerdrop` command lines of a block (continuations joined), as words."""
+    joined = re.sub(r"\\\n\s*", " ", block)
+    found = []
+    for line in joined.splitlines():
+        line = line.split(" #")[0].strip()
+        words = line.split()
+        while words and "=" in words[0] and not words[0].startswith("-"):  # VAR=value before the command
+            words = words[1:]
+        if words and words[0] == "layerdrop":
+            found.append(words)
+    return found
+
+
+def test_blocks_are_found_with_their_markers():
+    text = "intro\n```bash\nls\n```\n<!-- readme: not-run (gpu) -->\n```bash\nnvidia-smi\n```\n```\nnot bash\n```\n"
+    assert readme_blocks(text) == [Block(2, "ls\n", None), Block(6, "nvidia-smi\n", "gpu")]
+
+
+def test_commands_joins_continuations_and_drops_comments():
+    block = "CKPT=x\nlayerdrop eval exits --ckpt $CKPT \\\n    --out r.json   # a comment\nNODE=1 layerdrop pretrain\n"
+    assert commands(block) == [["layerdrop", "eval", "exits", "--ckpt", "$CKPT", "--out", "r.json"],
+                               ["layerdrop", "pretrain"]]
+
+
+def test_every_marker_names_a_known_reason_and_sits_on_a_fence():
+    lines = README.read_text().splitlines()
+    for number, line in enumerate(lines):
+        if "readme:" in line and line.strip().startswith("<!--"):
+            match = MARK.match(line.strip())
+            assert match and match.group(1) in REASONS, f"README.md:{number + 1}: {line!r} (reasons: {REASONS})"
+            assert lines[number + 1].strip() == "```bash", f"README.md:{number + 1}: the marker must sit on a fence"
+
+
+def scratch_clone(root: Path) -> Path:
+    """A folder laid out like a clone: what blocks only read is linked, what they may
+    write (recipes/1.8b.yaml with --overwrite) is copied; data/ and runs/ start empty, as in
+    a fresh clone (the blocks prepare what they read: 3M and 1M tokens take seconds)."""
+    for name in (".venv", "framework", "eval", "data_prep", "benchmarks", "docs", "Makefile", "pyproject.toml",
+                 "constraints-cpu.txt"):
+        if (REPO / name).exists():
+            (root / name).symlink_to(REPO / name)
+    shutil.copytree(REPO / "recipes", root / "recipes")
+    return root
+
+
+def environment() -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST", "COV_"))}
+    env.update(SCALE, PATH=f"{REPO / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1")
+    return env
+
+
+def run_block(block: Block, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", PRELUDE + block.text], cwd=cwd, env=environment(), text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
+
+
+def failure(block: Block, done: subprocess.CompletedProcess) -> str:
+    return (f"README.md:{block.line}: the block exits {done.returncode}\n{block.text}\n--- last output ---\n"
+            + "\n".join(done.stdout.splitlines()[-40:]))
+
+
+@pytest.mark.slow
+def test_readme_runs_as_written(tmp_path):
+    root = scratch_clone(tmp_path)
+    for block in readme_blocks(README.read_text()):
+        if block.not_run is None:
+            done = run_block(block, root)
+            assert done.returncode == 0, failure(block, done)
+
+
+@pytest.mark.slow
+def test_not_run_blocks_are_commands_that_exist(tmp_path):
+    root = scratch_clone(tmp_path)
+    layerdrop = REPO / ".venv" / "bin" / "layerdrop"
+    asked: set[tuple[str, ...]] = set()
+    for block in readme_blocks(README.read_text()):
+        if block.not_run is None:
+            continue
+        syntax = subprocess.run(["bash", "-n"], input=block.text, text=True, capture_output=True)
+        assert syntax.returncode == 0, f"README.md:{block.line}: {syntax.stderr}"
+        for words in commands(block.text):
+            command = tuple(w for w in words[1:3] if not w.startswith("-") and "/" not in w and "." not in w)
+            if command not in asked:
+                asked.add(command)
+                done = subprocess.run([str(layerdrop), *command, "--help"], cwd=root, env=environment(),
+                                      capture_output=True, text=True, timeout=300)
+                assert done.returncode == 0, f"README.md:{block.line}: layerdrop {' '.join(command)} --help: " \
+                                             f"{done.stderr.strip()[-500:]}"
+        for path in re.findall(r"\brecipes/[\w./-]+", block.text):
+            assert (root / path).exists(), f"README.md:{block.line}: {path} does not exist"
+
+
+def test_the_command_list_names_every_command():
+    """The README's list of `layerdrop --help`'s commands once left out `tune`."""
+    from framework.cli import COMMANDS
+
+    text = README.read_text()
+    listing = text[text.index("`layerdrop --help` lists the commands"):]
+    listing = listing[:listing.index(";\n")]
+    for name in {name.split()[0] for name in COMMANDS}:
+        assert f"`{name}" in listing, f"the README's command list does not name {name!r}"
+
+
+def test_the_strategy_table_names_every_strategy_and_auto():
+    from framework.strategies import STRATEGIES
+
+    rows = set(re.findall(r"^\| `([\w-]+)` \|", README.read_text(), flags=re.MULTILINE))
+    assert {"auto", *STRATEGIES} <= rows
+
+
+def test_the_progress_interval_the_readme_gives_is_pretrains_default():
+    """The README said a line every 10 s where `pretrain`'s default is 30 s."""
+    import inspect
+
+    from framework.training import pretrain
+
+    default = re.search(r'"--progress_every", type=float \| None, default=([\d.]+)',
+                        inspect.getsource(pretrain.PretrainCLI.add_arguments_to_parser))
+    seconds = f"{float(default.group(1)):g}"
+    assert f"`layerdrop pretrain`: every {seconds} s by default" in README.read_text()
