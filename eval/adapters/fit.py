@@ -177,9 +177,15 @@ def fit_main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     from framework.training.data import TokenDataModule
 
-    data = TokenDataModule(args.data, seq_len=args.seq_len or backbone.config.max_seq_len,
-                           batch_size=args.batch_size, val_batches=args.val_batches, seed=args.seed,
-                           model_vocab_size=backbone.config.vocab_size)
+    from eval.inputs import with_seq_len_hint
+
+    seq_len = args.seq_len or backbone.config.max_seq_len
+    data = TokenDataModule(args.data, seq_len=seq_len, batch_size=args.batch_size, val_batches=args.val_batches,
+                           seed=args.seed, model_vocab_size=backbone.config.vocab_size)
+    try:  # the splits against seq_len and the vocabulary now, not after Lightning set up (and logged)
+        data.setup()
+    except (ValueError, FileNotFoundError) as err:
+        parser.error(f"--data {args.data!r}: {with_seq_len_hint(str(err).splitlines()[0], seq_len)}")
     before = {k: v.clone() for k, v in backbone.state_dict().items()}
     with warnings.catch_warnings():  # the frozen backbone is in eval mode on purpose (AdapterModule.train)
         warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
