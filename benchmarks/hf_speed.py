@@ -1,8 +1,10 @@
-"""Ours vs transformers on the same tiny Llama, CPU: training step and decoding speed.
+"""Ours vs transformers on the same tiny model, CPU: training step and decoding speed.
 
 A random ``LlamaForCausalLM`` (d = 256, L = 6, 4 query / 2 key-value heads, SwiGLU 688,
 vocabulary 2048, tied embeddings) is saved with ``save_pretrained`` and loaded by
 layerdrop from that folder (``load_decoder``): the same weights on both sides, fp32.
+``--family qwen2`` / ``qwen3`` takes ``Qwen2ForCausalLM`` (q/k/v biases) /
+``Qwen3ForCausalLM`` (per-head q/k norms, head_dim 64) of the same shape instead.
 
 - forward+backward of a batch of 8 × 128 tokens with the cross-entropy loss: ours dense,
   ours with layer dropout (ILD, p_max 0.4, constant: P̄ = 0.2 of block FLOPs skipped),
@@ -15,7 +17,7 @@ Repetitions are interleaved (every case once, then again), medians kept; wall an
 process (CPU) time both recorded. Ratios are transformers' time ÷ ours (> 1: ours is
 faster), all from this one run. Take them on an idle machine (ENVIRONMENT.md).
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/hf_speed.py
+    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/hf_speed.py [--family qwen2]
     .venv/bin/python benchmarks/hf_speed.py --repeats 1 --max-new-tokens 4 --steps 1   # a smoke test
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -45,14 +48,21 @@ from framework.schedules import dropout_rates  # noqa: E402
 VOCAB, BATCH, SEQ = 2048, 8, 128
 
 
-def tiny_llama(folder: Path):
-    from transformers import LlamaConfig, LlamaForCausalLM
+FAMILIES = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+            "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"use_sliding_window": False}),
+            "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"use_sliding_window": False, "head_dim": 64})}
 
+
+def tiny_model(folder: Path, family: str):
+    import transformers
+
+    config_class, model_class, own = FAMILIES[family]
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=6,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    model = LlamaForCausalLM(config).eval()  # transformers' default attention on CPU: SDPA
+    config = getattr(transformers, config_class)(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True, bos_token_id=None,
+        eos_token_id=None, pad_token_id=None, **own)
+    model = getattr(transformers, model_class)(config).eval()  # transformers' default attention on CPU: SDPA
     model.save_pretrained(folder)
     return model
 
@@ -116,13 +126,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="training steps per repetition")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hf_speed.json"))
+    parser.add_argument("--family", choices=list(FAMILIES), default="llama")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/hf_speed.json (llama), "
+                                                    "hf_speed_<family>.json (the others)")
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()  # the ratios are only as good as the machine is quiet
+    suffix = "" if args.family == "llama" else f"_{args.family}"
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / f"hf_speed{suffix}.json")
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        hf = tiny_llama(Path(tmp) / "llama")
-        ours, _ = load_decoder(Path(tmp) / "llama")
+        hf = tiny_model(Path(tmp) / args.family, args.family)
+        ours, _ = load_decoder(Path(tmp) / args.family)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=torch.Generator().manual_seed(1))
     prompts = torch.randint(0, VOCAB, (8, 16), generator=torch.Generator().manual_seed(2)).tolist()
     with torch.no_grad():  # the same function first: a speed ratio of two different models means nothing
@@ -141,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                     for batch in [int(name.rsplit(" ", 1)[1])]}
     import transformers
 
-    result = {"machine": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+    result = {"family": args.family, "machine": platform.processor() or platform.machine(),
+              "threads": torch.get_num_threads(), "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
               "torch": torch.__version__, "transformers": transformers.__version__, "repeats": args.repeats,
               "transformers_attention": hf.config._attn_implementation,
               "training_step": {"batch": BATCH, "seq_len": SEQ, "steps_per_repeat": args.steps, **training},

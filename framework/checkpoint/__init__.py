@@ -4,12 +4,14 @@ finds, resumes, proves harmless and exports them.
     base.py             names, the one error (CheckpointError), Pieces, the Form protocol
     forms.py            the registry of forms, in matching order:
       lightning_file.py   a single .ckpt file (single device, DDP)
-      hf_folder.py        a Hugging Face folder (Llama; also written by export --format hf)
+      hf_folder.py        a Hugging Face folder (any family with a transformers class; also
+                          written by export --format hf), checked against its headers
       exported.py         model.safetensors + config.json (+ tokenizer.json)
       dcp.py              an FSDP2 folder (torch.distributed.checkpoint)
       zero.py             a DeepSpeed ZeRO-2/3 folder
     safety.py           weights-only reading of every pickled file; the proof
     loader.py           Checkpoint: opened, proven harmless and read once; load_decoder
+    shape_check.py      a checkpoint's names and shapes against its config, before anything is built
     tokenizer_record.py the tokenizer a checkpoint records, finding it again
     folder.py           the checkpoint folder's crash-safe protocol (staging, publish, last.ckpt)
     saving.py           PeriodicCheckpoint, AtomicCheckpointIO (Lightning)

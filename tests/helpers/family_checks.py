@@ -72,7 +72,8 @@ def skip_layers_equal(make: Maker, folder: Path) -> None:
     layers = hf.model.layers
     hf.model.layers = torch.nn.ModuleList(layer for i, layer in enumerate(layers) if i not in (1, 2))
     hf.config.num_hidden_layers = len(hf.model.layers)
-    hf.config.layer_types = hf.config.layer_types[:len(hf.model.layers)]
+    if getattr(hf.config, "layer_types", None) is not None:  # Qwen's configs name each layer's attention
+        hf.config.layer_types = hf.config.layer_types[:len(hf.model.layers)]
     try:
         with torch.no_grad():
             expected = hf(tokens, use_cache=False).logits
