@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from eval.experiments.run_folder import RunFolder, layerdrop
-from eval.experiments.sweep_adoption import adopt_finished, finished_elsewhere
+from eval.experiments.sweep_adoption import adopt_finished, finished_elsewhere, without_machine_paths
 from eval.experiments.sweep_dry_run import dry_run
 from eval.experiments.sweep_spec import EvalSpec, Run, Sweep, SweepError, get_dotted, load_sweep, predict, run_recipe
 from eval.experiments.sweep_status import StatusPrinter
@@ -133,8 +133,12 @@ class Runner:
         recipe = run_recipe(self.sweep, folder.run, folder.dir.resolve())
         text = yaml.safe_dump(recipe, sort_keys=False)
         if folder.recipe.is_file() and folder.recipe.read_text() != text:
-            return (f"{folder.recipe} holds a different recipe than this sweep asks for: the sweep file changed "
-                    "for an existing run; restore it, or use another --out")
+            if without_machine_paths(yaml.safe_load(folder.recipe.read_text()) or {}) != without_machine_paths(recipe):
+                return (f"{folder.recipe} holds a different recipe than this sweep asks for: the sweep file changed "
+                        "for an existing run; restore it, or use another --out")
+            # The same run, moved (the sweep folder or the data): its config names the old
+            # place, so it is resolved again from the recipe with the new paths.
+            folder.config.unlink(missing_ok=True)
         folder.dir.mkdir(parents=True, exist_ok=True)
         folder.recipe.write_text(text)
         if folder.config.is_file():

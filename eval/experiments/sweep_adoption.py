@@ -54,8 +54,8 @@ def check_same_recipe(sweep: Sweep, run: Run, source: Path) -> None:
     recipe = source / "runs" / run.name / "recipe.yaml"
     if not recipe.is_file():
         raise SweepError(f"{recipe.parent} has no recipe.yaml: cannot tell whether it is this sweep's run {run.name!r}")
-    theirs = _without_paths(yaml.safe_load(recipe.read_text()) or {})
-    ours = _without_paths(run_recipe(sweep, run, recipe.parent))
+    theirs = without_machine_paths(yaml.safe_load(recipe.read_text()) or {})
+    ours = without_machine_paths(run_recipe(sweep, run, recipe.parent))
     if theirs != ours:
         raise SweepError(f"{recipe} holds a different recipe than this sweep asks for run {run.name!r} "
                          f"({_first_difference(theirs, ours)}): remove it from --done-from or restore the sweep file")
@@ -87,7 +87,9 @@ def adopt_finished(sweep: Sweep, root: Path, runs: list[Run], sources: list[Path
     return sorted(found)
 
 
-def _without_paths(recipe: dict) -> dict:
+def without_machine_paths(recipe: dict) -> dict:
+    """The recipe with the paths that name this machine's folders (the run's, the data's)
+    blanked: two recipes equal up to these are the same run in another place."""
     recipe = json.loads(json.dumps(recipe))
     for key in MACHINE_PATHS:
         set_dotted(recipe, key, None)
@@ -105,4 +107,5 @@ def _first_difference(a: dict, b: dict, prefix: str = "") -> str:
     return "?"
 
 
-__all__ = ["adopt_finished", "finished_elsewhere", "is_finished", "check_same_recipe", "adopt"]
+__all__ = ["adopt_finished", "finished_elsewhere", "is_finished", "check_same_recipe", "adopt",
+           "without_machine_paths"]

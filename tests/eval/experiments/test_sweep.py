@@ -291,6 +291,7 @@ def test_a_moved_sweep_folder_resumes_with_its_paths_rewritten_and_a_changed_one
         assert yaml.safe_load(written.read_text())["trainer"]["default_root_dir"] == str(folder.dir.resolve())
     changed = load_sweep(sweep_file(tmp_path, data, overrides={**yaml.safe_load((tmp_path / "sweep.yaml").read_text())
                                                                 ["overrides"], "trainer.max_steps": 25}))
+    folder = RunFolder(tmp_path / "moved", next(r for r in changed.runs if r.name == run.name))
     error = Runner(changed, tmp_path / "moved", threads=1).write_config(folder)
     assert error.startswith(f"{folder.recipe} holds a different recipe")
 
