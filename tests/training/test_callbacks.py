@@ -151,6 +151,8 @@ def test_summary_text_without_validation():
     text = format_summary({"steps": 1, "tokens": 2, "val_loss": None, "ln_vocab": 1.0, "flops_saved_pct": 0.0,
                            "mean_dropout_predicted": 0.0, "tensorboard": None, "checkpoint": None})
     assert "(no validation ran)" in text
+    # with logging off it said `tensorboard --logdir None`
+    assert "tensorboard --logdir" not in text and "TensorBoard      none (no logger" in text
 
 
 def test_in_loop_evaluations_cost_goes_into_the_summary():

@@ -229,3 +229,12 @@ def test_tensorboard_holds_no_placeholder_hp_metric(finished_run):
     scalars = EventAccumulator(str(finished_run / "lightning_logs" / "version_0"))
     scalars.Reload()
     assert "train/loss" in scalars.Tags()["scalars"] and "hp_metric" not in scalars.Tags()["scalars"]
+
+
+def test_no_progress_bar_frames_in_a_log(data_dir, tmp_path, capfd):
+    """Lightning's bar drew its last frame (`v_num: 0.000`) into a log after the summary."""
+    args = [*tiny_cli_args(data_dir, tmp_path / "run", steps=2), "--trainer.enable_progress_bar", "null"]
+    assert main(args) == 0
+    out, err = capfd.readouterr()
+    assert "step 2/2" in out  # the progress lines
+    assert "v_num" not in out + err and "\r" not in out + err
