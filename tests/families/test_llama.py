@@ -177,50 +177,9 @@ def test_celerity_refuses_the_llama_fields_it_would_ignore(field, value):
         ModelConfig(n_heads=4, **{field: value})
 
 
-def _train_steps(model: Decoder, plans: list[DropPlan | None], tokens: torch.Tensor) -> list:
-    """Losses and gradients of AdamW steps on next-token cross-entropy, one per plan."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    out = []
-    for drop in plans:
-        optimizer.zero_grad(set_to_none=False)
-        logits = model(tokens[:, :-1], plan=drop)
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
-        loss.backward()
-        out.append((loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
-        optimizer.step()
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("wrap", [{"compile": True}, {"activation_checkpointing": True}], ids=str)
 def test_compiled_and_checkpointed_llama_blocks_train_as_eager(wrap):
-    """GQA + SwiGLU + RoPE blocks under torch.compile or activation checkpointing: the
-    losses and gradients of AdamW steps under changing drop plans (a layer with no kept
-    row among them) are eager's."""
-    import copy
-
-    from torch._dynamo.utils import counters
-
-    from framework.strategies import parallelize
-
-    torch._dynamo.reset()
-    counters.clear()
-    torch.manual_seed(0)
-    eager = build_decoder(small_cfg(tie_embeddings=True, rope_type="llama3", rope_original_max_seq_len=16))
-    wrapped = parallelize(copy.deepcopy(eager), **wrap)
-    qkv_calls = []  # checkpointing runs a block again in backward (its first layer: the recompute stops early)
-    wrapped.blocks[0].attn.qkv.register_forward_hook(lambda *_: qkv_calls.append(1))
-    tokens = torch.randint(0, 50, (4, 13), generator=torch.Generator().manual_seed(1))
-    plans = [None, DropPlan.from_masks([torch.tensor([1, 0, 1, 1]).bool(), torch.zeros(4).bool(),
-                                        torch.ones(4).bool()], [4 / 3, 4.0, 1.0]),
-             DropPlan.from_masks([torch.ones(4).bool(), torch.tensor([0, 1, 1, 0]).bool(),
-                                  torch.tensor([1, 0, 0, 0]).bool()], [1.0, 2.0, 4.0])]
-    for (loss, grads), (got_loss, got_grads) in zip(_train_steps(eager, plans, tokens),
-                                                    _train_steps(wrapped, plans, tokens)):
-        torch.testing.assert_close(got_loss, loss, rtol=1e-5, atol=1e-6)
-        for name in grads:
-            torch.testing.assert_close(got_grads[name], grads[name], rtol=1e-5, atol=1e-6, msg=name)
-    if wrap.get("compile"):
-        assert counters["stats"]["unique_graphs"] > 0  # the blocks did run compiled
-    else:
-        assert len(qkv_calls) == 2 * len(plans)
+    """GQA + SwiGLU + RoPE blocks under torch.compile or activation checkpointing train as eager."""
+    checks.wrapped_blocks_train_as_eager(small_cfg(tie_embeddings=True, rope_type="llama3", rope_original_max_seq_len=16),
+                                         wrap)

@@ -41,6 +41,32 @@ def test_greedy_generation_is_token_identical_to_transformers(tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_self_speculative_decoding_is_lossless(tmp_path, kind):
+    checks.speculative_decoding_is_lossless(maker(kind), tmp_path / "hf")
+
+
+@pytest.mark.parametrize("mode", ["speculative", "dynamic", "adapter"])
+def test_generate_runs_the_depth_routes_on_a_qwen3_folder(tmp_path, prepared_tokens, capsys, mode):
+    """``layerdrop generate`` on a Qwen3 folder: the speculative, dynamic-exit and
+    exit-adapter routes (adapters fitted by ``layerdrop adapters fit`` on the folder)."""
+    from framework.cli import main as layerdrop
+
+    folder = tmp_path / "hf"
+    tiny_hf_qwen("qwen3", folder, vocab=300, tie=True)
+    shutil.copy(prepared_tokens / "tokenizer.json", folder / "tokenizer.json")
+    args = ["generate", "--ckpt", str(folder), "--prompt", "def main(", "--max-new-tokens", "6", "--mode", mode]
+    if mode == "adapter":
+        assert layerdrop(["adapters", "fit", "--ckpt", str(folder), "--data", str(prepared_tokens), "--out",
+                          str(tmp_path / "a"), "--exits", "2", "--max-steps", "2", "--batch-size", "2",
+                          "--seq-len", "32"]) == 0
+        args[-1:] = ["speculative", "--draft", "adapter:2", "--adapters", str(tmp_path / "a")]
+    elif mode == "dynamic":
+        args += ["--threshold", "0.5"]
+    assert layerdrop(args) == 0
+    assert "tokens/s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_skip_layers_and_layer_dropout(tmp_path, kind):
     checks.skip_layers_equal(maker(kind), tmp_path / "a")
     checks.layer_dropout_runs_kept_rows(maker(kind), tmp_path / "b")
@@ -56,6 +82,15 @@ def test_flops_equal_torch_flop_counter(tmp_path, monkeypatch, kind, tie):
 @pytest.mark.parametrize("kind", KINDS)
 def test_export_round_trip_is_bit_identical(tmp_path, kind, tie):
     checks.export_round_trip_is_bit_identical(maker(kind), tmp_path / "hf", tmp_path / "out", tie=tie)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrap", [{"compile": True}, {"activation_checkpointing": True}], ids=str)
+@pytest.mark.parametrize("kind", KINDS)
+def test_compiled_and_checkpointed_blocks_train_as_eager(kind, wrap):
+    checks.wrapped_blocks_train_as_eager(ModelConfig(family=kind, vocab_size=50, d_model=32, n_layers=3, n_heads=4,
+                                                     n_kv_heads=2, head_dim=12, ffn_hidden=40, bias=False,
+                                                     max_seq_len=64, tie_embeddings=True), wrap)
 
 
 def test_the_family_parts_are_there(tmp_path):

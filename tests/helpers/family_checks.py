@@ -3,8 +3,10 @@ made from a small config (tests/families/test_<family>.py call them with their m
 ``make(folder, **shape)`` saves a random model to ``folder`` and returns it (eval mode).
 
 fp32 logits and every exit within 1e-5 with and without left padding, greedy generation
-token-identical, skip sets equal transformers without those layers, layer dropout on the
-kept rows only, FLOPs equal torch's counter, and export -> from_pretrained bit-identical.
+token-identical, self-speculative decoding lossless, skip sets equal transformers without
+those layers, layer dropout on the kept rows only, FLOPs equal torch's counter, export ->
+from_pretrained bit-identical; and the blocks under compile / activation checkpointing
+train as eager.
 """
 
 from __future__ import annotations
@@ -63,6 +65,22 @@ def greedy_generation_identical(make: Maker, folder: Path) -> None:
     assert [t.tokens for t in ours] == expected
     alone = [BatchGenerator(decoder).generate([p], 10)[0][0].tokens for p in PROMPTS]
     assert alone == expected
+
+
+def speculative_decoding_is_lossless(make: Maker, folder: Path) -> None:
+    """Self-speculative decoding (a skip-set draft and an exit draft) gives transformers'
+    greedy tokens on a left-padded batch."""
+    from eval.decoding.drafts import ExitDraft, SkipDraft
+    from eval.decoding.speculative import SelfSpeculativeDecoder
+
+    hf = make(folder, std=0.3).double()
+    decoder = load_decoder(folder)[0].double()
+    ids, mask = left_padded(PROMPTS)
+    expected = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=0,
+                           eos_token_id=None)[:, ids.shape[1]:].tolist()
+    for draft in (SkipDraft((1, 2)), ExitDraft(2)):
+        transcripts, _ = SelfSpeculativeDecoder(decoder, draft, gamma=3).generate_batch(PROMPTS, 12)
+        assert [t.tokens for t in transcripts] == expected
 
 
 def skip_layers_equal(make: Maker, folder: Path) -> None:
@@ -142,3 +160,51 @@ def export_round_trip_is_bit_identical(make: Maker, folder: Path, out: Path, **s
     assert theirs.keys() == ours.keys()
     for name in theirs:
         assert torch.equal(theirs[name], ours[name]), name
+
+
+def train_steps(model: torch.nn.Module, plans: list, tokens: torch.Tensor) -> list:
+    """Losses and gradients of AdamW steps on next-token cross-entropy, one per plan."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    out = []
+    for drop in plans:
+        optimizer.zero_grad(set_to_none=False)
+        logits = model(tokens[:, :-1], plan=drop)
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        out.append((loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}))
+        optimizer.step()
+    return out
+
+
+def wrapped_blocks_train_as_eager(cfg, wrap: dict) -> None:
+    """The family's blocks under torch.compile or activation checkpointing
+    (framework/strategies.parallelize): the losses and gradients of AdamW steps under
+    changing drop plans (a layer with no kept row among them) are eager's. ``cfg``: 3 layers."""
+    import copy
+
+    from torch._dynamo.utils import counters
+
+    from framework.families.registry import build_decoder
+    from framework.strategies import parallelize
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    eager = build_decoder(cfg)
+    wrapped = parallelize(copy.deepcopy(eager), **wrap)
+    qkv_calls = []  # checkpointing runs a block again in backward (its first layer: the recompute stops early)
+    wrapped.blocks[0].attn.qkv.register_forward_hook(lambda *_: qkv_calls.append(1))
+    tokens = torch.randint(0, 50, (4, 13), generator=torch.Generator().manual_seed(1))
+    plans = [None, DropPlan.from_masks([torch.tensor([1, 0, 1, 1]).bool(), torch.zeros(4).bool(),
+                                        torch.ones(4).bool()], [4 / 3, 4.0, 1.0]),
+             DropPlan.from_masks([torch.ones(4).bool(), torch.tensor([0, 1, 1, 0]).bool(),
+                                  torch.tensor([1, 0, 0, 0]).bool()], [1.0, 2.0, 4.0])]
+    for (loss, grads), (got_loss, got_grads) in zip(train_steps(eager, plans, tokens),
+                                                    train_steps(wrapped, plans, tokens)):
+        torch.testing.assert_close(got_loss, loss, rtol=1e-5, atol=1e-6)
+        for name in grads:
+            torch.testing.assert_close(got_grads[name], grads[name], rtol=1e-5, atol=1e-6, msg=name)
+    if wrap.get("compile"):
+        assert counters["stats"]["unique_graphs"] > 0  # the blocks did run compiled
+    else:
+        assert len(qkv_calls) == 2 * len(plans)
