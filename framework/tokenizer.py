@@ -188,6 +188,13 @@ class TextCodec:
             start = "bos" if find_bos(loaded) is not None or ckpt.form.name == "hf" else "eos"
         return cls(loaded, eos_id, path, eos_first=start == "eos", stop_ids=tuple(stops))
 
+    @property
+    def start_id(self) -> int:
+        """The id a document starts after (EOS) or with (BOS): what stands before a text
+        with no context (lm-eval's prefix token, as its Hugging Face backend picks it)."""
+        bos = None if self.eos_first else find_bos(self.tokenizer)
+        return self.eos_id if bos is None else bos[1]
+
     def encode(self, text: str) -> list[int]:
         """The text's own ids, nothing added."""
         return self.tokenizer.encode(text, add_special_tokens=False).ids

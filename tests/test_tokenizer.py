@@ -147,3 +147,10 @@ def test_a_copied_tokenizer_is_the_same(llama3_folder, tmp_path):
     from framework.files.manifest import sha256_of
 
     check_model_tokenizer(llama3_folder, str(copy), {"sha256": sha256_of(copy), "vocab_size": 300})
+
+
+def test_the_start_id_is_the_bos_or_the_eos(llama3_folder, tmp_path):
+    assert TextCodec.for_checkpoint(llama3_folder).start_id == 0
+    folder = tiny_hf_llama_folder(tmp_path / "hf")
+    no_bos_tokenizer(folder / "tokenizer.json")
+    assert TextCodec.for_checkpoint(folder).start_id == 0  # <|endoftext|>: the only special token

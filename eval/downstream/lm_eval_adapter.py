@@ -167,6 +167,11 @@ class LayerDropLM(TemplateLM):
         return self.codec.eos_id
 
     @property
+    def prefix_token_id(self) -> int:
+        # what stands before a text with no context: BOS for a model that starts documents with one
+        return self.codec.start_id
+
+    @property
     def max_length(self) -> int:
         return self._max_length
 
@@ -256,7 +261,7 @@ class LayerDropLM(TemplateLM):
                 for start in range(0, len(members), self.batch_size):
                     chunk = members[start:start + self.batch_size]
                     prompts = [self._context(requests[i].args[0], max_new) for i in chunk]
-                    items, _ = decode(prompts, max_new, eos_id=self.eot_token_id, stop=stop, numbers=chunk)
+                    items, _ = decode(prompts, max_new, eos_id=self.codec.stop_ids, stop=stop, numbers=chunk)
                     for i, item in zip(chunk, items):
                         outputs[i] = stop.cut(self.tok_decode(item.tokens))
                         self.cache_hook.add_partial("generate_until", requests[i].args, outputs[i])
@@ -311,7 +316,7 @@ class LayerDropLM(TemplateLM):
         """Greedy continuation of one prompt (stops after EOS, not returned, a stop string,
         or ``max_new`` tokens)."""
         context = (prompt or [self.prefix_token_id])[-(self.max_length - max_new):]
-        items, _ = self._decode(Sampling())([context], max_new, eos_id=self.eot_token_id,
+        items, _ = self._decode(Sampling())([context], max_new, eos_id=self.codec.stop_ids,
                                             stop=StopStrings(list(until), self.tok_decode))
         return items[0].tokens
 

@@ -343,15 +343,17 @@ class MultipleChoiceEval(pl.Callback):
         return self.tasks[0].examples
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        from tokenizers import Tokenizer
+        from framework.tokenizer import load_tokenizer
 
         path = self.tokenizer_path or getattr(trainer.datamodule, "tokenizer_path", None)
         if path is None:
             raise ValueError("MultipleChoiceEval needs a tokenizer: pass tokenizer=PATH (the datamodule has none)")
-        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer = load_tokenizer(path, "tokenizer")
         self._encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids
-        if self.prefix_token_id is None:
-            self.prefix_token_id = int(getattr(trainer.datamodule, "eos_id", 0))
+        if self.prefix_token_id is None:  # what documents start with in the run's data: BOS, else after EOS
+            entry = (getattr(trainer.datamodule, "manifest", None) or {}).get("tokenizer") or {}
+            bos = entry.get("bos_id") if entry.get("document_start") == "bos" else None
+            self.prefix_token_id = int(bos if bos is not None else getattr(trainer.datamodule, "eos_id", 0))
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:

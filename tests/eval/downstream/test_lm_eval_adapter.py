@@ -259,3 +259,16 @@ def test_tokenizer_is_found_beside_the_checkpoint_or_in_its_data_folder(model_di
     (data / "tok.json").unlink()
     with pytest.raises(ValueError, match="no tokenizer found for checkpoint"):
         TextCodec.for_checkpoint(ckpt)
+
+
+def test_the_prefix_token_of_a_bos_model_is_its_bos(model_dir, tmp_path):
+    """lm-eval's HF backend puts BOS before an empty context where the tokenizer has one."""
+    from tests.helpers.hf_llama import tiny_hf_llama
+    from tests.helpers.hf_tokenizer import llama3_tokenizer
+
+    assert LayerDropLM(ckpt=str(model_dir)).prefix_token_id == 0  # our BPE: after EOS (id 0)
+    folder = tmp_path / "hf"
+    tiny_hf_llama(folder, vocab=300, layers=2)
+    llama3_tokenizer(folder / "tokenizer.json")
+    lm = LayerDropLM(ckpt=str(folder))
+    assert (lm.prefix_token_id, lm.eot_token_id) == (0, 1)

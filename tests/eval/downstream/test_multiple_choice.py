@@ -211,3 +211,19 @@ def test_pretraining_names_the_callback_by_class_path(task_file, capsys):
                      f"--trainer.callbacks.path={task_file}", "--print_config"]) == 0
     printed = capsys.readouterr().out
     assert "class_path: eval.downstream.multiple_choice.MultipleChoiceEval" in printed and str(task_file) in printed
+
+
+def test_the_prefix_token_is_what_the_run_s_documents_start_with(task_file, tmp_path):
+    """A run on data whose documents start with BOS (a Llama-3 tokenizer) scores an empty
+    context after BOS, as lm-eval's Hugging Face backend does; EOS-separated data after EOS."""
+    from types import SimpleNamespace
+
+    from tests.helpers.hf_tokenizer import llama3_tokenizer
+
+    llama3_tokenizer(tmp_path / "tokenizer.json")
+    for start, expected in (("bos", 0), ("eos", 1)):
+        data = SimpleNamespace(tokenizer_path=str(tmp_path / "tokenizer.json"), eos_id=1,
+                               manifest={"tokenizer": {"eos_id": 1, "bos_id": 0, "document_start": start}})
+        callback = MultipleChoiceEval(str(task_file), batch_size=2)
+        callback.setup(SimpleNamespace(datamodule=data), None, "validate")
+        assert callback.prefix_token_id == expected
