@@ -122,22 +122,37 @@ def world_of(trainer: Any) -> dict[str, Any]:
             "accumulate_grad_batches": trainer.accumulate_grad_batches}
 
 
+# Strategies whose checkpoints are DCP folders: torch.distributed.checkpoint reshards
+# the model and optimizer state onto any number of processes when they are loaded.
+RESHARDABLE = ("FSDP2Strategy", "HSDPStrategy", "ModelParallelStrategy")
+
+
 def check_same_world(saved: Any, trainer: Any) -> None:
-    """A resume on another number of processes is refused in one line. Each rank's
-    position in the data stream is stored per rank and the global batch is
-    micro-batch × processes × accumulation: on another world size the stream would
-    repeat or skip samples and the batch would change, and DDP files and DeepSpeed
-    folders are not resharded. (A checkpoint from before this record passes.)"""
+    """A resume on another number of processes: an FSDP2/HSDP run (a DCP folder) goes on
+    with its state resharded, gradient accumulation set to keep the global batch (one
+    line says so); anything else is refused in one line (DDP files and DeepSpeed
+    folders are not resharded). A checkpoint from before this record passes."""
     if not isinstance(saved, dict) or not isinstance(saved.get("processes"), int):
         return
     was, now = saved["processes"], trainer.world_size
     if was == now:
         return
-    raise ValueError(f"the checkpoint was written by {was} processes ({saved.get('strategy')}) and this run has {now}: "
-                     "resuming on another number of processes is not supported (each rank's place in the data "
-                     "stream and the global batch would change); resume on "
-                     f"{was} processes (--trainer.devices x --trainer.num_nodes), or start a new run from its weights "
-                     "(--model.init_from CHECKPOINT)")
+    strategies = (saved.get("strategy"), type(trainer.strategy).__name__)
+    if not all(name in RESHARDABLE for name in strategies):
+        raise ValueError(f"the checkpoint was written by {was} processes ({strategies[0]}) and this run has {now} "
+                         f"({strategies[1]}): only an FSDP2/HSDP checkpoint (a DCP folder) resumed under fsdp or hsdp "
+                         f"is resharded; resume on {was} processes (--trainer.devices x --trainer.num_nodes), or start "
+                         "a new run from its weights (--model.init_from CHECKPOINT)")
+    rows = saved.get("accumulate_grad_batches", 1) * was  # micro-batches per optimizer step, all ranks
+    if rows % now:
+        raise ValueError(f"the checkpoint's global batch is {rows} micro-batches ({was} processes x "
+                         f"{saved.get('accumulate_grad_batches', 1)} accumulated) and {now} processes cannot keep it "
+                         f"(no whole gradient accumulation): resume on a number of processes that divides {rows}")
+    if trainer.accumulate_grad_batches != rows // now and trainer.is_global_zero:
+        print(f"resume: {was} -> {now} processes: gradient accumulation {trainer.accumulate_grad_batches} -> "
+              f"{rows // now} keeps the global batch of {rows} micro-batches; model and optimizer resharded by DCP",
+              flush=True)
+    trainer.accumulate_grad_batches = rows // now
 
 
 # ------------------------------------------------- optimizer settings on resume

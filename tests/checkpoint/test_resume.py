@@ -230,9 +230,9 @@ def test_resume_auto_with_only_damaged_checkpoints_says_what_is_damaged(prepared
 
 
 def test_a_resume_on_another_number_of_processes_is_one_line(prepared_tokens, tmp_path, capsys):
-    """Losing a node: a checkpoint records the processes that wrote it; a resume on
-    another number is refused in one line (nothing reshards the data stream's per-rank
-    position or keeps the global batch yet), the checkpoint untouched."""
+    """Losing a node: a checkpoint records the processes that wrote it; a resume of a
+    single file (DDP's) on another number is refused in one line naming what cannot
+    reshard (an FSDP2 folder reshards: tests/distributed/test_crash_resume.py)."""
     import torch
 
     root = tmp_path / "run"
@@ -249,4 +249,5 @@ def test_a_resume_on_another_number_of_processes_is_one_line(prepared_tokens, tm
         "--trainer.logger", "false", "--resume", str(elsewhere)]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("error: the checkpoint was written by 2 processes (SingleDeviceStrategy) and this run has 1")
+    assert "only an FSDP2/HSDP checkpoint (a DCP folder) resumed under fsdp or hsdp is resharded" in line
     assert "resume on 2 processes" in line and "--model.init_from" in line
