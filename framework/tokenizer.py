@@ -150,6 +150,15 @@ def check_model_tokenizer(ckpt: str | os.PathLike | Checkpoint, data_file: str, 
                              f"--tokenizer {model_file}")
 
 
+def model_stop_ids(ckpt: str | os.PathLike | Checkpoint, eos_id: int | None) -> list[int]:
+    """``eos_id`` and every id a checkpoint says ends a text (a folder's ``eos_token_id``
+    list, or its record's ``eos_ids``), in that order."""
+    ckpt = Checkpoint.open(ckpt)
+    ids = folder_token_ids(ckpt.path, ckpt.metadata, "eos_token_id") if ckpt.form.self_contained else []
+    ids += id_list(ckpt.tokenizer_record().get("eos_ids"))
+    return list(dict.fromkeys(([eos_id] if isinstance(eos_id, int) else []) + ids))
+
+
 @dataclass
 class TextCodec:
     """A tokenizer and its conventions: text -> ids -> text, as the model saw them."""
@@ -182,7 +191,7 @@ class TextCodec:
             eos_id = record.get("eos_id")
             if not isinstance(eos_id, int):
                 eos_id = config_eos[0] if config_eos else find_eos(loaded, flag="eot_token", where=str(path))[1]
-            stops = config_eos
+            stops = config_eos + [i for i in id_list(record.get("eos_ids")) if loaded.id_to_token(i) is not None]
         start = record.get("document_start")
         if start is None:  # no record: a tokenizer with a BOS (or an HF folder) is its own convention
             start = "bos" if find_bos(loaded) is not None or ckpt.form.name == "hf" else "eos"
@@ -251,4 +260,4 @@ def recorded_conventions(ckpt: Checkpoint, path: Path) -> dict[str, Any]:
 
 __all__ = ["EOS_CANDIDATES", "DOCUMENT_STARTS", "TokenizerError", "load_tokenizer", "vocab_size_of", "find_eos",
            "added_prefix", "find_bos", "default_document_start", "record_for", "id_list", "folder_token_ids",
-           "check_model_tokenizer", "TextCodec", "CodecLoader", "recorded_conventions"]
+           "check_model_tokenizer", "model_stop_ids", "TextCodec", "CodecLoader", "recorded_conventions"]

@@ -241,7 +241,7 @@ def _export_hf(args: argparse.Namespace, out: Path, decoder: Any, record: dict[s
                tokenizer: Path | None) -> int:
     source_config = record.get("tokenizer") or {}
     # a run's tokenizer record (prepared data's BOS/EOS), else what an HF config said (an eos list stays one)
-    eos_id = source_config.get("eos_id", record.get("eos_token_id"))
+    eos_id = source_config.get("eos_ids") or source_config.get("eos_id", record.get("eos_token_id"))
     bos_id = source_config.get("bos_id", record.get("bos_token_id"))
     write_staged(out, lambda folder: write_hf_folder(decoder, folder, tokenizer=tokenizer, eos_id=eos_id,
                                                      bos_id=bos_id))

@@ -20,7 +20,7 @@ import lightning.pytorch as pl
 from framework.files.atomic_write import copy_file, replacing
 from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE
 from framework.checkpoint.tokenizer_record import CONVENTION_KEYS, is_url, record_for, sha256_of
-from framework.tokenizer import check_model_tokenizer
+from framework.tokenizer import check_model_tokenizer, model_stop_ids
 
 
 class KeepTokenizer(pl.Callback):
@@ -53,6 +53,9 @@ class KeepTokenizer(pl.Callback):
         init_from = getattr(pl_module, "init_from", None)
         if init_from is not None:  # before the model is materialised: the DataModule's setup ran, configure_model not
             check_model_tokenizer(init_from, self.source, self.record)
+            stops = model_stop_ids(init_from, self.record.get("eos_id"))
+            if len(stops) > 1:  # Llama-3.x-Instruct's eos_token_id list outlives the run, into its exports
+                self.record["eos_ids"] = stops
 
     def _sha256(self) -> str | None:
         if is_url(self.source):

@@ -5,7 +5,8 @@ The record (one shape everywhere: a prepared folder's manifest, every training
 checkpoint under ``checkpoint["layerdrop"]``, an export's config.json)::
 
     tokenizer   {file: "tokenizer.json", sha256, vocab_size, eos_token, eos_id,
-                 bos_token?, bos_id?, document_start?}   (framework/tokenizer.py: the conventions)
+                 bos_token?, bos_id?, document_start?,   (framework/tokenizer.py: the conventions)
+                 eos_ids?}   (every id that ends a text: a run from a folder with an eos_token_id list)
     data_dir    (training checkpoints) the prepared data folder, absolute (or its URL)
 
 ``find_tokenizer_of`` looks, in order, in: an exported folder; the checkpoint's own
@@ -24,7 +25,7 @@ from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE, CheckpointError
 from framework.files.manifest import read_manifest, sha256_of
 
 # What a record may say of the tokens beyond the file, copied wherever a record travels.
-CONVENTION_KEYS = ("bos_token", "bos_id", "document_start")
+CONVENTION_KEYS = ("bos_token", "bos_id", "document_start", "eos_ids")
 
 
 def record_for(*, sha256: str | None, vocab_size: Any, eos_token: Any, eos_id: Any, name: str = TOKENIZER_FILE,

@@ -12,6 +12,7 @@ import pytest
 
 from data_prep.prepare import main as prepare_main
 from framework.checkpoint.export import main as export_main
+from framework.tokenizer import TextCodec
 from framework.training.pretrain import main as pretrain_main
 from tests.families.test_llama_continued import cpu_args
 from tests.helpers.hf_llama import tiny_hf_llama
@@ -26,7 +27,7 @@ def llama3_run(tmp_path_factory):
     tiny_hf_llama(hf, vocab=300, layers=2, tie=True)
     llama3_tokenizer(hf / "tokenizer.json")
     config = json.loads((hf / "config.json").read_text())
-    (hf / "config.json").write_text(json.dumps({**config, "bos_token_id": 0, "eos_token_id": 1}))
+    (hf / "config.json").write_text(json.dumps({**config, "bos_token_id": 0, "eos_token_id": [1, 3]}))
     corpus = str(Path(sysconfig.get_paths()["stdlib"]) / "json" / "*.py")
     data = root / "data"
     assert prepare_main(["--files", corpus, "--tokenizer", str(hf / "tokenizer.json"), "--out", str(data),
@@ -52,6 +53,8 @@ def test_bos_and_eos_survive_continued_pretraining_and_export(llama3_run, tmp_pa
     out = tmp_path / "hf-out"
     assert export_main(["--ckpt", str(root / "export"), "--out", str(out), "--format", "hf"]) == 0
     config = json.loads((out / "config.json").read_text())
-    assert (config["bos_token_id"], config["eos_token_id"]) == (0, 1)
+    assert (config["bos_token_id"], config["eos_token_id"]) == (0, [1, 3])  # Llama-3.x-Instruct's list too
+    assert TextCodec.for_checkpoint(root / "export").stop_ids == (1, 3)
+    assert TextCodec.for_checkpoint(root / "checkpoints" / "last.ckpt").encode_prompt("x")[0] == 0  # BOS
     tokens = json.loads((out / "tokenizer_config.json").read_text())
     assert (tokens["bos_token"], tokens["eos_token"]) == ("<|begin_of_text|>", "<|end_of_text|>")
