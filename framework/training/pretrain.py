@@ -181,13 +181,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     finally:
-        while HELD_LOCKS:
-            HELD_LOCKS.pop().release()
+        release_run_folders()
     return 0
 
 
 # The run-folder locks this process holds while `main` runs (released when it returns).
 HELD_LOCKS: list[RunLock] = []
+
+
+def release_run_folders() -> None:
+    """Release the run-folder locks this process holds: ``main`` does at its end, and so must
+    a caller of ``build_cli`` that inspects the run without fitting it (a test, a script),
+    or the folder stays in use while the process lives."""
+    while HELD_LOCKS:
+        HELD_LOCKS.pop().release()
 
 
 def hold_run_folders(config: Any, checkpoints: Path) -> None:

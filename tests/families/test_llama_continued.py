@@ -5,6 +5,7 @@ with loads back into transformers."""
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -72,12 +73,41 @@ def test_init_from_refuses_a_model_that_is_not_its_own_base(tmp_path, hf_dir):
         LayerDropModule(other, parametrization=ParametrizationConfig(d_base=64, n_layers_base=3), init_from=str(hf_dir))
 
 
+def _header_only_safetensors(path, cfg_of) -> None:
+    """A safetensors file of Llama's tensors at the config's shapes (bf16) whose data is a
+    hole: the folder check reads its header, and the weights are not read before fit, so
+    2.5 GB of zeros need no disk (a sparse file)."""
+    import struct
+
+    c = json.loads(cfg_of.read_text())
+    d, ffn, heads, kv, hd = (c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
+                             c["num_key_value_heads"], c["head_dim"])
+    shapes = {"model.embed_tokens.weight": [c["vocab_size"], d], "model.norm.weight": [d]}
+    for i in range(c["num_hidden_layers"]):
+        block = f"model.layers.{i}."
+        shapes |= {block + "self_attn.q_proj.weight": [heads * hd, d], block + "self_attn.k_proj.weight": [kv * hd, d],
+                   block + "self_attn.v_proj.weight": [kv * hd, d], block + "self_attn.o_proj.weight": [d, heads * hd],
+                   block + "mlp.gate_proj.weight": [ffn, d], block + "mlp.up_proj.weight": [ffn, d],
+                   block + "mlp.down_proj.weight": [d, ffn], block + "input_layernorm.weight": [d],
+                   block + "post_attention_layernorm.weight": [d]}
+    header, offset = {}, 0
+    for name, shape in shapes.items():
+        size = 2 * math.prod(shape)
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as file:
+        file.write(struct.pack("<Q", len(encoded)) + encoded)
+        file.truncate(8 + len(encoded) + offset)
+
+
 def test_the_recipe_builds_a_llama_3_2_1b_shape_with_multipliers_one(tmp_path):
     """recipes/llama-continued.yaml on Llama-3.2-1B's config.json (the weights are not
     read before fit: a placeholder file stands for them), built on the meta device."""
     from transformers import LlamaConfig
 
-    from test_recipes import instantiate, parameters_on_meta
+    from tests.recipes.test_recipes import instantiate, parameters_on_meta
 
     folder = tmp_path / "Llama-3.2-1B"
     LlamaConfig(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
@@ -86,7 +116,7 @@ def test_the_recipe_builds_a_llama_3_2_1b_shape_with_multipliers_one(tmp_path):
                 rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                               "original_max_position_embeddings": 8192},
                 bos_token_id=128000, eos_token_id=128001).save_pretrained(folder)
-    (folder / "model.safetensors").write_bytes(b"")
+    _header_only_safetensors(folder / "model.safetensors", cfg_of=folder / "config.json")
     cli = instantiate(RECIPE, "--model.init_from", str(folder))
     cfg = cli.model.model_cfg
     assert (cfg.family, cfg.n_kv_heads, cfg.rope_type, cfg.rope_factor, cfg.tie_embeddings) == \

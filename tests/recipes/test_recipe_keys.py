@@ -24,7 +24,7 @@ import torch
 from framework.training.callbacks import RunSummary, Throughput
 from framework.checkpoint.saving import PeriodicCheckpoint
 from framework.training.nonfinite import NonFiniteLossGuard
-from framework.training.pretrain import PretrainCLI, build_cli
+from framework.training.pretrain import PretrainCLI, build_cli, release_run_folders
 from framework.recipes.recipe_keys import recipe_keys
 from framework.training.early_exit_loss import exit_weights
 from framework.schedules import dropout_rates
@@ -237,7 +237,10 @@ def build(monkeypatch, prepared_tokens, tmp_path):
         "--model.early_exit_loss.scale", "0.5"]
 
     def make(*extra: str):
-        return build_cli([*base, *extra])
+        try:
+            return build_cli([*base, *extra])
+        finally:
+            release_run_folders()
 
     return make
 

@@ -16,7 +16,7 @@ import yaml
 from framework.config import LLAMA3_VOCAB_SIZE, LayerDropoutConfig, ModelConfig, ParametrizationConfig
 from framework.training.pretrain import PretrainCLI, build_cli
 from framework.training.pretrain import main as pretrain
-from test_recipe import generated
+from tests.recipes.test_recipe import generated
 
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 # Table A.1 sizes, and the p_max the paper trained each at (0.4, then its hero runs).
@@ -40,6 +40,7 @@ def instantiate(recipe: Path, *extra: str, cli_class=WithoutTrainer):
         return build_cli(["--config", str(recipe), *extra])
     finally:
         pretrain_module.PretrainCLI = original
+        pretrain_module.release_run_folders()  # the recipe's run folder, locked while the CLI was built
 
 
 def parameters_on_meta(cli) -> int:

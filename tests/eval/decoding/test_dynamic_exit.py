@@ -3,7 +3,6 @@ reference, and the quality curve's command."""
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 import torch
@@ -13,8 +12,7 @@ from eval.decoding.dynamic_exit import DynamicExit, confidence, default_candidat
 from eval.decoding.batch import BatchGenerator
 from eval.decoding.static_route import StaticRoute
 
-sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from test_batch import LAYERS, VOCAB, tiny_model  # noqa: E402
+from tests.eval.decoding.test_batch import LAYERS, VOCAB, tiny_model
 
 
 @pytest.fixture(scope="module")

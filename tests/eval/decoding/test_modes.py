@@ -12,7 +12,7 @@ import eval.decoding.modes as registry
 from eval.adapters.exit_adapters import ExitAdapters
 from eval.decoding import modes
 from eval.decoding.sampling import Sampling
-from test_batch import LAYERS, tiny_model
+from tests.eval.decoding.test_batch import LAYERS, tiny_model
 
 
 @pytest.fixture(scope="module")
