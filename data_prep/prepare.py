@@ -163,7 +163,7 @@ def _prepare_tokenizer(args, sources, loaded, staging) -> tuple[object, dict]:
 
     Returns the tokenizer and its manifest entry.
     """
-    from data_prep.tokenizer import DEFAULT_EOS, train_tokenizer
+    from data_prep.trained_tokenizer import DEFAULT_EOS, train_tokenizer
     from framework.tokenizer import find_bos, record_for, vocab_size_of
 
     path = os.path.join(staging, "tokenizer.json")

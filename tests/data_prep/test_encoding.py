@@ -5,7 +5,7 @@ from data_prep.encoding import EncodedCorpus, encode_documents, token_dtype
 from data_prep.errors import PrepareError
 from data_prep.sources import Document
 from data_prep.split import TRAIN, VAL
-from data_prep.tokenizer import train_tokenizer
+from data_prep.trained_tokenizer import train_tokenizer
 
 TEXTS = [f"document {i}: " + "some words and more words " * (i + 1) for i in range(30)]
 

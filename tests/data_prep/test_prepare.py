@@ -13,7 +13,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from data_prep.chunks import read_split_tokens
 from framework.files.manifest import read_manifest
 from data_prep.split import VAL, split_key, split_of
-from data_prep.tokenizer import train_tokenizer
+from data_prep.trained_tokenizer import train_tokenizer
 from tests.helpers.refusals import hashes, refused
 
 SMALL = ["--vocab-size", "400", "--val-fraction", "0.2", "--chunk-tokens", "8192", "--workers", "2"]
@@ -225,12 +225,12 @@ def test_failed_overwrite_keeps_the_old_data(tmp_path, code_corpus, small, prepa
 
 
 def test_a_bad_record_deep_in_a_big_jsonl_fails_before_the_tokenizer_is_trained(tmp_path, prepare, monkeypatch):
-    import data_prep.tokenizer
+    import data_prep.trained_tokenizer
 
     def never(*args, **kwargs):
         raise AssertionError("the tokenizer was trained before every record was checked")
 
-    monkeypatch.setattr(data_prep.tokenizer, "train_tokenizer", never)
+    monkeypatch.setattr(data_prep.trained_tokenizer, "train_tokenizer", never)
     rows = tmp_path / "big.jsonl"
     rows.write_text((json.dumps({"text": "def f(x):\n    return x * 2\n" * 20}) + "\n") * 20_000 +
                     json.dumps({"body": "no text field here"}) + "\n")

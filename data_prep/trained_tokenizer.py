@@ -1,4 +1,4 @@
-"""Training the tokenizer: a byte-level BPE on the corpus.
+"""The trained tokenizer: a byte-level BPE learnt from the corpus (`--tokenizer train`).
 
 Byte-level BPE (GPT-2 style pre-tokenization over the 256 byte symbols) never needs
 an unknown token and decodes every document back to its exact text. Documents are

@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from data_prep.tokenizer import DEFAULT_EOS, train_tokenizer
+from data_prep.trained_tokenizer import DEFAULT_EOS, train_tokenizer
 from framework.tokenizer import vocab_size_of
 
 
