@@ -155,6 +155,28 @@ def check_same_world(saved: Any, trainer: Any) -> None:
     trainer.accumulate_grad_batches = rows // now
 
 
+def check_form_fits(checkpoint: Any, strategy: Any) -> None:
+    """A folder of shards resumed under a strategy that cannot read it is one line
+    before anything is built (Lightning's single-device load would open the folder as
+    a file). ``strategy``: the recipe's trainer.strategy (a name, or anything else)."""
+    form = getattr(getattr(checkpoint, "form", None), "name", None)
+    if isinstance(strategy, str):
+        name = strategy
+    else:  # a class path given in the recipe, or a strategy object
+        path = strategy.get("class_path") if isinstance(strategy, dict) else getattr(strategy, "class_path", None)
+        name = str(path or type(strategy).__name__)
+    fits, written, under = {
+        "dcp": (("fsdp", "hsdp", "FSDP2", "HSDP", "ModelParallel"), "an FSDP2/HSDP folder (DCP)",
+                "fsdp or hsdp (on any number of processes)"),
+        "deepspeed": (("deepspeed", "DeepSpeed"), "a DeepSpeed folder", "the DeepSpeed stage that wrote it"),
+    }.get(form, ((), "", ""))
+    if not fits or any(word in name for word in fits):
+        return
+    raise ValueError(f"checkpoint {str(checkpoint.path)!r} is {written}, which trainer.strategy={name!r} cannot "
+                     f"resume: resume it under {under}, or start a new run from its weights "
+                     "(--model.init_from CHECKPOINT)")
+
+
 # ------------------------------------------------- optimizer settings on resume
 
 _SHOWN = {"lr": "lr", "initial_lr": "peak lr", "weight_decay": "weight_decay", "eps": "eps", "betas": "betas"}
@@ -255,4 +277,4 @@ def _fmt(value: Any) -> str:
 
 
 __all__ = ["ResumeChoice", "choose_checkpoint", "incomplete_reason", "apply_recipe_optimizer_settings", "world_of",
-           "check_same_world"]
+           "check_same_world", "check_form_fits"]

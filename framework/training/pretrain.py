@@ -46,7 +46,7 @@ from framework.files.run_lock import RunFolderInUse, RunLock
 from framework.training.callbacks import RunSummary, Throughput
 from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
 from framework.checkpoint.final_export import export_callbacks
-from framework.checkpoint.resume import choose_checkpoint
+from framework.checkpoint.resume import check_form_fits, choose_checkpoint
 from framework.checkpoint.saving import (PeriodicCheckpoint, refuse_earlier_checkpoints, refuse_earlier_run,
                                          use_atomic_checkpoint_io)
 from framework.training.module import LayerDropModule, check_same_model, with_parametrization
@@ -108,6 +108,7 @@ class PretrainCLI(LightningCLI):
             refuse_earlier_run(config.trainer.default_root_dir or ".")
         else:
             check_resume_shape(choice.checkpoint or self.ckpt_path, config)
+            check_form_fits(choice.checkpoint, config.trainer.strategy)  # a DCP folder under single: one line
         if choice is not None and rank_zero_only.rank == 0:
             print(choice.message(folder), flush=True)
 
