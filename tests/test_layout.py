@@ -31,3 +31,20 @@ def test_a_crowded_folder_is_found(tmp_path):
     assert crowded_folders(tmp_path) == {}
     (tmp_path / "eval" / "deep" / "one_more.py").write_text("")
     assert crowded_folders(tmp_path) == {"eval/deep": MOST_MODULES + 1}
+
+
+def shared_test_names(tests: Path) -> dict[str, list[str]]:
+    """Test modules whose file names clash: pytest imports a test module by its bare name
+    (no __init__.py), so two of one name stop a full run at collection."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(tests.rglob("test_*.py")):
+        found.setdefault(path.name, []).append(str(path.relative_to(tests)))
+    return {name: paths for name, paths in found.items() if len(paths) > 1}
+
+
+def test_no_two_test_modules_share_a_name(tmp_path):
+    assert shared_test_names(REPO / "tests") == {}, "rename one (e.g. tests/families/test_family_registry.py)"
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "test_registry.py").write_text("")
+    assert shared_test_names(tmp_path) == {"test_registry.py": ["a/test_registry.py", "b/test_registry.py"]}
