@@ -125,11 +125,11 @@ def test_every_checkpoint_records_its_tokenizer_and_finds_it_from_anywhere(runs,
 
 @pytest.mark.parametrize("name", ["single", *FORMS])
 def test_layerdrop_export_of_every_form(runs, name, tmp_path):
-    from framework.checkpoint.export import main as export
+    from framework.checkpoint.export import MARKER, main as export
 
     ckpt, out = last(runs[name]), tmp_path / "export"
     assert export(["--ckpt", str(ckpt), "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "config.json", "model.safetensors", "tokenizer.json"]
     config = json.loads((out / "config.json").read_text())
     assert config["training"]["global_step"] == read_metadata(ckpt)["global_step"]
     assert config["tokenizer"]["sha256"] == sha256_of(out / "tokenizer.json")
