@@ -101,6 +101,7 @@ class RunLock:
                 else:
                     write_json(self.path, record)
         _export_held(self.folder, self.token)
+        self._stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat, name=f"run-lock {self.folder.name}", daemon=True)
         self._beat.start()
         return None if self.inherited else note

@@ -156,15 +156,16 @@ def test_both_fsdp_ranks_survive_kills_before_during_and_after_a_save(tmp_path, 
         assert weights[2] == weights[1] and weights[1] != weights[0] and weights[3] != weights[2]
 
 
-def test_a_run_killed_during_its_final_export_makes_the_export_when_resumed(tmp_path, tiny_data):
+@pytest.mark.parametrize("strategy,ranks", [("single", 1), ("fsdp", 2)])
+def test_a_run_killed_during_its_final_export_makes_the_export_when_resumed(tmp_path, tiny_data, strategy, ranks):
     """kill -9 while export/ is written (the final checkpoint is saved first), then
-    `--resume auto`: the export is made from that checkpoint, equal to an uninterrupted
-    run's, before summary.json; the killed export's staging folder and the dead run's
-    folder lock are cleaned up with a note."""
+    `--resume auto`: the export is made from that checkpoint (under FSDP2 every rank
+    gathers again), equal to an uninterrupted run's, before summary.json; the killed
+    export's staging folder and the dead run's folder lock are cleaned up with a note."""
     from safetensors.torch import load_file
 
-    base = base_recipe(tmp_path, tiny_data, strategy="single", devices=1, steps=4, every=2)
-    run_chain(tmp_path, base, [((4, "during_export"), "step-00000004.ckpt", [])], ranks=1)
+    base = base_recipe(tmp_path, tiny_data, strategy=strategy, devices=ranks, steps=4, every=2)
+    run_chain(tmp_path, base, [((4, "during_export"), "step-00000004.ckpt", [])], ranks=ranks)
     root = Path(base["trainer"]["default_root_dir"])
     log = (tmp_path / "run1.log").read_text()
     assert "took over the lock" in log and "no longer runs on this host" in log, log[-3000:]
