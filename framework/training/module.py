@@ -305,10 +305,17 @@ class LayerDropModule(pl.LightningModule):
             "layer_dropout": asdict(self.dropout_cfg),
             "parametrization": asdict(self.param_cfg),
         }
-        if self._trainer is not None:
+        if self.attached_trainer() is not None:
             from framework.checkpoint.resume import world_of
 
             checkpoint[CKPT_KEY]["world"] = world_of(self.trainer)
+
+    def attached_trainer(self) -> pl.Trainer | None:
+        """The trainer, or None for a module used alone (a checkpoint saved or read outside fit)."""
+        try:
+            return self.trainer
+        except RuntimeError:  # Lightning's "not attached to a Trainer"
+            return None
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get(CKPT_KEY, {}).get("model_config")
@@ -317,7 +324,7 @@ class LayerDropModule(pl.LightningModule):
         check_same_model(saved, self.model_cfg.to_dict())
         from framework.checkpoint.resume import apply_recipe_optimizer_settings, check_same_world
 
-        if self._trainer is not None:
+        if self.attached_trainer() is not None:
             check_same_world(checkpoint[CKPT_KEY].get("world"), self.trainer)
 
         # The recipe's LR, schedule and weight decay win over the saved ones (else a lower
