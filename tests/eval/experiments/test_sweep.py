@@ -206,7 +206,8 @@ def test_a_sweep_stops_resumes_reports_a_failed_run_and_is_idempotent(tmp_path, 
     # 2. run it again: the stopped run resumes, the others run, the broken one fails alone
     second = subprocess.run(_sweep_command(path, out), capture_output=True, text=True, timeout=1500)
     assert second.returncode == 1, second.stdout + second.stderr
-    assert "broken,seed=0 (pretrain)" in second.stderr and "seq_len=64" in second.stderr
+    # refused by its config stage: `pretrain --print_config` checks seq_len against the model before training
+    assert "broken,seed=0 (config)" in second.stderr and "seq_len=64" in second.stderr
     assert _status(out, "broken,seed=0")["state"] == "failed"
     for run in grid:
         folder = out / "runs" / run
@@ -218,7 +219,7 @@ def test_a_sweep_stops_resumes_reports_a_failed_run_and_is_idempotent(tmp_path, 
         assert _status(out, run)["state"] == "done"
     for run in stopped:
         log = (out / "runs" / run / "logs" / "pretrain.log").read_text()
-        assert "Restoring states from the checkpoint" in log
+        assert "resume: continuing from" in log
         assert _status(out, run)["stages"]["pretrain"]["attempts"] == 2
 
     # 3. once more: nothing left to do for the finished runs
