@@ -42,8 +42,8 @@ def tokens_per_parameter(report: dict) -> float | None:
 
 
 def comparison_key(finding: str, comparison: dict) -> tuple[str, str, str, str]:
-    name = (lambda label: _MATCHED_STEPS.sub(", compute-matched", label))
-    return finding, name(comparison["a"]), name(comparison["b"]), str(comparison.get("metric"))
+    a, b = (_MATCHED_STEPS.sub(", compute-matched", comparison[side]) for side in ("a", "b"))
+    return finding, a, b, str(comparison.get("metric"))
 
 
 def _comparisons(report: dict) -> dict[tuple, dict]:

@@ -50,6 +50,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from eval.experiments.dotted_keys import get_dotted
+
 BLOCK_KEYS = ("baseline", "to", "seeds", "count")
 COUNTS = {"non_embedding": "non_embedding_flops", "executed": "training_flops"}  # -> the Prediction's field
 MAX_STEPS, VAL_INTERVAL = "trainer.max_steps", "trainer.val_check_interval"
@@ -86,7 +88,7 @@ def matched_configs(block: Any, configs: list[Config], default_seeds: list[int],
     base_overrides, base_seeds = by_name[baseline]
     seeds = _seeds(block.get("seeds"), base_seeds or default_seeds)
     base_recipe = recipe_of(base_overrides)
-    base_steps = int(_get(base_recipe, MAX_STEPS) or 0)
+    base_steps = int(get_dotted(base_recipe, MAX_STEPS) or 0)
     base_flops = flops_of(base_recipe)
     targets = _targets(block.get("to"), by_name, baseline, recipe_of, lambda r: predict(r).mean_dropout)
     by_steps: dict[int, list[str]] = {}
@@ -142,14 +144,14 @@ def length_settings(recipe: dict, steps: int) -> dict[str, Any]:
     where they differ from the recipe's: validation on the last step, checkpoints at
     most ``steps`` apart."""
     changed: dict[str, Any] = {}
-    interval = _get(recipe, VAL_INTERVAL)
+    interval = get_dotted(recipe, VAL_INTERVAL)
     if isinstance(interval, int) and not isinstance(interval, bool) and interval > 0:
         # Lightning counts the interval in training batches (micro-batches), not optimizer steps.
-        batches = steps * int(_get(recipe, ACCUMULATE) or 1)
+        batches = steps * int(get_dotted(recipe, ACCUMULATE) or 1)
         moved = validation_interval(interval, batches)
         if moved != interval:
             changed[VAL_INTERVAL] = moved
-    every = _get(recipe, CHECKPOINT_EVERY)
+    every = get_dotted(recipe, CHECKPOINT_EVERY)
     if isinstance(every, int) and every > steps:
         changed[CHECKPOINT_EVERY] = steps
     return changed
@@ -161,15 +163,6 @@ def validation_interval(interval: int, batches: int) -> int:
     225; a prime count: the run's length (validation at its end only)."""
     divisors = [d for d in range(1, batches + 1) if batches % d == 0]
     return min(divisors, key=lambda d: (abs(math.log(d / interval)), -d))
-
-
-def _get(config: dict, key: str) -> Any:
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 __all__ = ["matched_configs", "matched_steps", "length_settings", "validation_interval", "BLOCK_KEYS", "COUNTS"]

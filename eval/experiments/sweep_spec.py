@@ -42,6 +42,7 @@ from typing import Any
 import yaml
 
 from eval.experiments.compute_matched import matched_configs
+from eval.experiments.dotted_keys import get_dotted  # noqa: F401  (re-exported: sweep, sweep_results, sweep_dry_run, hyperparameter_curves read it here)
 from framework.config import EarlyExitLossConfig, LayerDropoutConfig, ModelConfig
 from framework.training.early_exit_loss import mean_exit_heads
 from framework.model.flops import dense_step_flops
@@ -310,15 +311,6 @@ def set_dotted(config: dict, key: str, value: Any) -> None:
             raise SweepError(f"override {key!r} is invalid: {part!r} is a value, not a section, in the recipe")
         node = child
     node[parts[-1]] = copy.deepcopy(value)
-
-
-def get_dotted(config: dict, key: str, default: Any = None) -> Any:
-    node: Any = config
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
-    return node
 
 
 def run_recipe(sweep: Sweep, run: Run, run_dir: Path) -> dict:
