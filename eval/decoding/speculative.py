@@ -15,7 +15,7 @@ last one (the "pending" token, whose K/V the next forward writes).
 - Sampling uses the rejection step of Leviathan et al. (2023): accept a draft token x
   with probability min(1, p(x)/q(x)), else resample from normalize(max(0, p - q));
   this leaves the full model's distribution p unchanged whatever the draft q is (p and
-  q are the filtered distributions of eval/sampling.py).
+  q are the filtered distributions of eval/decoding/sampling.py).
 - γ is fixed, or adaptive: drafting stops once the draft's top probability falls under
   a threshold that moves after every round toward a target acceptance rate.
 

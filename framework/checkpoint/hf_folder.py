@@ -84,18 +84,6 @@ def is_hf_folder(path: str | os.PathLike) -> bool:
     return isinstance(config, dict) and "model" not in config and ("model_type" in config or "architectures" in config)
 
 
-def read_hf_config(path: str | os.PathLike) -> dict[str, Any]:
-    return json.loads((Path(path) / CONFIG_FILE).read_text())
-
-
-def read_model_config(path: str | os.PathLike) -> ModelConfig:
-    """The ModelConfig of a Hugging Face folder; refuses pickle-only weights and any
-    config field that would change the function (CheckpointError, one line)."""
-    path = Path(path)
-    weight_files(path)  # refuses a folder without safetensors before anything else
-    return checked_config(path, read_hf_config(path))
-
-
 def checked_config(path: Path, hf: dict[str, Any]) -> ModelConfig:
     """The folder's ModelConfig, checked against its safetensors headers before anything
     is built: every name and shape the config implies (the same one-line refusal the
@@ -295,6 +283,6 @@ def _special_tokens(tokenizer: Path, eos_id: int | list[int] | None, bos_id: int
     return tokens
 
 
-__all__ = ["HfFolder", "is_hf_folder", "read_model_config", "read_tensors", "weight_files", "write_hf_folder",
+__all__ = ["HfFolder", "is_hf_folder", "read_tensors", "weight_files", "write_hf_folder",
            "hf_config_of", "config_of", "mapping_of",
            "INDEX_FILE", "PICKLED_WEIGHTS"]

@@ -53,9 +53,6 @@ class DeepSpeedZero(NamedStrategy):
 
         return DeepSpeedStrategy
 
-    def checkpoint_form(self, strategy: "Strategy") -> str:
-        return "deepspeed"
-
     def local_tensor(self, tensor: Any) -> Any:
         return super().local_tensor(getattr(tensor, "ds_tensor", tensor))  # ZeRO-3: this rank's partition
 

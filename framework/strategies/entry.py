@@ -5,7 +5,6 @@ and everything the framework does differently under that strategy.
     footprint(dev, nodes)  what it keeps per device, for `layerdrop recipe`'s memory model
                            (None: the recipe does not propose it there)
     can_skip_step          whether an optimizer step can be skipped (framework/training/nonfinite.py)
-    checkpoint_form(s)     the form its checkpoints take on disk (framework/checkpoint.py's FORMS)
     local_tensor(t)        this rank's part of a parameter or gradient (the non-finite checks)
     full_tensor(t)         its full value on every rank, a collective (the final export)
     full_shape(t), export_dtype(t)
@@ -62,9 +61,6 @@ class NamedStrategy:
     def describe(self, devices: int, nodes: int) -> str:
         """How it places the model, in the words of the recipe's comment."""
         return self.summary
-
-    def checkpoint_form(self, strategy: "Strategy") -> str:
-        return "lightning"
 
     def local_tensor(self, tensor: Any) -> Any:
         """This rank's part of a DTensor (FSDP2); any other tensor as it is."""

@@ -23,7 +23,6 @@ import torch
 
 from framework.config import PositiveInt, check
 from framework.recipes.device_memory import Footprint
-from framework.training.lightning_internals import saves_distributed_checkpoint
 from framework.strategies.deepspeed_zero import DeepSpeedZero
 from framework.strategies.entry import OTHER, Layout, NamedStrategy
 from framework.strategies.fsdp2 import FSDP2Strategy, HSDPStrategy
@@ -89,9 +88,6 @@ class FSDP(NamedStrategy):
     def describe(self, devices: int, nodes: int) -> str:
         return f"FSDP2 over all {devices * nodes} devices"
 
-    def checkpoint_form(self, strategy: "Strategy") -> str:
-        return "dcp" if saves_distributed_checkpoint(strategy) else "lightning"
-
 
 class HSDP(FSDP):
     name, summary, recipe_preference = "hsdp", "FSDP2 within each node, replicated across nodes", 2
@@ -139,11 +135,6 @@ def build_strategy(name: str, *, accelerator: str, devices: Any = 1, num_nodes: 
         raise ValueError(f"strategy={name!r} is invalid: allowed are {', '.join(STRATEGIES)}")
     layout = resolve_layout(accelerator, devices, num_nodes)
     return STRATEGIES[name].build(layout, **({} if timeout is None else {"timeout": timeout}))
-
-
-def _check_combination(name: str, accelerator: str, world_size: int) -> None:
-    """Raise the builder's error for ``name`` on ``world_size`` devices of one node, if any."""
-    build_strategy(name, accelerator=accelerator, devices=world_size)
 
 
 def resolve_accelerator(accelerator: str) -> str:

@@ -95,13 +95,13 @@ def test_generated_recipe_instantiates_with_the_size_its_header_states(name):
 
 @pytest.mark.parametrize("name", sorted(generated()))
 def test_generated_recipe_strategy_is_one_the_framework_builds(name):
-    from framework.strategies.registry import STRATEGIES, _check_combination
+    from framework.strategies.registry import STRATEGIES, build_strategy
 
     trainer = yaml.safe_load((RECIPES / name).read_text())["trainer"]
     if trainer["strategy"] == "hsdp" and "hsdp" not in STRATEGIES:
         pytest.skip("strategy 'hsdp' is registered by the multi-node work (issue #12)")
     assert trainer["strategy"] in STRATEGIES
-    _check_combination(trainer["strategy"], "gpu", trainer["devices"] * trainer["num_nodes"])
+    build_strategy(trainer["strategy"], accelerator="gpu", devices=trainer["devices"] * trainer["num_nodes"])
 
 
 def test_tiny_and_base_recipes_instantiate_with_their_trainer(tmp_path):

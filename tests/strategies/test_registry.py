@@ -48,18 +48,6 @@ def test_only_deepspeed_cannot_skip_a_step():
     assert OTHER.can_skip_step
 
 
-def test_each_entry_names_the_checkpoint_form_it_writes():
-    forms = {name: entry.checkpoint_form(built) for name, entry, built in (
-        ("single", STRATEGIES["single"], SingleDeviceStrategy(device=torch.device("cpu"))),
-        ("ddp", STRATEGIES["ddp"], DDPStrategy()),
-        ("fsdp", STRATEGIES["fsdp"], FSDP2Strategy()),
-        ("fsdp one file", STRATEGIES["fsdp"], FSDP2Strategy(save_distributed_checkpoint=False)),
-        ("hsdp", STRATEGIES["hsdp"], HSDPStrategy()))}
-    assert forms == {"single": "lightning", "ddp": "lightning", "fsdp": "dcp", "fsdp one file": "lightning",
-                     "hsdp": "dcp"}
-    assert STRATEGIES["deepspeed_stage_3"].checkpoint_form(None) == "deepspeed"
-
-
 @pytest.mark.parametrize("devices, nodes, proposed", [
     (1, 1, {"single": Footprint(1)}),
     (8, 1, {"ddp": Footprint(1, buckets_gradients=True), "fsdp": Footprint(8, gathers_blocks=True)}),

@@ -1,7 +1,7 @@
 """The native multiple-choice scorer, its metric and its validation callback.
 
 (That it gives lm-eval's numbers on the same task is checked in
-tests/eval/test_lm_eval_adapter.py, where lm-eval runs.)
+tests/eval/downstream/test_lm_eval_adapter.py, where lm-eval runs.)
 """
 
 import json
