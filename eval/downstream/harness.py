@@ -3,6 +3,7 @@
     layerdrop eval downstream --ckpt runs/tiny/checkpoints/last.ckpt --tasks paper --out downstream.json
     layerdrop eval downstream --ckpt CKPT --tasks piqa,hellaswag --exit-layer 4 --limit 200 --out r.json
     layerdrop eval downstream --ckpt CKPT --tasks my_task --include-path my_tasks/ --no-builtin-tasks --out r.json
+    layerdrop eval downstream --ckpt CKPT --tasks piqa --exit-layers all --sets alternate-odd --adapters DIR --out r.json
 
 ``paper`` is the 11 tasks of the paper's Table A.3 under their lm-eval names. Runs are
 offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE forced on). Nine of them run anywhere
@@ -14,6 +15,10 @@ and source); a Hugging Face data-set cache holding a task's data set takes prece
 them as not run when it is empty, and asking for them by name is refused in one line.
 Any other lm-eval task reads the cache too, or a local task YAML passed with
 ``--include-path`` (``dataset_path: json`` + ``dataset_kwargs.data_files``).
+
+``--exit-layers`` / ``--sets`` / ``--sweep`` make one table (tasks x columns) in one run
+(eval/downstream/exits_table.py): plain exits and, with ``--adapters``, the adapter exits
+among ``--exit-layers`` share one forward; each skip set needs a forward of its own.
 
 Before the model loads, task names are checked (eval/downstream/task_index.py: a second
 for declared names; lm-eval's ~30 s index once, then cached, for the rest) and every
@@ -38,8 +43,9 @@ from typing import Sequence
 from eval import options
 from eval.downstream.packaged_tasks import ALIASES, PACKAGED
 from eval.downstream.report import build_report, json_safe
+from eval.skip_sets import SWEEPS
 from framework.command_parser import CommandParser
-from framework.files.atomic_write import write_json
+from framework.files.atomic_write import write_json, write_text
 
 PAPER_TASKS = ("bbh", "piqa", "social_iqa", "hellaswag", "winogrande", "arc_challenge", "arc_easy",
                "openbookqa", "lambada_openai", "copa", "race")
@@ -171,8 +177,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--exit-layers", default=None, metavar="SPEC",
                         help="the tasks at several exits in one run, one forward shared by all: 'all' (1..L), "
                              "4,8,12 or 2-6; writes a tasks x exits table and a plot (--plot)")
+    parser.add_argument("--sets", nargs="+", action="extend", default=None, metavar="SPEC",
+                        help="skip sets as columns of that table (as `eval skip --sets`), each its own forward: "
+                             "none, alternate-odd, alternate-even, a range a-b, or a list i,j,k")
+    parser.add_argument("--sweep", nargs="+", action="extend", default=None, choices=SWEEPS,
+                        help="families of skip sets as columns (as `eval skip --sweep`): alternate, single, "
+                             "middle, contiguous")
     parser.add_argument("--skip-layers", default=None, help=options.SKIP_HELP)
-    options.add_adapters(parser, "with --exit-layer K, the exit reads through the adapter trained at K")
+    options.add_adapters(parser, "with --exit-layer K, the exit reads through the adapter trained at K; with "
+                                 "--exit-layers, a column 'adapter K' for each of their exits among those "
+                                 "(read from the exits' shared forward)")
     options.add_tokenizer(parser)
     parser.add_argument("--max-length", type=int, default=None, help="context window (default: max_seq_len)")
     parser.add_argument("--max-gen-toks", type=int, default=None,
@@ -211,11 +225,11 @@ def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
     if args.max_gen_toks is not None and args.max_gen_toks >= window:
         parser.error(f"--max-gen-toks={args.max_gen_toks} is invalid: must be below the context ({window} tokens), "
                      "which also holds the prompt")
-    _check_exits(parser, args, n)
+    _check_table(parser, args, n)
     try:
         args.skip = list(parse_skip_set(args.skip_layers, n)) if args.skip_layers else []
         if args.adapters is not None:
-            _check_adapters(args.adapters, args.exit_layer, args.skip)
+            args.adapter_exits = _check_adapters(args.adapters, cfg, args.exit_layer, args.skip, args.exits)
         if args.tokenizer is None:
             find_tokenizer(args.ckpt)
         elif not Path(args.tokenizer).is_file():
@@ -224,50 +238,70 @@ def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         parser.error(str(err))
 
 
-def _check_exits(parser: argparse.ArgumentParser, args: argparse.Namespace, num_layers: int) -> None:
-    """--exit-layers: parsed into args.exits, alone (no single exit, skip set or adapters);
-    --plot only with it."""
+def _check_table(parser: argparse.ArgumentParser, args: argparse.Namespace, num_layers: int) -> None:
+    """--exit-layers / --sets / --sweep: the table's columns, parsed into args.exits and
+    args.skip_sets, alone (no single exit or skip set); --plot only with them."""
     from eval.measurements.exits import parse_exit_layers
+    from eval.skip_sets import resolve_sets
 
-    args.exits = None
-    if args.exit_layers is None:
+    args.exits = args.skip_sets = args.adapter_exits = None
+    given = next((flag for flag, value in (("--exit-layers", args.exit_layers), ("--sets", args.sets),
+                                           ("--sweep", args.sweep)) if value is not None), None)
+    if given is None:
         if args.plot is not None:
-            parser.error("--plot is the accuracy-by-exit plot of --exit-layers: give --exit-layers too")
+            parser.error("--plot is the accuracy-by-exit plot of --exit-layers / --sets: give one of them too")
         return
-    for flag, value in (("--exit-layer", args.exit_layer), ("--skip-layers", args.skip_layers),
-                        ("--adapters", args.adapters)):
+    for flag, value in (("--exit-layer", args.exit_layer), ("--skip-layers", args.skip_layers)):
         if value is not None:
-            parser.error(f"--exit-layers and {flag} are exclusive: --exit-layers runs plain early exits")
-    spec = args.exit_layers.strip()
+            parser.error(f"{given} and {flag} are exclusive: {given} makes a table whose columns are "
+                         "--exit-layers, --sets / --sweep and --adapters")
+    spec = (args.exit_layers or "").strip()
     try:
-        args.exits = list(range(1, num_layers + 1)) if spec == "all" else parse_exit_layers(spec, num_layers)
+        args.exits = ([] if args.exit_layers is None else list(range(1, num_layers + 1)) if spec == "all"
+                      else parse_exit_layers(spec, num_layers))
+        args.skip_sets = resolve_sets(args.sets or [], args.sweep or [], num_layers)
     except ValueError as err:
         parser.error(str(err))
     args.plot = args.plot or str(Path(args.out).with_suffix(".png"))
     options.refuse_existing(parser, [args.plot], args.overwrite)
 
 
-def _check_adapters(folder: str, exit_layer: int | None, skip: list[int]) -> None:
+def _check_adapters(folder: str, cfg, exit_layer: int | None, skip: list[int],
+                    exits: list[int] | None) -> list[int] | None:
+    """The adapters' files and model shape (before the model loads); with a table
+    (``exits`` not None), their exits among ``exits``."""
     from eval.adapters.exit_adapters import read_meta
 
-    exits = read_meta(folder)["exits"]
-    if exit_layer not in exits or skip:
-        raise ValueError(f"--adapters {folder!r} needs --exit-layer set to one of their exits {exits} "
-                         "(and no --skip-layers)")
+    meta = read_meta(folder)
+    if meta.get("model") != cfg.to_dict():
+        theirs = meta.get("model") or {}
+        differ = ", ".join(f"{key} {theirs.get(key)} vs {value}" for key, value in cfg.to_dict().items()
+                           if theirs.get(key) != value)
+        raise ValueError(f"--adapters {folder!r} were trained for another model than --ckpt ({differ or 'no model'})")
+    if exits is not None:
+        chosen = [k for k in meta["exits"] if k in exits]
+        if not exits or not chosen:
+            raise ValueError(f"--adapters {folder!r} has exits {meta['exits']}: give --exit-layers naming some of "
+                             f"them (got {exits or 'none'})")
+        return chosen
+    if exit_layer not in meta["exits"] or skip:
+        raise ValueError(f"--adapters {folder!r} needs --exit-layer set to one of their exits {meta['exits']} "
+                         "(and no --skip-layers), or --exit-layers")
+    return None
 
 
 def samples_path(out: str) -> Path:
     return Path(out).with_suffix(".samples.jsonl")
 
 
-def write_samples(results: dict, path: Path, exit_layer: int | None = None, append: bool = False) -> int:
-    """Every logged sample as one JSON line, its task (and exit) first; the number written."""
-    extra = {} if exit_layer is None else {"exit_layer": exit_layer}
+def write_samples(results: dict, path: Path, column: str | None = None, append: bool = False) -> int:
+    """Every logged sample as one JSON line, its task (and table column: ``exit_layer`` K for
+    a plain exit) first; the number written."""
+    extra = {} if column is None else {"column": column, **({"exit_layer": int(column)} if column.isdigit() else {})}
     lines = [json.dumps({"task": task, **extra, **json_safe(sample)})
              for task, samples in (results.get("samples") or {}).items() for sample in samples]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a" if append else "w") as file:
-        file.write("".join(line + "\n" for line in lines))
+    before = path.read_text() if append and path.is_file() else ""
+    write_text(path, before + "".join(line + "\n" for line in lines))
     return len(lines)
 
 
@@ -296,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
 
     limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
     model_args = {"ckpt": args.ckpt, "tokenizer": args.tokenizer, "exit_layer": args.exit_layer,
-                  "skip_layers": args.skip or None, "adapters": args.adapters, "max_length": args.max_length,
-                  "max_gen_toks": args.max_gen_toks, "eot_token": args.eot_token, "seed": args.seed}
+                  "skip_layers": args.skip or None, "adapters": args.adapters if args.exits is None else None,
+                  "max_length": args.max_length,                  "max_gen_toks": args.max_gen_toks, "eot_token": args.eot_token, "seed": args.seed}
     model_args = {k: v for k, v in model_args.items() if v is not None}
     evaluate_kwargs = dict(num_fewshot=args.num_fewshot, limit=limit, task_manager=manager,
                            log_samples=args.log_samples, bootstrap_iters=args.bootstrap_iters, random_seed=args.seed,
@@ -330,13 +364,19 @@ def _main_exits(args, model_args, task_objects, tasks, evaluate_kwargs, data, no
     report["plot"] = str(plot_accuracy(report, args.plot))
     if args.log_samples:
         report["samples_file"] = str(samples_path(args.out))
-        count = sum(write_samples(results, samples_path(args.out), exit_layer=k, append=index > 0)
-                    for index, (k, results) in enumerate(ran["by_exit"].items()))
+        count = sum(write_samples(results, samples_path(args.out), column=key, append=index > 0)
+                    for index, (key, results) in enumerate(ran["by_exit"].items()))
     write_json(args.out, report)
     print(table_text(report))
     print(data_table(report["data"]))
     _print_not_run(not_run)
-    print(f"{report['pairs_scored']} log-likelihood requests scored once for {len(args.exits)} exits")
+    shared = len(args.exits) + len(args.adapter_exits or [])
+    if shared:
+        adapters = f" and adapter exits {','.join(map(str, args.adapter_exits))}" if args.adapter_exits else ""
+        print(f"{report['pairs_scored']} log-likelihood requests scored once for {len(args.exits)} exits{adapters}")
+    if args.skip_sets:
+        print(f"{report['skip_pairs_scored']} log-likelihood requests scored by {len(args.skip_sets)} skip sets, "
+              "one forward each")
     if args.log_samples:
         print(f"wrote {count} samples to {report['samples_file']}")
     print(f"wrote {args.out} and {report['plot']}")

@@ -25,8 +25,9 @@ Model arguments (in an lm-eval argument string, separate skip layers with ';'):
 
 Log-likelihoods go through eval.downstream.multiple_choice.score_continuations, the same scorer
 as the native multiple-choice metric; after ``share_exits([1, 2, ...])`` they are scored at
-every one of those exits from one forward (``score_exits``) and ``use_exit(K)`` picks the
-exit lm-eval reads (`eval downstream --exit-layers`). A continuation longer than
+every one of those exits from one forward (``score_exits``; exit adapters read the same
+forward, each skip set runs its own) and ``use_exit(K)`` / ``use_column`` picks the
+column lm-eval reads (`eval downstream --exit-layers`, `--sets`). A continuation longer than
 max_length is scored over its last max_length tokens (one warning). Generation goes through the same batched
 generator as `layerdrop generate` (the mode registry, eval/decoding/modes/: exit:K,
 skip:SET or full, from exit_layer/skip_layers): requests with the same
@@ -120,23 +121,47 @@ class LayerDropLM(TemplateLM):
                      "skip_layers": list(self.skip_layers), "adapters": adapters, "num_layers": n,
                      "parameters": self.decoder.num_parameters()}
         self.exit_scores: ExitScores | None = None
+        self.column: tuple[str, Any] | None = None  # what use_column picked
 
-    def share_exits(self, exits: list[int]) -> None:
+    def share_exits(self, exits: list[int], *, skip_sets: list[tuple[int, ...]] = (), adapters=None,
+                    adapter_exits: list[int] = ()) -> None:
         """Score log-likelihoods at every exit in ``exits`` from one forward (the first
-        request computes them all, the same request at another exit is read back);
-        ``use_exit(K)`` then picks the exit lm-eval sees. Generation still runs per exit."""
+        request computes them all, the same request at another exit is read back); exit
+        adapters (``adapters``, an ExitAdapters, at ``adapter_exits``) read the same
+        forward's states. Each skip set in ``skip_sets`` runs its own forward (its blocks
+        see another stream than the plain model's). ``use_exit(K)`` / ``use_column(...)``
+        then pick what lm-eval sees. Generation still runs per column."""
         if self.skip_layers or self.adapter is not None:
             raise ValueError("sharing exits runs plain early exits: no skip_layers, no adapters")
+        n = self.model_cfg.n_layers
         for k in exits:
             self.decoder.active_layers(k)
-        self.exit_scores = ExitScores(self.decoder, sorted(set(exits)), self.batch_size, self.max_length)
+        skip_sets = [parse_skip_set(skip, n) for skip in skip_sets]
+        adapter_exits = sorted(set(adapter_exits))
+        missing = [k for k in adapter_exits if adapters is None or k not in adapters.exits]
+        if missing:
+            raise ValueError(f"adapter exits {missing} have no adapter: the adapters' exits are "
+                             f"{None if adapters is None else adapters.exits}")
+        self.adapters = adapters
+        self.exit_scores = ExitScores(self.decoder, sorted(set(exits)), self.batch_size, self.max_length,
+                                      adapters={k: adapters.blocks[str(k)] for k in adapter_exits},
+                                      skip_sets=skip_sets)
 
     def use_exit(self, exit_layer: int) -> None:
-        if self.exit_scores is None or exit_layer not in self.exit_scores.exits:
-            raise ValueError(f"exit {exit_layer} is not among the shared exits; call share_exits first")
-        self.exit_layer = exit_layer
+        self.use_column(("exit", exit_layer))
+
+    def use_column(self, column: tuple[str, Any]) -> None:
+        """What lm-eval sees next: ``("exit", K)``, ``("adapter", K)`` or ``("skip", (i, j, ...))``,
+        one of the columns ``share_exits`` set up."""
+        if self.exit_scores is None or column not in self.exit_scores.columns:
+            raise ValueError(f"{column} is not among the shared columns; call share_exits first")
+        kind, value = column
+        self.exit_layer = None if kind == "skip" else value
+        self.skip_layers = tuple(value) if kind == "skip" else ()
+        self.adapter = self.adapters.blocks[str(value)] if kind == "adapter" else None
+        self.column = column
         self.mode = modes.parse(self._mode_spec(), self.model_cfg.n_layers)
-        self.info["exit_layer"] = exit_layer
+        self.info.update(exit_layer=self.exit_layer, skip_layers=list(self.skip_layers))
 
     def _adapter(self, adapters: str | None):
         if adapters in (None, "", "None"):
@@ -201,7 +226,7 @@ class LayerDropLM(TemplateLM):
         pairs = [self._fitting(requests[i][1], requests[i][2]) for i in scored]
         what = "eval downstream: log-likelihood requests"
         if self.exit_scores is not None:
-            values = self.exit_scores.scores(pairs, self.exit_layer, what if not disable_tqdm else None)
+            values = self.exit_scores.scores(pairs, self.column, what if not disable_tqdm else None)
         else:
             with progress(len(scored), what, enabled=not disable_tqdm) as bar:
                 values = score_continuations(self.decoder, pairs, batch_size=self.batch_size,
@@ -322,25 +347,42 @@ class LayerDropLM(TemplateLM):
 
 
 class ExitScores:
-    """Log-likelihoods at several exits, computed together and kept by (context, continuation)."""
+    """Log-likelihoods of several columns, computed together and kept by (context,
+    continuation): plain exits ``("exit", K)`` and adapter exits ``("adapter", K)`` from
+    one shared forward, each skip set ``("skip", S)`` from a forward of its own."""
 
-    def __init__(self, decoder: torch.nn.Module, exits: list[int], batch_size: int, max_length: int) -> None:
+    def __init__(self, decoder: torch.nn.Module, exits: list[int], batch_size: int, max_length: int, *,
+                 adapters: dict[int, torch.nn.Module] | None = None, skip_sets: list[tuple[int, ...]] = ()) -> None:
         self.decoder, self.exits, self.batch_size, self.max_length = decoder, exits, batch_size, max_length
-        self.table: dict[int, dict[tuple, tuple[float, bool]]] = {k: {} for k in exits}
-        self.pairs_scored = 0  # each once for every exit
+        self.adapters = dict(adapters or {})
+        self.shared = [("exit", k) for k in exits] + [("adapter", k) for k in sorted(self.adapters)]
+        self.columns = self.shared + [("skip", tuple(s)) for s in skip_sets]
+        self.table: dict[tuple, dict[tuple, tuple[float, bool]]] = {column: {} for column in self.columns}
+        self.pairs_scored = 0  # by the shared forward, each once for every exit and adapter exit
+        self.skip_pairs_scored = 0  # by the skip sets' forwards, summed over the sets
 
-    def scores(self, pairs: list[tuple[list[int], list[int]]], exit_layer: int, what: str | None):
+    def scores(self, pairs: list[tuple[list[int], list[int]]], column: tuple, what: str | None):
         keys = [(tuple(context), tuple(continuation)) for context, continuation in pairs]
-        table = self.table[exit_layer]
+        table = self.table[column]
         new = list(dict.fromkeys(key for key in keys if key not in table))
         if new:
-            with progress(len(new), f"{what} (exits {','.join(map(str, self.exits))} in one pass)",
-                          enabled=what is not None) as bar:
-                found = score_exits(self.decoder, [(list(c), list(t)) for c, t in new], self.exits,
-                                    batch_size=self.batch_size, max_length=self.max_length, on_batch=bar.advance)
-            for k, values in found.items():
-                self.table[k].update(zip(new, values))
-            self.pairs_scored += len(new)
+            listed = [(list(c), list(t)) for c, t in new]
+            if column[0] == "skip":
+                with progress(len(new), f"{what} (skip set {','.join(map(str, column[1]))})",
+                              enabled=what is not None) as bar:
+                    table.update(zip(new, score_continuations(self.decoder, listed, batch_size=self.batch_size,
+                                                              max_length=self.max_length, skip_layers=column[1],
+                                                              on_batch=bar.advance)))
+                self.skip_pairs_scored += len(new)
+            else:
+                names = [f"{kind} {k}" if kind == "adapter" else str(k) for kind, k in self.shared]
+                with progress(len(new), f"{what} (exits {','.join(names)} in one pass)",
+                              enabled=what is not None) as bar:
+                    found = score_exits(self.decoder, listed, self.exits, adapters=self.adapters,
+                                        batch_size=self.batch_size, max_length=self.max_length, on_batch=bar.advance)
+                for key, values in found.items():
+                    self.table[key if isinstance(key, tuple) else ("exit", key)].update(zip(new, values))
+                self.pairs_scored += len(new)
         return [table[key] for key in keys]
 
 

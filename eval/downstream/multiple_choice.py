@@ -31,7 +31,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import lightning.pytorch as pl
 import torch
@@ -156,21 +156,28 @@ def score_continuations(decoder: torch.nn.Module, pairs: Sequence[TokenPair], *,
 
 
 def score_exits(decoder: torch.nn.Module, pairs: Sequence[TokenPair], exits: Sequence[int], *, batch_size: int,
-                max_length: int, on_batch: Callable[[int], None] | None = None) -> dict[int, list[tuple[float, bool]]]:
+                max_length: int, adapters: Mapping[int, torch.nn.Module] | None = None,
+                on_batch: Callable[[int], None] | None = None) -> dict:
     """``score_continuations`` at every exit K in ``exits`` from one forward per batch: the
     blocks run once up to the deepest exit, and each exit's state goes through the final
-    norm and head (what ``exit_layer=K`` computes, K times cheaper in blocks)."""
-    exits = sorted(set(exits))
-    for k in exits:
+    norm and head (what ``exit_layer=K`` computes, K times cheaper in blocks). ``adapters``
+    {K: adapter block}: the same forward also feeds exit K's state through its adapter
+    (``exit_layer=K, adapter=...``), kept under the key ``("adapter", K)``; plain exits
+    are keyed by K."""
+    exits, adapters = sorted(set(exits)), dict(sorted((adapters or {}).items()))
+    for k in [*exits, *adapters]:
         decoder.active_layers(k)  # validates 1..L before any work
+    deepest = max([*exits, *adapters])
 
     def heads(decoder, tokens, width):
-        states = decoder.step(tokens, layers=range(exits[-1]), states=True).states
+        out = decoder.step(tokens, layers=range(deepest), states=True, exits=adapters)
         for k in exits:
-            yield k, lambda rows, positions, state=states[k - 1]: decoder.logits(state[rows, positions])
+            yield k, lambda rows, positions, state=out.states[k - 1]: decoder.logits(state[rows, positions])
+        for k in adapters:
+            yield ("adapter", k), lambda rows, positions, read=out.reads[k]: decoder.logits(read[rows, positions])
 
     found = _scored(decoder, pairs, heads, batch_size, max_length, 0, on_batch)
-    return {k: found.get(k, []) for k in exits}
+    return {key: found.get(key, []) for key in [*exits, *(("adapter", k) for k in adapters)]}
 
 
 def _scored(decoder, pairs, heads, batch_size, max_length, min_batches, on_batch) -> dict:

@@ -16,7 +16,8 @@ from torch.utils.data import DataLoader
 from framework.config import ModelConfig
 from framework.model.decoder import Decoder
 from eval.downstream.multiple_choice import (Example, MultipleChoiceAccuracy, MultipleChoiceEval, choice_predictions,
-                                             encode_pair, read_examples, score_continuations, score_examples)
+                                             encode_pair, read_examples, score_continuations, score_examples,
+                                             score_exits)
 
 EXAMPLES = [
     {"context": "The sun rises in the", "choices": ["east", "west", "ocean"], "gold": 0},
@@ -115,6 +116,29 @@ def test_batched_scores_equal_one_forward_per_pair(decoder, forward, full_logits
         ref_value, ref_greedy = reference(decoder, *pair, **forward)
         assert value == pytest.approx(ref_value, abs=1e-4)
         assert greedy == ref_greedy
+
+
+def test_shared_exits_and_adapter_exits_equal_each_alone(decoder):
+    from eval.adapters.exit_adapters import ExitAdapters
+
+    torch.manual_seed(5)
+    adapters = ExitAdapters(decoder.config, [1, 2])
+    adapters.initialise(decoder, "random")
+    gen = torch.Generator().manual_seed(4)
+    pairs = [(torch.randint(1, 280, (n,), generator=gen).tolist(), torch.randint(1, 280, (m,), generator=gen).tolist())
+             for n, m in [(5, 1), (1, 4), (12, 3), (7, 7), (2, 2)]]
+    found = score_exits(decoder, pairs, [1, 3], adapters={2: adapters.blocks["2"]}, batch_size=2, max_length=48)
+    assert list(found) == [1, 3, ("adapter", 2)]
+    alone = {1: score_continuations(decoder, pairs, batch_size=4, max_length=48, exit_layer=1),
+             3: score_continuations(decoder, pairs, batch_size=4, max_length=48, exit_layer=3),
+             ("adapter", 2): score_continuations(decoder, pairs, batch_size=4, max_length=48, exit_layer=2,
+                                                 adapter=adapters.blocks["2"])}
+    plain_two = score_continuations(decoder, pairs, batch_size=4, max_length=48, exit_layer=2)
+    for key, values in alone.items():
+        for (value, greedy), (ref_value, ref_greedy) in zip(found[key], values):
+            assert value == pytest.approx(ref_value, abs=1e-5) and greedy == ref_greedy
+    # the adapter column is the adapter's, not exit 2's plain head
+    assert max(abs(a[0] - b[0]) for a, b in zip(found[("adapter", 2)], plain_two)) > 1e-3
 
 
 def test_long_inputs_keep_their_last_tokens(decoder):
