@@ -23,6 +23,8 @@ import os
 import numpy as np
 from litdata import TokensLoader, optimize
 
+from framework.files.atomic_write import write_text
+
 INDEX_FILE = "index.json"
 
 
@@ -105,8 +107,7 @@ def _stamp_index_with_content_hash(output_dir: str) -> None:
         with open(os.path.join(output_dir, chunk["filename"]), "rb") as handle:
             digest.update(handle.read())
     index["updated_at"] = digest.hexdigest()[:32]
-    with open(path, "w") as handle:
-        json.dump(index, handle, sort_keys=True)
+    write_text(path, json.dumps(index, sort_keys=True))
 
 
 def read_split_tokens(split_dir: str, dtype: str) -> np.ndarray:

@@ -28,6 +28,7 @@ from eval import options
 from framework.checkpoint import CheckpointError, load_decoder
 from framework.config import ModelConfig
 from framework.families.registry import new_block
+from framework.files.atomic_write import replacing, write_json
 from framework.model.decoder import Decoder
 
 WEIGHTS_FILE = "adapters.safetensors"
@@ -92,8 +93,9 @@ def save_adapters(adapters: ExitAdapters, out_dir: str | Path, meta: dict, *, ov
         raise FileExistsError(options.exists_message(out_dir / WEIGHTS_FILE))
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().contiguous().cpu() for k, v in adapters.state_dict().items()}
-    save_file(state, str(out_dir / WEIGHTS_FILE))
-    (out_dir / META_FILE).write_text(json.dumps({"exits": adapters.exits, **meta}, indent=2) + "\n")
+    with replacing(out_dir / WEIGHTS_FILE) as partial:
+        save_file(state, str(partial))
+    write_json(out_dir / META_FILE, {"exits": adapters.exits, **meta})
     return out_dir
 
 

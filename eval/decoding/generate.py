@@ -22,9 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from framework.files.atomic_write import write_json
+from framework.files.atomic_write import write_json, write_text
 from eval import options
 from framework.command_parser import CommandParser
 
@@ -235,8 +234,7 @@ def _write(results, texts, args, from_file: bool, codec) -> None:
              "layers_per_token": sum(item.blocks) / len(item.blocks) if item.blocks else None}
             for prompt, item in zip(texts, results)]
     if args.out is not None:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_text(args.out, "".join(json.dumps(r) + "\n" for r in rows))
         print(f"wrote {len(rows)} results to {args.out}", file=sys.stderr)
     elif from_file:
         sys.stdout.write("".join(json.dumps(r) + "\n" for r in rows))

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from framework.files.atomic_write import write_text
+
 _KEY = re.compile(r"^(task|group|tag|class)\s*:\s*(.*?)\s*$")
 _ITEM = re.compile(r"^\s+-\s*([^\s#]+)")
 _IGNORED = {"__pycache__", ".ipynb_checkpoints"}
@@ -100,10 +102,7 @@ def builtin_index() -> set[str]:
     print(f"indexing lm-eval's built-in tasks once (~30 s; cached in {cache})", file=sys.stderr)
     names = set(TaskManager(include_defaults=True).all_tasks)
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        partial = cache.with_suffix(".tmp")
-        partial.write_text(json.dumps(sorted(names)))
-        partial.replace(cache)
+        write_text(cache, json.dumps(sorted(names)))
     except OSError:
         pass  # a read-only home: the next run indexes again
     return names

@@ -40,6 +40,7 @@ from eval.experiments.sweep_results import RunResult, copy_results, load_results
 from eval.measurements import plots
 from framework.command_parser import CommandParser
 from framework.config import LayerDropoutConfig
+from framework.files.atomic_write import write_text
 from framework.schedules import dropout_rates
 
 PROG = "layerdrop report"
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     copy_results(results, out, root / "sweep.yaml", aliases)
     if (root / "machine.json").is_file() and (root / "machine.json").resolve() != (out / "machine.json").resolve():
-        (out / "machine.json").write_text(with_aliases((root / "machine.json").read_text(), aliases))
+        write_text(out / "machine.json", with_aliases((root / "machine.json").read_text(), aliases))
     report["images"] = write_images(report, out)
     report["report_command"] = shlex.join(["layerdrop", "report", *(sys.argv[1:] if argv is None else argv)])
     if aliases:  # the command as it reads once the paths are aliased (its --path-alias words dropped)
@@ -291,9 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         kept = [w for i, w in enumerate(words) if w != "--path-alias" and not (i and words[i - 1] == "--path-alias")
                 and not w.startswith("--path-alias=")]
         report["report_command"] = shlex.join(["layerdrop", "report", *kept])
-    (out / "report.json").write_text(with_aliases(json.dumps(report, indent=1, default=str), aliases) + "\n")
+    write_text(out / "report.json", with_aliases(json.dumps(report, indent=1, default=str), aliases) + "\n")
     title = args.title or default_title(root, report)
-    (out / "README.md").write_text(with_aliases(markdown(report, title=title), aliases))
+    write_text(out / "README.md", with_aliases(markdown(report, title=title), aliases))
     verdicts = ", ".join(f"{f['id']}: {f['verdict']}" for f in report["findings"])
     print(f"{len(results)} runs in {len(report['configurations'])} configurations ({verdicts})")
     print(f"wrote {out / 'README.md'}, {out / 'report.json'} and {len(report['images'])} images")

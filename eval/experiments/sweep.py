@@ -140,7 +140,7 @@ class Runner:
             # place, so it is resolved again from the recipe with the new paths.
             folder.config.unlink(missing_ok=True)
         folder.dir.mkdir(parents=True, exist_ok=True)
-        folder.recipe.write_text(text)
+        write_text(folder.recipe, text)
         if folder.config.is_file():
             return None
         partial = folder.config.with_name(f".{folder.config.name}.partial")

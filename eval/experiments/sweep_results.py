@@ -24,6 +24,7 @@ import yaml
 
 from eval.experiments.sweep_spec import DEFAULT_SEED_KEYS, EvalSpec, get_dotted, parse_evals, predict
 from framework.config import LayerDropoutConfig
+from framework.files.atomic_write import write_text
 
 SMALL_FILES = ("config.yaml", "recipe.yaml", "summary.json", "status.json", "curve.json")
 IGNORED_KEYS = (*DEFAULT_SEED_KEYS, "trainer.default_root_dir", "data.data_dir", "summary.compare_to",
@@ -316,7 +317,7 @@ def copy_results(results: list[RunResult], destination: Path, sweep_file: Path |
     with each path in ``aliases`` written as its alias (a committed copy names no machine's
     folders)."""
     def copy(source: Path, target: Path) -> None:
-        target.write_text(with_aliases(source.read_text(), aliases))
+        write_text(target, with_aliases(source.read_text(), aliases))
 
     for result in results:
         target = destination / "runs" / result.name
@@ -328,7 +329,7 @@ def copy_results(results: list[RunResult], destination: Path, sweep_file: Path |
                 copy(result.folder / name, target / name)
         for path in (result.folder / "evals").glob("*.json"):
             copy(path, target / "evals" / path.name)
-        (target / "curve.json").write_text(json.dumps(result.curve, indent=1) + "\n")
+        write_text(target / "curve.json", json.dumps(result.curve, indent=1) + "\n")
     if sweep_file is not None and sweep_file.is_file() and sweep_file.resolve() != (destination / "sweep.yaml").resolve():
         copy(sweep_file, destination / "sweep.yaml")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from eval.experiments.run_folder import RunFolder, layerdrop
 from eval.experiments.sweep_spec import Run, Sweep, SweepError
+from framework.files.atomic_write import write_text
 
 SLURM_TIME = re.compile(r"^(\d+-)?\d+(:\d+){0,2}$")
 UNSAFE_IN_DIRECTIVES = '\n\r"\'%\\'
@@ -40,7 +41,7 @@ def write_slurm(sweep: Sweep, root: Path, runs: list[Run], args: argparse.Namesp
     pending = [r for r in runs if RunFolder(root, r).state(sweep.evals) != "done"]
     folder = root / "slurm"
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "runs.txt").write_text("".join(f"{r.name}\n" for r in pending))
+    write_text(folder / "runs.txt", "".join(f"{r.name}\n" for r in pending))
     sweep_copy = (root / "sweep.yaml").resolve()
     command = [*layerdrop(), "sweep", str(sweep_copy), "--out", str(root.resolve()), "--data",
                str(sweep.data_dir.resolve()), "--only", "$RUN", "--launcher", "slurm-task"]
@@ -48,7 +49,7 @@ def write_slurm(sweep: Sweep, root: Path, runs: list[Run], args: argparse.Namesp
         command += ["--threads-per-job", str(args.threads_per_job)]
     script = folder / "array.sbatch"
     # Every value in the shell part is quoted: a space or a $(...) in a path stays a path.
-    script.write_text(SLURM_TEMPLATE.format(
+    write_text(script, SLURM_TEMPLATE.format(
         nodes=args.slurm_nodes, gpus=args.slurm_gpus_per_node, time=args.slurm_time, out=folder.resolve(),
         repo=shlex.quote(str(Path.cwd().resolve())), runs=shlex.quote(str((folder / "runs.txt").resolve())),
         command=" ".join(shlex.quote(w) if w != "$RUN" else '"$RUN"' for w in command)))

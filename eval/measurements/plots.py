@@ -29,6 +29,8 @@ import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
+from framework.files.atomic_write import replacing  # noqa: E402
+
 MARKERS = "osD^v<>pPhX*"
 
 
@@ -36,7 +38,8 @@ def save_figure(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with replacing(path) as partial:
+        fig.savefig(partial, dpi=120, format=path.suffix[1:] or "png")
     plt.close(fig)
     return path
 
@@ -246,7 +249,8 @@ def save(build: Callable[..., Figure], path: str | Path, *args, **kwargs) -> Pat
     path.parent.mkdir(parents=True, exist_ok=True)
     if fig.get_layout_engine() is None:
         fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with replacing(path) as partial:
+        fig.savefig(partial, dpi=120, format=path.suffix[1:] or "png")
     plt.close(fig)
     return path
 

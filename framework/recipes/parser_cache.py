@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Callable
 from functools import cache
 from importlib import metadata
 from pathlib import Path
+
+from framework.files.atomic_write import write_text
 
 FRAMEWORK = Path(__file__).resolve().parents[1]
 LIBRARIES = ("lightning", "jsonargparse", "torch")
@@ -53,11 +54,7 @@ def cached(name: str, build: Callable[[], str]) -> str:
         pass
     text = build()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, prefix=f".{name}.",
-                                         delete=False) as handle:
-            handle.write(text)
-        os.replace(handle.name, path)  # whole or absent: a concurrent reader never sees half
+        write_text(path, text)  # whole or absent: a concurrent reader never sees half
     except OSError:
         pass
     return text

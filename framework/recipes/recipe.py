@@ -61,6 +61,7 @@ from framework.config import PAPER_SIZES, EarlyExitLossConfig, LayerDropoutConfi
 from framework.recipes.device_memory import ModelSizes, device_memory
 from framework.training.early_exit_loss import check_exits, mean_exit_heads
 from framework.model.flops import expected_training_flops_per_token
+from framework.files.atomic_write import write_text
 from framework.files.output_path import file_problem
 from framework.training.parametrization import (
     EMBEDDING,
@@ -498,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {str(err).splitlines()[0]}", file=sys.stderr)
         return 2
     if args.out:
-        Path(args.out).write_text(text)
+        write_text(args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
