@@ -125,32 +125,36 @@ def world_of(trainer: Any) -> dict[str, Any]:
 # Strategies whose checkpoints are DCP folders: torch.distributed.checkpoint reshards
 # the model and optimizer state onto any number of processes when they are loaded.
 RESHARDABLE = ("FSDP2Strategy", "HSDPStrategy", "ModelParallelStrategy")
+# One process reads such a folder whole (framework/checkpoint/dcp_reader.py).
+ONE_PROCESS = ("SingleDeviceStrategy",)
 
 
 def check_same_world(saved: Any, trainer: Any) -> None:
     """A resume on another number of processes: an FSDP2/HSDP run (a DCP folder) goes on
-    with its state resharded, gradient accumulation set to keep the global batch (one
-    line says so); anything else is refused in one line (DDP files and DeepSpeed
-    folders are not resharded). A checkpoint from before this record passes."""
+    under fsdp/hsdp with its state resharded, or under single with it gathered whole;
+    gradient accumulation is set to keep the global batch (one line says so). Anything
+    else is refused in one line (DDP files and DeepSpeed folders are not resharded). A
+    checkpoint from before this record passes."""
     if not isinstance(saved, dict) or not isinstance(saved.get("processes"), int):
         return
     was, now = saved["processes"], trainer.world_size
     if was == now:
         return
     strategies = (saved.get("strategy"), type(trainer.strategy).__name__)
-    if not all(name in RESHARDABLE for name in strategies):
+    if strategies[0] not in RESHARDABLE or strategies[1] not in RESHARDABLE + ONE_PROCESS:
         raise ValueError(f"the checkpoint was written by {was} processes ({strategies[0]}) and this run has {now} "
-                         f"({strategies[1]}): only an FSDP2/HSDP checkpoint (a DCP folder) resumed under fsdp or hsdp "
-                         f"is resharded; resume on {was} processes (--trainer.devices x --trainer.num_nodes), or start "
-                         "a new run from its weights (--model.init_from CHECKPOINT)")
+                         f"({strategies[1]}): only an FSDP2/HSDP checkpoint (a DCP folder) resumed under fsdp, hsdp "
+                         f"or single is resharded; resume on {was} processes (--trainer.devices x "
+                         "--trainer.num_nodes), or start a new run from its weights (--model.init_from CHECKPOINT)")
     rows = saved.get("accumulate_grad_batches", 1) * was  # micro-batches per optimizer step, all ranks
     if rows % now:
         raise ValueError(f"the checkpoint's global batch is {rows} micro-batches ({was} processes x "
                          f"{saved.get('accumulate_grad_batches', 1)} accumulated) and {now} processes cannot keep it "
                          f"(no whole gradient accumulation): resume on a number of processes that divides {rows}")
+    how = "gathered whole from the DCP shards" if strategies[1] in ONE_PROCESS else "resharded by DCP"
     if trainer.accumulate_grad_batches != rows // now and trainer.is_global_zero:
         print(f"resume: {was} -> {now} processes: gradient accumulation {trainer.accumulate_grad_batches} -> "
-              f"{rows // now} keeps the global batch of {rows} micro-batches; model and optimizer resharded by DCP",
+              f"{rows // now} keeps the global batch of {rows} micro-batches; model and optimizer {how}",
               flush=True)
     trainer.accumulate_grad_batches = rows // now
 
@@ -166,8 +170,8 @@ def check_form_fits(checkpoint: Any, strategy: Any) -> None:
         path = strategy.get("class_path") if isinstance(strategy, dict) else getattr(strategy, "class_path", None)
         name = str(path or type(strategy).__name__)
     fits, written, under = {
-        "dcp": (("fsdp", "hsdp", "FSDP2", "HSDP", "ModelParallel"), "an FSDP2/HSDP folder (DCP)",
-                "fsdp or hsdp (on any number of processes)"),
+        "dcp": (("fsdp", "hsdp", "FSDP2", "HSDP", "ModelParallel", "single", "SingleDevice"),
+                "an FSDP2/HSDP folder (DCP)", "fsdp or hsdp (on any number of processes) or single"),
         "deepspeed": (("deepspeed", "DeepSpeed"), "a DeepSpeed folder", "the DeepSpeed stage that wrote it"),
     }.get(form, ((), "", ""))
     if not fits or any(word in name for word in fits):

@@ -249,13 +249,15 @@ def test_a_resume_on_another_number_of_processes_is_one_line(prepared_tokens, tm
         "--trainer.logger", "false", "--resume", str(elsewhere)]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("error: the checkpoint was written by 2 processes (SingleDeviceStrategy) and this run has 1")
-    assert "only an FSDP2/HSDP checkpoint (a DCP folder) resumed under fsdp or hsdp is resharded" in line
+    assert "only an FSDP2/HSDP checkpoint (a DCP folder) resumed under fsdp, hsdp or single is resharded" in line
     assert "resume on 2 processes" in line and "--model.init_from" in line
 
 
 def test_a_folder_of_shards_under_a_strategy_that_cannot_read_it_is_one_line():
-    """A DCP folder resumed under `single` (2 -> 1 processes) was an IsADirectoryError
-    traceback from Lightning's file loader."""
+    """A folder of shards under a strategy whose loader opens a file (a DCP folder under
+    ddp, a DeepSpeed folder under ddp) was an IsADirectoryError traceback from
+    Lightning's file loader. A DCP folder under `single` is read whole (2 -> 1:
+    tests/distributed/test_crash_resume.py)."""
     from types import SimpleNamespace
 
     from framework.checkpoint.resume import check_form_fits
@@ -264,15 +266,15 @@ def test_a_folder_of_shards_under_a_strategy_that_cannot_read_it_is_one_line():
         return SimpleNamespace(form=SimpleNamespace(name=form), path="runs/x/checkpoints/step-00000200.ckpt")
 
     with pytest.raises(ValueError) as refused:
-        check_form_fits(checkpoint("dcp"), "single")
+        check_form_fits(checkpoint("dcp"), "ddp")
     assert str(refused.value) == (
         "checkpoint 'runs/x/checkpoints/step-00000200.ckpt' is an FSDP2/HSDP folder (DCP), which "
-        "trainer.strategy='single' cannot resume: resume it under fsdp or hsdp (on any number of processes), or "
-        "start a new run from its weights (--model.init_from CHECKPOINT)")
+        "trainer.strategy='ddp' cannot resume: resume it under fsdp or hsdp (on any number of processes) or single, "
+        "or start a new run from its weights (--model.init_from CHECKPOINT)")
     with pytest.raises(ValueError, match="a DeepSpeed folder, which trainer.strategy='ddp' cannot resume"):
         check_form_fits(checkpoint("deepspeed"), "ddp")
     fsdp2 = {"class_path": "framework.strategies.FSDP2Strategy"}
-    for form, strategy in (("dcp", "fsdp"), ("dcp", "hsdp"), ("dcp", fsdp2),
+    for form, strategy in (("dcp", "fsdp"), ("dcp", "hsdp"), ("dcp", fsdp2), ("dcp", "single"),
                            ("deepspeed", SimpleNamespace(class_path="cpu_deepspeed.CPUDeepSpeedStrategy")),
                            ("lightning", "single"), ("lightning", "fsdp")):
         check_form_fits(checkpoint(form), strategy)

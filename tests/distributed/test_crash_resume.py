@@ -183,33 +183,44 @@ def torch_equal(a, b) -> bool:
     return bool(torch.equal(a, b))
 
 
-def test_an_fsdp_run_resumes_on_twice_the_processes_with_the_same_batches(tmp_path, tiny_data):
-    """Losing (here: gaining) nodes: a 2-process FSDP2 run (accumulation 2) resumed from
-    its step-2 DCP folder on 4 processes: model and optimizer resharded by DCP,
-    accumulation set to 1 to keep the global batch, and litdata's elastic resume
-    continuing the first run's sample order: steps 2 and 3 see exactly the rows the
-    uninterrupted run saw (the sums of their token ids) and give its loss (dense, so no
-    mask depends on the rank; only the order of float sums differs)."""
+GLOBAL_BATCH = 4  # micro-batches per optimizer step over all ranks, kept across the resume
+
+
+@pytest.mark.parametrize("before,after,strategy", [(2, 4, "fsdp"), (4, 2, "fsdp"), (2, 1, "single")],
+                         ids=["2-to-4", "4-to-2", "2-to-1-single"])
+def test_an_fsdp_run_resumes_on_another_number_of_processes_with_the_same_batches(tmp_path, tiny_data, before,
+                                                                                   after, strategy):
+    """Losing (or gaining) nodes: an FSDP2 run on ``before`` processes resumed from its
+    step-2 DCP folder on ``after``: model and optimizer resharded by DCP (or, under
+    ``single``, gathered whole into the one process), gradient accumulation set to keep
+    the global batch of 4 micro-batches, and litdata's elastic resume continuing the
+    first run's sample order: steps 2 and 3 see exactly the rows the uninterrupted run
+    saw (the sums of their token ids) and give its loss (dense, so no mask depends on
+    the rank; only the order of float sums differs)."""
     from tests.helpers.step_records import records
 
-    def recipe(name: str, devices: int, losses: Path) -> Path:
-        path = tiny_recipe(tmp_path / f"{name}.json", data_dir=tiny_data, root=tmp_path / "run", strategy="fsdp",
+    accumulation = GLOBAL_BATCH // before  # the recipe's, kept in the resumed launch's recipe
+
+    def recipe(name: str, devices: int, strategy: str, losses: Path) -> Path:
+        path = tiny_recipe(tmp_path / f"{name}.json", data_dir=tiny_data, root=tmp_path / "run", strategy=strategy,
                            steps=4, devices=devices, p_max=0.0, every_n_steps=2, val_check_interval=4, callbacks=[
                                {"class_path": "tests.helpers.tiny_training.RecordLosses",
                                 "init_args": {"path": str(losses)}}])
         spec = json.loads(path.read_text())
-        spec["trainer"].update(accumulate_grad_batches=2, logger=False)
+        spec["trainer"].update(accumulate_grad_batches=accumulation, logger=False)
         path.write_text(json.dumps(spec))
         return path
 
     reference, resumed = tmp_path / "reference.jsonl", tmp_path / "resumed.jsonl"
-    code, log = launch(recipe("two", 2, reference), tmp_path / "two.log")
+    code, log = launch(recipe("before", before, "fsdp", reference), tmp_path / "before.log")
     assert code == 0, log[-3000:]
     halfway = tmp_path / "run" / "checkpoints" / "step-00000002.ckpt"
-    code, log = launch(recipe("four", 4, resumed), tmp_path / "four.log", "--resume", str(halfway))
+    code, log = launch(recipe("after", after, strategy, resumed), tmp_path / "after.log", "--resume", str(halfway))
     assert code == 0, log[-3000:]
-    assert ("resume: 2 -> 4 processes: gradient accumulation 2 -> 1 keeps the global batch of 4 micro-batches; "
-            "model and optimizer resharded by DCP") in log
+    how = "gathered whole from the DCP shards" if strategy == "single" else "resharded by DCP"
+    assert (f"resume: {before} -> {after} processes: gradient accumulation {accumulation} -> "
+            f"{GLOBAL_BATCH // after} keeps the global batch of {GLOBAL_BATCH} micro-batches; model and optimizer "
+            f"{how}") in log, log[-3000:]
 
     def per_step(path: Path, accumulated: int) -> dict[int, tuple[int, float, int]]:
         """step -> (token-id sum of its rows, mean loss, micro-batches); Lightning hands
@@ -220,8 +231,8 @@ def test_an_fsdp_run_resumes_on_twice_the_processes_with_the_same_batches(tmp_pa
         return {s: (sum(r["batch"] for r in rs), accumulated * sum(r["loss"] for r in rs) / len(rs), len(rs))
                 for s, rs in steps.items()}
 
-    want, got = per_step(reference, 2), per_step(resumed, 1)
+    want, got = per_step(reference, accumulation), per_step(resumed, GLOBAL_BATCH // after)
     assert sorted(got) == [2, 3]
     for step in (2, 3):
-        assert got[step][0] == want[step][0] and got[step][2] == want[step][2] == 4, (step, got, want)
+        assert got[step][0] == want[step][0] and got[step][2] == want[step][2] == GLOBAL_BATCH, (step, got, want)
         assert abs(got[step][1] - want[step][1]) < 1e-4 * abs(want[step][1]), (step, got[step], want[step])
