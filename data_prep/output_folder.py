@@ -3,24 +3,24 @@
 --overwrite replaces prepared data (a folder with its manifest.json) and nothing else:
 never a folder of other files, the working directory, or a folder holding an input.
 
-Everything is written into a hidden staging sibling (``.NAME.staging-PID``); only a
-run that finished moves it into place. A failed or interrupted run removes its own
+Everything is written into a hidden staging sibling (``.NAME.staging-PID``, the
+protocol of framework/files/staging.py); only a run that finished moves it into place. A failed or interrupted run removes its own
 staging folder and leaves whatever was at ``--out`` untouched. With ``--overwrite``
 the old folder is moved aside first and deleted only after the new one is in place.
 A killed run cannot clean up: the next run for the same ``--out`` removes the staging
 folders of runs that are no longer alive, and puts back a folder moved aside whose
-replacement never arrived.
+replacement never arrived (``clean_leftovers_beside``).
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from typing import Iterable, Mapping
 
 from data_prep.errors import PrepareError
 from framework.files.manifest import MANIFEST_FILE
+from framework.files.staging import clean_leftovers, hidden, is_url, publish
 
 
 def check_output_folder(path: str, overwrite: bool, inputs: Mapping[str, Iterable[str]] = {}) -> None:
@@ -28,7 +28,7 @@ def check_output_folder(path: str, overwrite: bool, inputs: Mapping[str, Iterabl
     or a folder above it, a folder holding an input (``inputs``: flag -> the paths it
     read), a folder holding data without --overwrite, and with --overwrite anything but
     prepared data (a folder with its manifest.json)."""
-    if "://" in path:
+    if is_url(path):
         raise PrepareError(f"--out {path!r}: give a local folder (copy it to object storage afterwards)")
     if os.path.exists(path) and not os.path.isdir(path):
         raise PrepareError(f"--out {path!r} is a file, not a folder")
@@ -54,37 +54,11 @@ def _inside(path: str, folder: str) -> bool:
     return os.path.commonpath([path, folder]) == folder
 
 
-def clean_leftovers(path: str) -> list[str]:
+def clean_leftovers_beside(path: str) -> list[str]:
     """Remove what killed runs for ``path`` left beside it; returns the names removed.
     Called before ``check_output_folder``: a folder put back is data to protect."""
     parent, name = os.path.split(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        return []
-    leftover = re.compile(rf"^\.{re.escape(name)}\.(staging|replaced)-(\d+)$")
-    removed = []
-    for entry in sorted(os.listdir(parent)):
-        match = leftover.match(entry)
-        if match is None or _alive(int(match[2])):
-            continue
-        full = os.path.join(parent, entry)
-        if match[1] == "replaced" and not os.path.exists(path):
-            os.rename(full, path)  # killed between moving the old data aside and moving the new in
-            continue
-        shutil.rmtree(full, ignore_errors=True)
-        removed.append(entry)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # our own: a leftover of an earlier run that had our pid
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return clean_leftovers(parent, name)
 
 
 class StagingFolder:
@@ -92,9 +66,7 @@ class StagingFolder:
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
-        parent, name = os.path.split(self.path)
-        self.staging = os.path.join(parent, f".{name}.staging-{os.getpid()}")
-        self._retired = os.path.join(parent, f".{name}.replaced-{os.getpid()}")
+        self.staging = str(hidden(self.path, "staging", os.getpid()))
         self.committed = False
 
     def __enter__(self) -> str:
@@ -104,11 +76,9 @@ class StagingFolder:
         return self.staging
 
     def commit(self) -> None:
-        if os.path.exists(self.path):
-            os.rename(self.path, self._retired)
-        os.rename(self.staging, self.path)
+        # Not flushed file by file: data can be prepared again, a checkpoint's hours cannot.
+        publish(self.staging, self.path, owner=os.getpid(), durable=False)
         self.committed = True
-        shutil.rmtree(self._retired, ignore_errors=True)
 
     def __exit__(self, *exc_info) -> None:
         if not self.committed:

@@ -243,10 +243,11 @@ def _check_inputs(args: argparse.Namespace) -> tuple[list[Source], tuple | None]
     Returns the resolved sources and, for a tokenizer file, (tokenizer, EOS token, EOS id,
     document start).
     """
-    from data_prep.output_folder import check_output_folder, clean_leftovers
+    from data_prep.output_folder import check_output_folder, clean_leftovers_beside
+    from framework.files.staging import is_url
 
     _check_tokenizer_args(args)
-    if "://" not in args.out and (removed := clean_leftovers(args.out)):
+    if not is_url(args.out) and (removed := clean_leftovers_beside(args.out)):
         _say(f"removed {len(removed)} staging folder(s) of killed runs: {', '.join(removed)}")
     sources = _sources(args)  # resolved (paths, globs, columns), not read
     check_output_folder(args.out, args.overwrite, inputs=_input_paths(args, sources))

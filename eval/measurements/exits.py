@@ -28,6 +28,7 @@ from typing import Iterable, Sequence
 import torch
 
 from framework.files.atomic_write import write_json
+from framework.files.staging import is_url
 from eval import options
 from eval import skip_sets as sets
 from eval.inputs import Batch, ContextLimit, ValidationData
@@ -145,7 +146,7 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--label {args.labels} is invalid: labels must be distinct")
     args.plot = args.plot or str(Path(args.out).with_suffix(".png"))
     options.refuse_existing(parser, [args.out, args.plot], args.overwrite)
-    if "://" not in args.data and not Path(args.data).is_dir():  # URLs are litdata's to check
+    if not is_url(args.data) and not Path(args.data).is_dir():  # URLs are litdata's to check
         parser.error(f"--data {args.data!r} is not a folder: expected one made by `layerdrop prepare`")
     for path in args.ckpt:
         if not Path(path).exists():

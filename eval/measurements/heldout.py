@@ -32,6 +32,7 @@ import torch
 from eval.measurements.exits import Batch, ValidationData, exit_losses
 from eval.options import add_checkpoint, add_output, add_threads, apply_threads, check_positive, refuse_existing
 from framework.files.atomic_write import write_json
+from framework.files.staging import is_url
 from framework.checkpoint import Checkpoint, CheckpointError
 from framework.command_parser import CommandParser
 from framework.model.decoder import Decoder
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.groups < 2:
         parser.error(f"--groups={args.groups} is invalid: the standard error needs at least 2 slices")
     refuse_existing(parser, [args.out], args.overwrite)
-    if "://" not in args.data and not Path(args.data).is_dir():
+    if not is_url(args.data) and not Path(args.data).is_dir():
         parser.error(f"--data {args.data!r} is not a folder: expected one made by `layerdrop prepare`")
     try:
         ckpt = Checkpoint.open(args.ckpt)  # proven harmless and read once for the command

@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from framework.files.atomic_write import copy_file
+from framework.files.staging import is_url
 from framework.checkpoint.base import TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
 from framework.checkpoint.export import EXPORT_FOLDER, mark_export, write_config
 from framework.checkpoint.folder import finish_replacement, publish, remove_path, staging_path
@@ -48,12 +49,12 @@ class FinalExport(pl.Callback):
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         root = str(trainer.default_root_dir)
-        if trainer.is_global_zero and "://" not in root:
+        if trainer.is_global_zero and not is_url(root):
             finish_replacement(Path(root) / EXPORT_FOLDER)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         root = str(trainer.default_root_dir)
-        if self.exported or "://" in root or trainer.max_steps < 1 or trainer.global_step < trainer.max_steps:
+        if self.exported or is_url(root) or trainer.max_steps < 1 or trainer.global_step < trainer.max_steps:
             return
         out = Path(root) / EXPORT_FOLDER
         missing = False
@@ -74,7 +75,7 @@ class FinalExport(pl.Callback):
         """Gather and write the model to ``<default_root_dir>/export`` (every rank calls it)."""
         self.exported = True
         root = str(trainer.default_root_dir)
-        if "://" in root:
+        if is_url(root):
             rank_zero_info(f"final export skipped: {root} is not a local folder (run `layerdrop export` later)")
             return
         started = (time.perf_counter(), time.process_time())

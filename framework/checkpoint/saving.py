@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import Checkpoint
 
 from framework.files.atomic_write import fsync_dir, replacing
 from framework.files.disk_space import DiskFull, check_room, free_bytes, is_disk_full, size_on_disk
+from framework.files.staging import is_url
 from framework.checkpoint.export import EXPORT_FOLDER
 from framework.checkpoint.safety import DCP_METADATA_FILE
 from framework.checkpoint.folder import (LAST, clean_leftovers, point_last, publish, remove_path, retire, staging_path,
@@ -62,7 +63,7 @@ class PeriodicCheckpoint(Checkpoint):
         if self.dirpath is None:
             self.dirpath = os.path.realpath(os.path.join(trainer.default_root_dir, "checkpoints"))
         self.dirpath = trainer.strategy.broadcast(str(self.dirpath))
-        if "://" in self.dirpath:
+        if is_url(self.dirpath):
             raise ValueError(f"checkpoint.dirpath={self.dirpath!r} is invalid: give a local (or mounted) folder")
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -213,7 +214,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        if storage_options is not None or "://" in str(path):
+        if storage_options is not None or is_url(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)
         needed = tensor_bytes(checkpoint)

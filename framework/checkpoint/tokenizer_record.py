@@ -23,6 +23,7 @@ from typing import Any
 
 from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE, CheckpointError
 from framework.files.manifest import read_manifest, sha256_of
+from framework.files.staging import is_url
 
 # What a record may say of the tokens beyond the file, copied wherever a record travels.
 CONVENTION_KEYS = ("bos_token", "bos_id", "document_start", "eos_ids")
@@ -37,10 +38,6 @@ def record_for(*, sha256: str | None, vocab_size: Any, eos_token: Any, eos_id: A
         raise TypeError(f"record_for: {unknown[0]!r} is not a tokenizer record key")
     return {"file": name, "sha256": sha256, "vocab_size": vocab_size, "eos_token": eos_token, "eos_id": eos_id,
             **{key: value for key, value in conventions.items() if value is not None}}
-
-
-def is_url(path: str) -> bool:
-    return "://" in path or path.startswith("local:")
 
 
 # ------------------------------------------------------------------ finding it again
@@ -87,5 +84,5 @@ def _data_tokenizer(data_dir: Path) -> Path:
     return data_dir / name
 
 
-__all__ = ["CONVENTION_KEYS", "record_for", "sha256_of", "is_url", "record_of",
+__all__ = ["CONVENTION_KEYS", "record_for", "sha256_of", "record_of",
            "find_tokenizer_of"]

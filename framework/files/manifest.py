@@ -32,6 +32,7 @@ import os
 import tempfile
 
 from framework.files.atomic_write import write_json
+from framework.files.staging import is_url
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "layerdrop-tokens/1"
@@ -40,7 +41,7 @@ MANIFEST_FORMAT = "layerdrop-tokens/1"
 def read_manifest(data_dir: str, storage_options: dict | None = None) -> dict:
     """The manifest of a prepared folder (local or remote); a clear error when absent."""
     hint = f"no {MANIFEST_FILE} in {data_dir!r}: is it a folder made by `layerdrop prepare ... --out DIR`?"
-    if not _is_url(data_dir):
+    if not is_url(data_dir):
         path = os.path.join(data_dir, MANIFEST_FILE)
         if not os.path.isfile(path):
             raise FileNotFoundError(hint)
@@ -73,10 +74,6 @@ def sha256_of(path: str | os.PathLike) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _is_url(path: str) -> bool:
-    return "://" in path or path.startswith("local:")
 
 
 __all__ = ["MANIFEST_FILE", "MANIFEST_FORMAT", "read_manifest", "write_manifest", "sha256_of"]

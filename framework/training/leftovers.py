@@ -16,6 +16,8 @@ import atexit
 import shutil
 from pathlib import Path
 
+from framework.files.staging import is_url
+
 # Names that do not make a folder a run: the lock files, the tokenizer copy, staging leftovers.
 _NOT_A_RUN = ("tokenizer.json",)
 _LOCK_PREFIX = ".layerdrop.lock"
@@ -45,7 +47,7 @@ def remove_if_unused(*folders: Path) -> None:
 
 def remove_at_exit_if_unused(*folders: Path | str) -> None:
     """Of ``folders``, those that do not exist now are removed at exit if still unused."""
-    fresh = [Path(folder) for folder in folders if "://" not in str(folder) and not Path(folder).exists()]
+    fresh = [Path(folder) for folder in folders if not is_url(folder) and not Path(folder).exists()]
     if fresh:
         atexit.register(remove_if_unused, *fresh)
 

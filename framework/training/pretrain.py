@@ -43,6 +43,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from framework.config import PositiveInt, check
 from framework.files.disk_space import DiskFull
 from framework.files.run_lock import RunFolderInUse, RunLock
+from framework.files.staging import is_url
 from framework.training.callbacks import RunSummary, Throughput
 from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
 from framework.checkpoint.final_export import export_callbacks
@@ -205,7 +206,7 @@ def hold_run_folders(config: Any, checkpoints: Path) -> None:
     folders = [root] if Path(os.path.realpath(checkpoints)).is_relative_to(os.path.realpath(root)) \
         else [root, checkpoints]
     for folder in folders:
-        if "://" in str(folder):
+        if is_url(folder):
             continue
         lock = RunLock(folder, "pretrain")
         note = lock.acquire()

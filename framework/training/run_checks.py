@@ -18,6 +18,7 @@ import sys
 from typing import Any
 
 from framework.training.lr_schedule import LRScheduleConfig
+from framework.files.staging import is_url
 
 
 def check_run(config: Any, *, printing: bool = False) -> None:
@@ -28,7 +29,7 @@ def check_run(config: Any, *, printing: bool = False) -> None:
     check_warmup(config.model.lr_schedule, max_steps)
     clamp_validation(config.trainer, max_steps, quiet=printing)
     data_dir = str(_as_dict(config.data).get("data_dir"))
-    if "://" not in data_dir and os.path.isfile(os.path.join(data_dir, "manifest.json")):
+    if not is_url(data_dir) and os.path.isfile(os.path.join(data_dir, "manifest.json")):
         check_data(config)
 
 

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from data_prep.errors import PrepareError
-from data_prep.output_folder import StagingFolder, check_output_folder, clean_leftovers
+from data_prep.output_folder import StagingFolder, check_output_folder, clean_leftovers_beside
 
 
 def test_refuses_data_a_file_or_a_url(tmp_path):
@@ -72,8 +72,8 @@ def test_leftovers_of_killed_runs_are_cleaned_and_live_ones_kept(tmp_path):
         (tmp_path / name).mkdir()
     (tmp_path / f".out.replaced-{dead}").mkdir()
     (tmp_path / f".out.replaced-{dead}" / "old.txt").write_text("old")  # killed between the two renames
-    assert clean_leftovers(str(tmp_path / "out")) == [f".out.staging-{dead}"]
+    assert clean_leftovers_beside(str(tmp_path / "out")) == [f".out.staging-{dead}"]
     assert sorted(os.listdir(tmp_path)) == [f".other.staging-{dead}", f".out.staging-{alive}", "out"]
     assert (tmp_path / "out" / "old.txt").read_text() == "old"  # put back, not lost
     (tmp_path / f".out.replaced-{dead}").mkdir()  # beside data that is in place: just a leftover
-    assert clean_leftovers(str(tmp_path / "out")) == [f".out.replaced-{dead}"]
+    assert clean_leftovers_beside(str(tmp_path / "out")) == [f".out.replaced-{dead}"]
