@@ -214,7 +214,8 @@ class Throughput(pl.Callback):
         peak_flops_per_device: the device's dense peak (FLOP/s) for MFU, e.g. 989.5e12
             for an H200 in bf16. Lightning recognises few device names (a plain
             "NVIDIA H200" is not among them) so it is settable; without it, Lightning's
-            table is asked and MFU is left out when it has no answer (CPUs).
+            table is asked and MFU is left out when it has no answer (CPUs); the run's
+            summary then says so and why.
     """
 
     def __init__(self, peak_flops_per_device: float | None = None) -> None:
@@ -222,6 +223,11 @@ class Throughput(pl.Callback):
             raise ValueError(f"peak_flops_per_device={peak_flops_per_device!r} is invalid: must be positive")
         self.peak = peak_flops_per_device
         self._reset_window()
+        # The whole run (this fit), for the summary: the windows above cover only logged steps.
+        self._run_start: float | None = None
+        self._run_seconds = 0.0
+        self._run_tokens = 0
+        self._run_flops = 0.0
 
     def _reset_window(self) -> None:
         self._start: float | None = None
@@ -238,6 +244,8 @@ class Throughput(pl.Callback):
                              batch_idx: int) -> None:
         if self._start is None:
             self._start = self._now(trainer)
+        if self._run_start is None:
+            self._run_start = self._start
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
@@ -246,6 +254,8 @@ class Throughput(pl.Callback):
             return
         self._tokens += stats.tokens
         self._flops += stats.executed.total
+        self._run_tokens += stats.tokens
+        self._run_flops += stats.executed.total
         every = max(1, trainer.log_every_n_steps)
         if not (optimizer_step_finished(trainer, stats) and trainer.global_step % every == 0):
             return
@@ -276,8 +286,33 @@ class Throughput(pl.Callback):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._paused_at is not None and self._start is not None:
-            self._start += self._now(trainer) - self._paused_at
+            paused = self._now(trainer) - self._paused_at
+            self._start += paused
+            if self._run_start is not None:
+                self._run_start += paused
             self._paused_at = None
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._run_start is not None:
+            self._run_seconds = self._now(trainer) - self._run_start
+
+    def run_figures(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """Tokens/s, FLOP/s per device and MFU over the whole fit, validation left out; MFU
+        is None with the reason when the device's peak is unknown (a collective: every
+        rank calls it)."""
+        flops = self._mean_over_devices(trainer, self._run_flops)
+        seconds = self._run_seconds
+        figures: dict[str, Any] = {
+            "tokens_per_sec": self._run_tokens * trainer.world_size / seconds if seconds > 0 else None,
+            "flops_per_sec": flops / seconds if seconds > 0 else None,
+            "peak_flops_per_device": self.peak, "mfu": None}
+        if self.peak and figures["flops_per_sec"] is not None:
+            figures["mfu"] = figures["flops_per_sec"] / self.peak
+        elif not self.peak:
+            device = trainer.strategy.root_device.type
+            figures["mfu_missing"] = (f"no peak FLOP/s known for this {device} device "
+                                      "(set --throughput.peak_flops_per_device)")
+        return figures
 
     @staticmethod
     def _now(trainer: pl.Trainer) -> float:
@@ -306,6 +341,8 @@ class RunSummary(pl.Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         schedule = next(cb for cb in trainer.callbacks if isinstance(cb, LayerDropoutSchedule))
         report = schedule.report(trainer, pl_module)  # collective: every rank calls it
+        rates = next((cb for cb in trainer.callbacks if isinstance(cb, Throughput)), None)
+        throughput = rates.run_figures(trainer) if rates is not None else None  # collective too
         if not trainer.is_global_zero:
             return
         val = trainer.callback_metrics.get("val/loss")
@@ -321,6 +358,7 @@ class RunSummary(pl.Callback):
             "mean_dropout_predicted": report["mean_dropout_predicted"],
             **early_exit_summary(trainer),
             **in_loop_evaluation_summary(trainer),
+            **({"throughput": throughput} if throughput is not None else {}),
             "tensorboard": trainer.logger.log_dir if trainer.logger is not None else None,
             "checkpoint": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None,
         }
@@ -383,6 +421,11 @@ def format_summary(summary: dict[str, Any], twin: dict[str, Any] | None = None) 
                      + f"; scale {exits['scale']:g}")
     for name, seconds in (summary.get("in_loop_evaluation_seconds") or {}).items():
         lines.append(f"in-loop eval     {name}: {seconds:.1f} s")
+    rates = summary.get("throughput")
+    if rates and rates.get("tokens_per_sec") is not None:
+        mfu = f"MFU {rates['mfu']:.1%}" if rates.get("mfu") is not None else f"MFU none: {rates.get('mfu_missing')}"
+        lines.append(f"throughput       {rates['tokens_per_sec']:,.0f} tokens/s, {rates['flops_per_sec']:.3g} "
+                     f"FLOP/s per device (validation left out); {mfu}")
     board = f"tensorboard --logdir {summary['tensorboard']}" if summary.get("tensorboard") \
         else "none (no logger: --trainer.logger false)"
     lines += [f"TensorBoard      {board}", f"checkpoint       {summary['checkpoint'] or 'none'}", ""]

@@ -14,8 +14,10 @@ import warnings
 
 # Lightning's rank-zero info lines advertising its cloud products, and lines that say
 # nothing to act on: the seed (it is in the resolved config), accelerators this project
-# never uses, and the restore (pretrain names the checkpoint it resumes from itself).
-ADVERTISEMENTS = ("💡 Tip:", "Seed set to ", "TPU available:", "HPU available:", "Restoring states from ")
+# never uses, the restore (pretrain names the checkpoint it resumes from itself), and that
+# pretrain's own model summary (framework/training/model_summary.py) replaces Lightning's.
+ADVERTISEMENTS = ("💡 Tip:", "Seed set to ", "TPU available:", "HPU available:", "Restoring states from ",
+                  "Trainer already configured with model summary callbacks")
 
 # Warnings raised inside the libraries about the libraries' own use of each other.
 LIBRARY_WARNINGS = (

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -51,6 +51,7 @@ from framework.checkpoint.resume import check_form_fits, choose_checkpoint
 from framework.checkpoint.saving import (PeriodicCheckpoint, refuse_earlier_checkpoints, refuse_earlier_run,
                                          use_atomic_checkpoint_io)
 from framework.training.module import LayerDropModule, check_same_model, with_parametrization
+from framework.training.model_summary import FlopCountedSummary
 from framework.training.nonfinite import NonFiniteLossError, NonFiniteLossGuard
 from framework.training.progress import StepProgressBar, StepProgressLines
 from framework.training.leftovers import remove_at_exit_if_unused
@@ -125,6 +126,8 @@ class PretrainCLI(LightningCLI):
         every = self.config.get("progress_every")
         if every is not None and not sys.stdout.isatty():
             callbacks = [*callbacks, StepProgressLines(every)]  # a bar draws nothing into a log file
+        if config.get("enable_model_summary") is not False and not any(isinstance(cb, ModelSummary) for cb in given):
+            callbacks = [*callbacks, FlopCountedSummary()]  # Lightning's table said 'Total FLOPs: 0'
         if config.get("logger") is not False and not any(isinstance(cb, LearningRateMonitor) for cb in given):
             callbacks = [*callbacks, LearningRateMonitor(logging_interval="step")]
         # The tokenizer beside the checkpoints; the export at the end, ahead of RunSummary:

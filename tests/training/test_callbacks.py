@@ -172,6 +172,32 @@ def test_in_loop_evaluations_cost_goes_into_the_summary():
     assert "in-loop eval     Evaluation: 12.5 s" in text
 
 
+
+def test_the_summary_gives_the_runs_throughput_and_says_why_there_is_no_mfu_on_cpu(tmp_path, capsys):
+    """On a CPU Lightning knows no peak FLOP/s: the summary said nothing about MFU at all."""
+    trainer = quiet_trainer(max_steps=3, callbacks=[Throughput(), RunSummary()], default_root_dir=str(tmp_path))
+    module = tiny_module(p_max=0.6)
+    trainer.fit(module, RandomTokens())
+    rates = json.loads((tmp_path / "summary.json").read_text())["throughput"]
+    assert rates["mfu"] is None and "no peak FLOP/s known for this cpu device" in rates["mfu_missing"]
+    assert rates["tokens_per_sec"] > 0 and rates["flops_per_sec"] > 0
+    # FLOP/s and tokens/s share one clock: their ratio is the executed FLOPs per token
+    executed, _ = planned_flops(module, 3)
+    assert rates["flops_per_sec"] / rates["tokens_per_sec"] == pytest.approx(
+        sum(f.total for f in executed) / (3 * 8 * SEQ), rel=1e-9)
+    out = capsys.readouterr().out
+    assert "MFU none: no peak FLOP/s known for this cpu device (set --throughput.peak_flops_per_device)" in out
+
+
+def test_the_summary_gives_mfu_where_the_peak_is_known(tmp_path):
+    trainer = quiet_trainer(max_steps=2, callbacks=[Throughput(peak_flops_per_device=1e12), RunSummary()],
+                            default_root_dir=str(tmp_path))
+    trainer.fit(tiny_module(), RandomTokens())
+    rates = json.loads((tmp_path / "summary.json").read_text())["throughput"]
+    assert rates["mfu"] == pytest.approx(rates["flops_per_sec"] / 1e12) and "mfu_missing" not in rates
+    text = format_summary(json.loads((tmp_path / "summary.json").read_text()))
+    assert f"MFU {rates['mfu']:.1%}" in text
+
 def test_step_metrics_follow_the_trainer_log_cadence_and_step_numbers():
     torch.manual_seed(0)
     _, logger = fit(tiny_module(), 4, log_every_n_steps=2)
