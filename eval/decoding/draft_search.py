@@ -401,7 +401,7 @@ def search(model: Decoder, objective: CalibrationObjective, confirm_prompts: Seq
 def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, check_vocabulary, load_prompts
     from framework.tokenizer import CodecLoader
-    from framework.checkpoint import CheckpointError, load_decoder, read_model_config
+    from framework.checkpoint import Checkpoint, CheckpointError
     from framework.training.loop_progress import progress
 
     parser = _parser()
@@ -417,18 +417,19 @@ def main(argv: list[str] | None = None) -> int:
     options.apply_threads(args.threads)
     count = args.calibration_prompts + args.confirm_prompts
     try:
-        codec = CodecLoader(args.ckpt, args.tokenizer, args.eot_token)
+        ckpt = Checkpoint.open(args.ckpt)  # proven harmless and read once for the whole command
+        codec = CodecLoader(ckpt, args.tokenizer, args.eot_token)
         prompts, _ = load_prompts(texts=args.prompt, prompts_file=args.prompts, data=args.data, count=count,
                                   length=args.prompt_len, codec=codec)
         if len(prompts) < count:
             raise ValueError(f"{len(prompts)} prompts are too few: --calibration-prompts "
                              f"{args.calibration_prompts} + --confirm-prompts {args.confirm_prompts} need {count}")
-        cfg = read_model_config(args.ckpt)
+        cfg = ckpt.model_config
         check_vocabulary(prompts, cfg.vocab_size)
         args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         limit = ContextLimit(cfg.max_seq_len)
         prompts = [limit.fit(p, reserve=args.max_new_tokens) for p in prompts]
-        model, cfg = load_decoder(args.ckpt, map_location=device)
+        model, cfg = ckpt.load_decoder(device)
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         parser.error(str(err))
     limit.report()

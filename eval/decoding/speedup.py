@@ -164,7 +164,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, check_vocabulary, load_prompts
     from framework.tokenizer import CodecLoader
-    from framework.checkpoint import CheckpointError, load_decoder, read_model_config
+    from framework.checkpoint import Checkpoint, CheckpointError
     from framework.training.loop_progress import progress
 
     parser = _parser()
@@ -175,19 +175,20 @@ def main(argv: list[str] | None = None) -> int:
     options.check_checkpoint(parser, args.ckpt)
     device = options.resolve_device(parser, args.device)
     options.apply_threads(args.threads)
-    codec = CodecLoader(args.ckpt, args.tokenizer, args.eot_token)
     try:
         sampling = Sampling(args.temperature, args.top_k, args.top_p)
         adaptive = _adaptive(args)
+        ckpt = Checkpoint.open(args.ckpt)  # proven harmless and read once for the whole command
+        codec = CodecLoader(ckpt, args.tokenizer, args.eot_token)
         prompts, texts = load_prompts(texts=args.prompt, prompts_file=args.prompts, data=args.data,
                                       count=args.num_prompts, length=args.prompt_len, codec=codec)
-        cfg = read_model_config(args.ckpt)
+        cfg = ckpt.model_config
         check_vocabulary(prompts, cfg.vocab_size)
         args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         limit = ContextLimit(cfg.max_seq_len)
         prompts = [limit.fit(p, reserve=args.max_new_tokens) for p in prompts]
         eos_id = None if args.ignore_eos else codec.stop_ids_or_none()
-        model, cfg = load_decoder(args.ckpt, map_location=device)
+        model, cfg = ckpt.load_decoder(device)
         adapters = _load_adapters(args.adapters, model)
         spec = (f"skip:{args.skip_layers}" if args.skip_layers is not None
                 else f"{'adapter' if adapters is not None else 'exit'}:{args.exit_layer}"

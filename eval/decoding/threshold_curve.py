@@ -159,7 +159,7 @@ def _thresholds(text: str) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, ValidationData, validation_prompts
-    from framework.checkpoint import CheckpointError, load_decoder, read_model_config
+    from framework.checkpoint import Checkpoint, CheckpointError
     from framework.training.loop_progress import progress
 
     parser = _parser()
@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     options.apply_threads(args.threads)
     try:
         thresholds = _thresholds(args.thresholds)
-        cfg = read_model_config(args.ckpt)
+        ckpt = Checkpoint.open(args.ckpt)  # proven harmless and read once for the whole command
+        cfg = ckpt.model_config
         exits = parse_candidates(args.exits, cfg.n_layers) if args.exits else None
         args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         seq_len = ContextLimit(cfg.max_seq_len, "sequence").fit_length(args.seq_len or cfg.max_seq_len, "--seq-len")
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
                               max_batches=args.batches, model_vocab_size=cfg.vocab_size)
         prompts = validation_prompts(args.data, count=args.num_prompts, length=prompt_len,
                                      model_vocab_size=cfg.vocab_size)
-        model, cfg = load_decoder(args.ckpt, map_location=device)
+        model, cfg = ckpt.load_decoder(device)
         adapters = None
         if args.adapters is not None:
             from eval.adapters.exit_adapters import load_adapters

@@ -204,7 +204,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     from eval.skip_sets import parse_skip_set
-    from framework.checkpoint import CheckpointError, find_tokenizer, read_model_config
+    from framework.checkpoint import Checkpoint, CheckpointError
 
     options.refuse_existing(parser, [args.out, samples_path(args.out) if args.log_samples else None],
                             args.overwrite)
@@ -215,7 +215,8 @@ def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
     options.check_checkpoint(parser, args.ckpt)
     args.device = str(options.resolve_device(parser, args.device))
     try:
-        cfg = read_model_config(args.ckpt)
+        ckpt = Checkpoint.open(args.ckpt)
+        cfg = ckpt.model_config
     except (CheckpointError, FileNotFoundError) as err:
         parser.error(str(err))
     n = cfg.n_layers
@@ -231,7 +232,7 @@ def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         if args.adapters is not None:
             args.adapter_exits = _check_adapters(args.adapters, cfg, args.exit_layer, args.skip, args.exits)
         if args.tokenizer is None:
-            find_tokenizer(args.ckpt)
+            ckpt.find_tokenizer()
         elif not Path(args.tokenizer).is_file():
             raise ValueError(f"--tokenizer {args.tokenizer!r} does not exist")
     except (ValueError, CheckpointError) as err:

@@ -27,9 +27,9 @@ group: `layerdrop generate` and the eval commands load a checkpoint without eith
 from framework.checkpoint.base import CKPT_KEY, CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, Pieces
 from framework.checkpoint.export import export_decoder
 from framework.checkpoint.forms import FORM_NAMES, FORMS
-from framework.checkpoint.loader import (Checkpoint, checkpoint_form, checkpoint_tensors, find_tokenizer, load_decoder,
-                                         read_metadata, read_model_config, tokenizer_record)
+from framework.checkpoint.loader import (Checkpoint, checkpoint_form, checkpoint_tensors, load_decoder, read_metadata,
+                                         read_model_config)
 
 __all__ = ["CheckpointError", "Checkpoint", "checkpoint_form", "checkpoint_tensors", "load_decoder", "read_model_config", "read_metadata",
-           "find_tokenizer", "tokenizer_record", "export_decoder", "FORMS", "FORM_NAMES", "Pieces", "CKPT_KEY",
+           "export_decoder", "FORMS", "FORM_NAMES", "Pieces", "CKPT_KEY",
            "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_FILE"]

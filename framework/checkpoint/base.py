@@ -75,10 +75,15 @@ class Form(Protocol):
         """Fill every tensor of ``decoder`` from the checkpoint (names and shapes
         checked), one tensor at a time."""
 
-    # Optional, where the form can: ``tensors(path, cfg)``, the (name, tensor or
-    # Pieces) pairs one at a time (framework.checkpoint.checkpoint_tensors); and
-    # ``shapes(path)``, every stored tensor's shape without reading one, which the
-    # loader checks the config against before it builds anything.
+    def shapes(self, path: Path) -> dict[str, Any] | None:
+        """Every stored tensor's shape without reading one, which the loader checks the
+        config against before it builds anything; None where the form checks its own
+        (an HF folder, against its safetensors headers while reading the config)."""
+
+    def tensors(self, path: Path, cfg: ModelConfig) -> Iterable[tuple[str, torch.Tensor | Pieces]]:
+        """The (name, tensor or Pieces) pairs one at a time
+        (framework.checkpoint.checkpoint_tensors); a form that cannot (DCP: torch's
+        reader fills a model) refuses in one line."""
 
 
 def training_model_config(path: Path, metadata: dict[str, Any]) -> ModelConfig:

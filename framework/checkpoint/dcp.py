@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from framework.checkpoint.base import archive_reason, metadata_of, training_model_config
+from framework.checkpoint.base import CheckpointError, archive_reason, metadata_of, training_model_config
 from framework.checkpoint.safety import (DCP_METADATA_FILE, load_dcp_metadata, load_torch_file,
                                          prove_checkpoint_harmless)
 
@@ -52,6 +52,11 @@ class DcpFolder:
         from framework.checkpoint.dcp_reader import load_into
 
         load_into(decoder, path)
+
+    def tensors(self, path: Path, cfg: Any) -> Any:
+        # torch's reader fills a model, it does not hand out tensors one at a time.
+        raise CheckpointError(f"{str(path)!r} is an FSDP2 checkpoint folder: export it first "
+                              "(layerdrop export --ckpt ... --out DIR) and start from DIR")
 
 
 def _shards_missing(path: Path) -> str | None:

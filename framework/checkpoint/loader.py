@@ -16,7 +16,8 @@ built, and the model is built on the meta device, then given storage once; a
 checkpoint with non-finite weights is refused.
 
 The functions below (``load_decoder``, ``read_model_config``, ...) take a path or an
-opened Checkpoint.
+opened Checkpoint; a command that asks more than one question opens it once and asks the
+Checkpoint.
 """
 
 from __future__ import annotations
@@ -64,13 +65,19 @@ class Checkpoint:
         """tokenizer.json of this checkpoint (see framework/checkpoint/tokenizer_record.py)."""
         return find_tokenizer_of(self.path, self.form, self.metadata)
 
+    def checked_config(self) -> ModelConfig:
+        """The config, checked against the stored shapes where the form can list them
+        without reading a tensor (before anything is built from it)."""
+        cfg = self.model_config
+        shapes = self.form.shapes(self.path)
+        if shapes is not None:
+            check_config_against(cfg, shapes, self.path)
+        return cfg
+
     def load_decoder(self, map_location: str | torch.device = "cpu") -> tuple[Decoder, ModelConfig]:
         """A Decoder (eval mode) and its config. Memory: the decoder itself plus one
         tensor at a time (the files are mapped, not read whole)."""
-        cfg = self.model_config
-        shapes = getattr(self.form, "shapes", None)
-        if shapes is not None:
-            check_config_against(cfg, shapes(self.path), self.path)
+        cfg = self.checked_config()
         decoder = meta_decoder(cfg).to_empty(device=map_location)
         decoder.reset_buffers()  # every weight is then read from the checkpoint (names checked)
         self.form.load_into(decoder, self.path)
@@ -120,42 +127,13 @@ def read_metadata(path: str | os.PathLike | Checkpoint) -> dict[str, Any]:
     return form.metadata(Path(path))
 
 
-def find_tokenizer(path: str | os.PathLike | Checkpoint) -> Path:
-    """The tokenizer.json of a checkpoint of any form, from any working directory."""
-    return _opened_lightly(path).find_tokenizer()
-
-
 def checkpoint_tensors(path: str | os.PathLike | Checkpoint) -> Iterator[tuple[str, Any]]:
     """(name, tensor or Pieces) of a checkpoint's decoder, one at a time, after the
     checks ``load_decoder`` makes (every form but FSDP2's DCP folders, which torch's
     reader loads into a model directly)."""
     ckpt = Checkpoint.open(path)
-    tensors = getattr(ckpt.form, "tensors", None)
-    if tensors is None:
-        raise CheckpointError(f"{str(ckpt.path)!r} is an FSDP2 checkpoint folder: export it first "
-                              "(layerdrop export --ckpt ... --out DIR) and start from DIR")
-    cfg = ckpt.model_config
-    shapes = getattr(ckpt.form, "shapes", None)
-    if shapes is not None:
-        check_config_against(cfg, shapes(ckpt.path), ckpt.path)
-    return tensors(ckpt.path, cfg)
-
-
-def tokenizer_record(path: str | os.PathLike | Checkpoint) -> dict[str, Any]:
-    """The recorded tokenizer entry of a checkpoint (any form), or {}."""
-    try:
-        return _opened_lightly(path).tokenizer_record()
-    except CheckpointError:
-        return {}
-
-
-def _opened_lightly(path: str | os.PathLike | Checkpoint) -> Checkpoint:
-    """A Checkpoint for reading metadata only (weights-only reads, no walk of the folder)."""
-    if isinstance(path, Checkpoint):
-        return path
-    form = form_of(path)
-    return Checkpoint(Path(path), form, form.metadata(Path(path)))
+    return ckpt.form.tensors(ckpt.path, ckpt.checked_config())
 
 
 __all__ = ["Checkpoint", "check_config_against", "meta_decoder", "refuse_non_finite", "checkpoint_form", "load_decoder",
-           "read_model_config", "read_metadata", "find_tokenizer", "tokenizer_record", "checkpoint_tensors"]
+           "read_model_config", "read_metadata", "checkpoint_tensors"]

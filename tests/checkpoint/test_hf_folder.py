@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaForCausalLM
 
-from framework.checkpoint import CheckpointError, checkpoint_form, export_decoder, find_tokenizer, load_decoder
+from framework.checkpoint import Checkpoint, CheckpointError, checkpoint_form, export_decoder, load_decoder
 from framework.config import ModelConfig
 from framework.checkpoint.export import main as export_main
 from framework.model.decoder import Decoder
@@ -40,7 +40,7 @@ def edit_config(folder: Path, **changes) -> None:
 def test_an_hf_folder_is_its_own_form(hf_dir):
     assert checkpoint_form(hf_dir) == "hf"
     (hf_dir / "tokenizer.json").write_text("{}")
-    assert find_tokenizer(hf_dir) == (hf_dir / "tokenizer.json").resolve()
+    assert Checkpoint.open(hf_dir).find_tokenizer() == (hf_dir / "tokenizer.json").resolve()
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -195,3 +195,12 @@ def test_a_deeply_nested_config_is_one_line(tmp_path):
     (out / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     line = refusal(layerdrop("export", "--ckpt", out, "--out", tmp_path / "copy", "--no-tokenizer"))
     assert "config.json' is not valid JSON: nested too deeply" in line
+
+
+def test_every_form_answers_every_question_of_the_protocol():
+    """The loader asks each form for its shapes and tensors; a form that cannot says so
+    itself (None, or a one-line refusal) instead of lacking the member."""
+    members = ("detect", "incomplete_reason", "prove_harmless", "metadata", "model_config", "load_into", "shapes",
+               "tensors")
+    lacking = [f"{form.name}.{m}" for form in FORMS for m in members if not callable(getattr(type(form), m, None))]
+    assert lacking == []

@@ -10,8 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from framework.checkpoint import CKPT_KEY, CheckpointError, find_tokenizer, read_metadata
-from framework.checkpoint import tokenizer_record
+from framework.checkpoint import CKPT_KEY, Checkpoint, CheckpointError, read_metadata
 from framework.checkpoint.keep_tokenizer import KeepTokenizer
 from framework.tokenizer import TextCodec
 from framework.checkpoint.tokenizer_record import sha256_of
@@ -32,15 +31,15 @@ def test_every_checkpoint_records_the_tokenizer_kept_beside_it(run):
         assert entry["tokenizer"]["sha256"] == sha256_of(kept) and entry["tokenizer"]["file"] == "tokenizer.json"
         assert entry["data_dir"] == str(run / "data")  # absolute, though the run was given "data"
         assert read_metadata(checkpoint)["datamodule_hyper_parameters"]["data_dir"] == "data"
-    assert tokenizer_record(folder / "last.ckpt")["eos_id"] is not None
+    assert Checkpoint.open(folder / "last.ckpt").tokenizer_record()["eos_id"] is not None
 
 
 def test_found_from_another_working_directory(run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     checkpoint = run / "run" / "checkpoints" / "last.ckpt"
-    assert find_tokenizer(checkpoint) == (run / "run" / "checkpoints" / "tokenizer.json").resolve()
+    assert Checkpoint.open(checkpoint).find_tokenizer() == (run / "run" / "checkpoints" / "tokenizer.json").resolve()
     codec = TextCodec.for_checkpoint(checkpoint)
-    assert codec.path == find_tokenizer(checkpoint) and codec.eos_id == tokenizer_record(checkpoint)["eos_id"]
+    assert codec.path == Checkpoint.open(checkpoint).find_tokenizer() and codec.eos_id == Checkpoint.open(checkpoint).tokenizer_record()["eos_id"]
 
 
 def test_found_through_the_recorded_data_folder_or_refused_in_one_line(run, tmp_path, monkeypatch):
@@ -48,12 +47,12 @@ def test_found_through_the_recorded_data_folder_or_refused_in_one_line(run, tmp_
     data = tmp_path / "data-moved"
     shutil.copytree(run / "data", data)
     lone = moved_copy(run / "run" / "checkpoints" / "last.ckpt", tmp_path / "elsewhere" / "last.ckpt", data)
-    assert find_tokenizer(lone) == (data / "tokenizer.json").resolve()  # nothing beside it: the data's
+    assert Checkpoint.open(lone).find_tokenizer() == (data / "tokenizer.json").resolve()  # nothing beside it: the data's
     (lone.parent / "tokenizer.json").write_text("{}")  # someone else's: its sha256 differs
-    assert find_tokenizer(lone) == (data / "tokenizer.json").resolve()
+    assert Checkpoint.open(lone).find_tokenizer() == (data / "tokenizer.json").resolve()
     shutil.rmtree(data)
     with pytest.raises(CheckpointError, match="no tokenizer found for checkpoint") as err:
-        find_tokenizer(lone)
+        Checkpoint.open(lone).find_tokenizer()
     message = str(err.value)
     assert "\n" not in message and "(sha256 differs from the checkpoint's)" in message
     assert str(data / "tokenizer.json") in message

@@ -33,7 +33,7 @@ import torch
 
 from pretrain_launch import LLAMA, clean_env, pretrain_command, run, shared_once, tiny_recipe
 
-from framework.checkpoint import CKPT_KEY, checkpoint_form, find_tokenizer, load_decoder, read_metadata
+from framework.checkpoint import CKPT_KEY, Checkpoint, checkpoint_form, load_decoder, read_metadata
 from framework.checkpoint.tokenizer_record import sha256_of
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -119,7 +119,7 @@ def test_every_checkpoint_records_its_tokenizer_and_finds_it_from_anywhere(runs,
         kept = ckpt.parent / "tokenizer.json"
         entry = read_metadata(ckpt)[CKPT_KEY]
         assert entry["tokenizer"]["sha256"] == sha256_of(kept) and os.path.isabs(entry["data_dir"])
-        assert find_tokenizer(ckpt) == kept.resolve()
+        assert Checkpoint.open(ckpt).find_tokenizer() == kept.resolve()
         assert (runs[name] / "run" / "export" / "tokenizer.json").read_bytes() == kept.read_bytes()
 
 

@@ -41,3 +41,17 @@ def moved_copy(checkpoint: Path, target: Path, data_dir: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     torch.save(content, target)
     return target
+
+
+def count_checkpoint_opens(monkeypatch) -> list[Path]:
+    """The paths a command opens as checkpoints from now on (finding the form is the
+    first read of every open; an opened ``Checkpoint`` handed on is not counted)."""
+    import framework.checkpoint.loader as loader
+
+    opened, form_of = [], loader.form_of
+
+    def counted(path):
+        opened.append(Path(path))
+        return form_of(path)
+    monkeypatch.setattr(loader, "form_of", counted)
+    return opened

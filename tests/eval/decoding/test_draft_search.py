@@ -16,6 +16,7 @@ from eval.decoding.speculative import SelfSpeculativeDecoder
 from framework.checkpoint import export_decoder
 from framework.config import ModelConfig
 from framework.model.decoder import Decoder
+from tests.helpers.checkpoint_run import count_checkpoint_opens
 
 
 L = 8
@@ -195,12 +196,13 @@ def exported(tmp_path_factory, model, prompts):
     return root
 
 
-def test_cli_search_reports_every_method(exported, model, prompts, capsys):
+def test_cli_search_reports_every_method(exported, model, prompts, capsys, monkeypatch):
     out = exported / "search.json"
+    opened = count_checkpoint_opens(monkeypatch)
     code = main(["--ckpt", str(exported / "model"), "--prompts", str(exported / "prompts.json"),
                  "--calibration-prompts", "3", "--confirm-prompts", "2", "--budget", "6",
                  "--cost", "layers", "--max-new-tokens", "12", "--repeats", "1", "--out", str(out)])
-    assert code == 0
+    assert code == 0 and opened == [exported / "model"]  # opened and proven once for the whole command
     report = json.loads(out.read_text())
     assert set(report["methods"]) == set(METHODS)
     reference = CalibrationObjective(model, prompts[:3], new_tokens=12, gamma=5)  # the same objective, anew

@@ -25,6 +25,7 @@ from framework.tokenizer import TextCodec
 from framework.checkpoint import export_decoder, load_decoder
 from framework.config import ModelConfig
 from framework.model.decoder import Decoder
+from tests.helpers.checkpoint_run import count_checkpoint_opens
 
 
 NUM_LAYERS = 4
@@ -317,10 +318,12 @@ def exported(tmp_path_factory, model):
     return root
 
 
-def test_cli_writes_the_report(exported, capsys):
+def test_cli_writes_the_report(exported, capsys, monkeypatch):
     out = exported / "run.json"
+    opened = count_checkpoint_opens(monkeypatch)
     assert main(["--ckpt", str(exported / "model"), "--skip-layers", "1,2", "--prompts",
                  str(exported / "prompts.json"), "--max-new-tokens", "10", "--repeats", "1", "--out", str(out)]) == 0
+    assert opened == [exported / "model"]  # opened and proven once for the whole command
     report = json.loads(out.read_text())
     assert report["skip_layers"] == [1, 2] and report["draft"] == "skip"
     assert report["identical_to_greedy"] is True

@@ -11,6 +11,7 @@ from eval.measurements.exits import exit_losses
 from eval.inputs import ValidationData
 from framework.checkpoint import export_decoder, load_decoder
 from tiny_lm import tiny_decoder
+from tests.helpers.checkpoint_run import count_checkpoint_opens
 
 
 def test_agreement_counts_positions_and_the_first_difference():
@@ -18,13 +19,15 @@ def test_agreement_counts_positions_and_the_first_difference():
     assert agreement([[1, 2], [5]], [[1, 2], [6]]) == (2 / 3, 2 / 3)
 
 
-def test_the_command_reports_the_full_model_and_the_first_exit_at_the_ends(prepared_tokens, tmp_path, capsys):
+def test_the_command_reports_the_full_model_and_the_first_exit_at_the_ends(prepared_tokens, tmp_path, capsys,
+                                                                           monkeypatch):
     export_decoder(tiny_decoder(seed=3), tmp_path / "model")
     out = tmp_path / "dynamic.json"
+    opened = count_checkpoint_opens(monkeypatch)
     code = main(["--ckpt", str(tmp_path / "model"), "--data", str(prepared_tokens), "--thresholds", "0,0.02,1",
                  "--exits", "1,2", "--num-prompts", "3", "--prompt-len", "8", "--max-new-tokens", "6",
                  "--batches", "1", "--batch-size", "4", "--seq-len", "32", "--threads", "1", "--out", str(out)])
-    assert code == 0
+    assert code == 0 and opened == [tmp_path / "model"]  # opened and proven once for the whole command
     report = json.loads(out.read_text())
     rows = {r["threshold"]: r for r in report["thresholds"]}
     decoder, _ = load_decoder(tmp_path / "model")
