@@ -376,8 +376,8 @@ def _main_exits(args, model_args, task_objects, tasks, evaluate_kwargs, data, no
         adapters = f" and adapter exits {','.join(map(str, args.adapter_exits))}" if args.adapter_exits else ""
         print(f"{report['pairs_scored']} log-likelihood requests scored once for {len(args.exits)} exits{adapters}")
     if args.skip_sets:
-        print(f"{report['skip_pairs_scored']} log-likelihood requests scored by {len(args.skip_sets)} skip sets, "
-              "one forward each")
+        sets = f"{len(args.skip_sets)} skip set" + ("s, one forward each" if len(args.skip_sets) > 1 else "")
+        print(f"{report['skip_pairs_scored']} log-likelihood requests scored by {sets}")
     if args.log_samples:
         print(f"wrote {count} samples to {report['samples_file']}")
     print(f"wrote {args.out} and {report['plot']}")
