@@ -221,6 +221,11 @@ class LayerDropLM(TemplateLM):
             log.warning(message)
 
     # ------------------------------------------------------------ log-likelihoods
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        # lm-eval asks with False, so TemplateLM's "Tokenizing inputs" bar drew into logs; None
+        # is tqdm's own "only on a terminal", and our progress below reads it as on.
+        return super().loglikelihood(requests, disable_tqdm=disable_tqdm or None)
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         scored = [i for i, (_, _, continuation) in enumerate(requests) if continuation]
         pairs = [self._fitting(requests[i][1], requests[i][2]) for i in scored]

@@ -9,7 +9,9 @@ alone. Lightning's own information lines (devices found, why fit stopped) stay.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import sys
 import warnings
 
 # Lightning's rank-zero info lines advertising its cloud products, and lines that say
@@ -33,6 +35,13 @@ LIGHTNING_INFO_LOGGERS = ("lightning.fabric.utilities.rank_zero", "lightning.pyt
                           "lightning_utilities.core.rank_zero", "lightning.fabric.utilities.seed")
 
 
+# Progress bars the libraries draw with tqdm on stderr, which in a log (stderr not a terminal)
+# leave every redraw behind: lm-eval's request building has no switch of its own, so tqdm's
+# (its defaults from TQDM_* variables, read when tqdm is imported: after the front door);
+# huggingface_hub's covers the bars of datasets and transformers. A bar we draw ourselves
+# passes `disable` explicitly and keeps its own rule; a value the user set is kept.
+PROGRESS_BAR_SWITCHES = {"TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+
 _RANK_PREFIX = re.compile(r"^\[rank: \d+\] ")  # rank_prefixed_message's, on the seed line
 
 
@@ -42,7 +51,11 @@ class _DropAdvertisements(logging.Filter):
 
 
 def quiet_library_noise() -> None:
-    """Install the filters (idempotent; imports no library)."""
+    """Install the filters (idempotent; imports no library); off a terminal, switch the
+    libraries' progress bars off."""
+    if not sys.stderr.isatty():
+        for name, value in PROGRESS_BAR_SWITCHES.items():
+            os.environ.setdefault(name, value)
     for message in LIBRARY_WARNINGS:
         warnings.filterwarnings("ignore", message=message)
     for name in LIGHTNING_INFO_LOGGERS:
@@ -51,4 +64,4 @@ def quiet_library_noise() -> None:
             logger.addFilter(_DropAdvertisements())
 
 
-__all__ = ["quiet_library_noise", "ADVERTISEMENTS", "LIBRARY_WARNINGS"]
+__all__ = ["quiet_library_noise", "ADVERTISEMENTS", "LIBRARY_WARNINGS", "PROGRESS_BAR_SWITCHES"]
