@@ -39,7 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from eval.inputs import validation_prompts  # noqa: E402
-from eval.decoding.draft_search import METHODS, CalibrationObjective, calibrate, search  # noqa: E402
+from eval.decoding.draft_objective import CalibrationObjective  # noqa: E402
+from eval.decoding.draft_search import calibrate, search  # noqa: E402
+from eval.decoding.skip_set_search import METHODS  # noqa: E402
 from eval.decoding.drafts import ExitDraft, SkipDraft  # noqa: E402
 from eval.decoding.speculative import AdaptiveThreshold  # noqa: E402
 from eval.decoding.speedup import compare  # noqa: E402

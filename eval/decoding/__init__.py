@@ -8,6 +8,8 @@ The library, bottom up (each route calls the model's one forward step, ``Decoder
     batch.py           batched, left-padded decoding with the KV cache along a route
     drafts.py          the drafts of self-speculative decoding (skip set, exit, adapter)
     speculative.py     self-speculative decoding (Draft & Verify; rejection sampling)
+    skip_set_search.py the four searches of a draft's skip set, under one budget
+    draft_objective.py a skip-set draft's estimated speedup: replayed acceptance, cost model
     modes/             the mode registry: one module per `--mode` (used by generate,
                        the lm-eval model and the benchmarks)
 The commands:

@@ -46,19 +46,19 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import re
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from framework.command_parser import CommandParser
 from framework.recipes.commented_yaml import commented_yaml
 from framework.config import PAPER_SIZES, EarlyExitLossConfig, LayerDropoutConfig, ModelConfig, ParametrizationConfig
 from framework.recipes.device_memory import ModelSizes, device_memory
+from framework.recipes.recipe_inputs import (EVIDENCE, BaseRun, RecipeError, byte_size, layer_dropout_config, model_config,
+                                            read_base, token_count)
 from framework.training.early_exit_loss import check_exits, mean_exit_heads
 from framework.model.flops import expected_training_flops_per_token
 from framework.files.atomic_write import write_text
@@ -76,152 +76,6 @@ from framework.strategies import STRATEGIES, NamedStrategy
 
 PROG = "layerdrop recipe"
 HEADROOM = 0.9
-UNITS = {"GB": 1e9, "GIB": 2**30, "TB": 1e12, "TIB": 2**40, "MB": 1e6, "MIB": 2**20}
-COUNT_SUFFIXES = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-
-
-class RecipeError(ValueError):
-    """Bad input to `layerdrop recipe`: one line naming the value and what is allowed."""
-
-
-# -------------------------------------------------------------------------- inputs
-
-
-def byte_size(text: str) -> float:
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
-    unit = match.group(2).upper() if match else ""
-    if not match or unit not in UNITS or float(match.group(1)) <= 0:
-        raise RecipeError(f"--memory={text!r} is invalid: a positive size with a unit, e.g. 141GB or 80GiB")
-    return float(match.group(1)) * UNITS[unit]
-
-
-def token_count(text: str) -> float:
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([KMBGT]?)\s*", text, re.IGNORECASE)
-    if not match or float(match.group(1)) <= 0:
-        raise RecipeError(f"--tokens={text!r} is invalid: a positive count, e.g. 5.4B, 300M or 2e9")
-    return float(match.group(1)) * COUNT_SUFFIXES[match.group(2).upper()]
-
-
-# Set by the target's shape, and by the parametrization at run time; every other decoder
-# field (the family and its shape-free fields: vocabulary, context, kernel, RoPE, tying) is the base's.
-NOT_INHERITED = ("d_model", "n_layers", "n_heads", "head_dim", "n_kv_heads", "ffn_hidden",
-                 "logit_multiplier", "residual_multiplier")
-
-
-def model_config(args: argparse.Namespace, base: ModelConfig) -> tuple[ModelConfig, str]:
-    """The target decoder (the base's family and shape-free fields) and how it was named."""
-    explicit = [args.d_model, args.n_layers, args.heads]
-    if args.size is not None and any(v is not None for v in [*explicit, args.head_dim]):
-        raise RecipeError("--size and --d-model/--n-layers/--heads/--head-dim are invalid together: give one")
-    shared = {k: v for k, v in base.to_dict().items() if k not in NOT_INHERITED}
-    if args.size is not None:
-        names = {name.lower(): name for name in PAPER_SIZES}
-        if args.size.lower() not in names:
-            raise RecipeError(f"--size={args.size!r} is invalid: allowed: {', '.join(PAPER_SIZES)} "
-                              "(or --d-model, --n-layers and --heads)")
-        name = names[args.size.lower()]
-        shape, origin = dict(PAPER_SIZES[name]), f"Table A.1's {name}"
-    elif any(v is None for v in explicit):
-        raise RecipeError("--size is missing: give a Table A.1 name or all of --d-model, --n-layers and --heads")
-    else:
-        shape = {"d_model": args.d_model, "n_layers": args.n_layers, "n_heads": args.heads, "head_dim": args.head_dim}
-        origin = "given"
-    return ModelConfig(**shared, **shape, **grouping_and_ffn(args, base, shape)), origin
-
-
-def grouping_and_ffn(args: argparse.Namespace, base: ModelConfig, shape: dict[str, Any]) -> dict[str, Any]:
-    """K/V heads and FFN width: given, or the base's query heads per K/V head and FFN
-    width per d_model (None where the base has neither, as Celerity's)."""
-    group, kv_heads, ffn_hidden = base.n_heads // base.n_kv_heads, args.kv_heads, args.ffn_hidden
-    if kv_heads is None and shape["n_heads"] % group:
-        raise RecipeError(f"n_heads={shape['n_heads']} is invalid: the base shares each key/value head among "
-                          f"{group} query heads; give --kv-heads")
-    if kv_heads is None and group > 1:
-        kv_heads = shape["n_heads"] // group
-    if ffn_hidden is None and base.ffn_hidden is not None:
-        ffn_hidden = round(base.ffn_hidden * shape["d_model"] / base.d_model)
-    return {"n_kv_heads": kv_heads, "ffn_hidden": ffn_hidden}
-
-
-def layer_dropout_config(args: argparse.Namespace, base: dict[str, Any]) -> LayerDropoutConfig:
-    """The base recipe's layer dropout with the command line's choices on top."""
-    given = {key: getattr(args, key) for key in ("p_max", "distribution", "schedule")
-             if getattr(args, key) is not None}
-    return LayerDropoutConfig(**{**base, **given})
-
-
-# ---------------------------------------------------------------------- the base run
-
-
-@dataclass(frozen=True)
-class BaseRun:
-    """What the base recipe ran: the base quantities of Table A.2."""
-
-    recipe: dict[str, Any]
-    model: ModelConfig
-    parametrization: ParametrizationConfig
-    parameters: int
-    batch_size: int  # B_base, sequences per optimizer step
-    seq_len: int
-    steps: int
-    evidence: list[str]  # the base's "What its hyperparameters rest on" paragraph, or []
-
-    @property
-    def tokens(self) -> int:
-        return self.steps * self.batch_size * self.seq_len
-
-    @property
-    def tpp(self) -> float:
-        return self.tokens / self.parameters
-
-
-def read_base(path: str) -> BaseRun:
-    try:
-        text = Path(path).read_text()
-        recipe = yaml.safe_load(text)
-    except (OSError, yaml.YAMLError) as err:
-        raise RecipeError(f"--base={path!r} is invalid: {str(err).splitlines()[0]}") from None
-    try:
-        trainer, model, data = recipe["trainer"], recipe["model"], recipe["data"]
-        decoder = ModelConfig(**model["decoder"])
-        pcfg = ParametrizationConfig(**model.get("parametrization", {}))
-        batch = data["batch_size"] * trainer["devices"] * trainer.get("num_nodes", 1) * \
-            trainer.get("accumulate_grad_batches", 1)
-        seq_len, steps = data["seq_len"], trainer["max_steps"]
-    except (KeyError, TypeError, ValueError) as err:
-        raise RecipeError(f"--base={path!r} is invalid: not a pretraining recipe ({err})") from None
-    if pcfg.kind != "complete_p" or (pcfg.d_base, pcfg.n_layers_base) != (decoder.d_model, decoder.n_layers):
-        raise RecipeError(f"--base={path!r} is invalid: a base recipe trains the parametrization's base model "
-                          f"(kind complete_p, d_model = d_base, n_layers = n_layers_base); it has {pcfg.kind}, "
-                          f"d_model {decoder.d_model} / d_base {pcfg.d_base}, n_layers {decoder.n_layers} / "
-                          f"n_layers_base {pcfg.n_layers_base}")
-    return BaseRun(recipe, decoder, pcfg, parameter_count(decoder), batch, seq_len, steps,
-                   evidence_paragraph(text))
-
-
-EVIDENCE = "What its hyperparameters rest on"
-
-
-def evidence_paragraph(text: str) -> list[str]:
-    """The paragraph of the base's leading comment that starts with EVIDENCE, up to the
-    next blank comment line: where η, σ, τ_EMA were tuned and which transfer evidence
-    they carry. Every recipe derived from the base repeats it in its header, so a
-    paper-size recipe says what it rests on."""
-    header = []
-    for line in text.splitlines():
-        if not line.startswith("#"):
-            break
-        header.append(line[1:].removeprefix(" ").rstrip())
-    start = next((i for i, line in enumerate(header) if line.startswith(EVIDENCE)), None)
-    if start is None:
-        return []
-    end = next((i for i in range(start + 1, len(header)) if not header[i].strip()), len(header))
-    return header[start:end]
-
-
-def parameter_count(cfg: ModelConfig) -> int:
-    """Exact, from the Decoder itself (built on the meta device: no memory)."""
-    return ModelSizes.of(cfg).parameters
 
 
 # ---------------------------------------------------------------------- the memory model
@@ -277,11 +131,75 @@ class Recipe:
     header: list[str]
 
 
+@dataclass(frozen=True)
+class Derivation:
+    """Every number Table A.2's rules and the memory model derive for one command, in the
+    order ``derive`` computes them (the recipe's values, comments and header read them)."""
+
+    args: argparse.Namespace
+    base: BaseRun
+    model: ModelConfig
+    origin: str  # how the shape was named: "Table A.1's 1.8B" or "given"
+    dropout: LayerDropoutConfig
+    usable: float  # bytes per device the memory model may fill
+    sizes: ModelSizes
+    tokens: float
+    rule: float  # B = B_base · m_D^0.4 before rounding
+    per_device: int  # sequences per device per optimizer step
+    steps: int
+    tau: float
+    pcfg: ParametrizationConfig
+    p_bar: float  # mean layer dropout over the run
+    exit_heads: float  # mean early-exit heads per step
+    plan: MemoryPlan
+
+    @property
+    def batch(self) -> int:
+        return self.per_device * self.args.devices * self.args.nodes
+
+    @property
+    def tpp(self) -> float:
+        return self.tokens / self.sizes.parameters
+
+    @property
+    def name(self) -> str:
+        args = self.args
+        return args.name or (Path(args.out).stem if args.out else (args.size or "recipe").lower())
+
+
 def derive(args: argparse.Namespace) -> Recipe:
+    derivation = derive_numbers(args)
+    return Recipe(recipe_values(derivation), recipe_comments(derivation), recipe_header(derivation))
+
+
+def derive_numbers(args: argparse.Namespace) -> Derivation:
+    """Table A.2's rules, then the memory model (every bad value refused on the way)."""
     base = read_base(args.base)
     model, origin = model_config(args, base.model)
     recipe = base.recipe
     dropout = layer_dropout_config(args, recipe["model"].get("layer_dropout", {}))
+    check_layout_and_budget(args)
+    usable = HEADROOM * byte_size(args.memory)
+    sizes = ModelSizes.of(model)
+    tokens = args.tpp * sizes.parameters if args.tpp is not None else token_count(args.tokens)
+    rule = transfer_batch_size(base.batch_size, tokens / base.tokens)
+    per_device = max(1, round(rule / (args.devices * args.nodes)))
+    steps = math.ceil(tokens / (per_device * args.devices * args.nodes * base.seq_len))
+    tau = float(f"{transfer_tau_ema(base.parametrization.tau_ema, tokens / sizes.parameters, base.tpp):.4g}")
+    pcfg = ParametrizationConfig(**{**recipe["model"]["parametrization"], "tau_ema": tau})
+    exits = EarlyExitLossConfig(**recipe["model"].get("early_exit_loss", {}))  # the base's, at the new depth:
+    check_exits(exits, model.n_layers)
+    try:
+        plan = fit_strategy(sizes, per_device=per_device, devices=args.devices, nodes=args.nodes, usable=usable,
+                            seq_len=base.seq_len, loss_chunk_tokens=recipe["model"].get("loss_chunk_tokens", 4096),
+                            mixed="bf16" in str(recipe["trainer"].get("precision", "")))
+    except RecipeError as err:
+        raise RecipeError(f"--memory={args.memory!r} is invalid: {err}") from None
+    return Derivation(args, base, model, origin, dropout, usable, sizes, tokens, rule, per_device, steps, tau, pcfg,
+                      mean_dropout(dropout, model.n_layers, steps), mean_exit_heads(exits, model.n_layers, steps), plan)
+
+
+def check_layout_and_budget(args: argparse.Namespace) -> None:
     for name in ("devices", "nodes"):
         if getattr(args, name) < 1:
             raise RecipeError(f"--{name}={getattr(args, name)} is invalid: must be >= 1")
@@ -289,60 +207,38 @@ def derive(args: argparse.Namespace) -> Recipe:
         raise RecipeError("--tpp and --tokens are invalid together or both missing: give one token budget")
     if args.tpp is not None and not args.tpp > 0:
         raise RecipeError(f"--tpp={args.tpp} is invalid: must be > 0")
-    usable = HEADROOM * byte_size(args.memory)
 
-    sizes = ModelSizes.of(model)
-    n = sizes.parameters
-    tokens = args.tpp * n if args.tpp is not None else token_count(args.tokens)
-    tpp, seq = tokens / n, base.seq_len
-    world = args.devices * args.nodes
-    m_data = tokens / base.tokens
-    rule = transfer_batch_size(base.batch_size, m_data)
-    per_device = max(1, round(rule / world))
-    batch = per_device * world
-    steps = math.ceil(tokens / (batch * seq))
-    tau = float(f"{transfer_tau_ema(base.parametrization.tau_ema, tpp, base.tpp):.4g}")
-    pcfg = ParametrizationConfig(**{**recipe["model"]["parametrization"], "tau_ema": tau})
-    m_d, m_l = width_depth_multipliers(pcfg, model.d_model, model.n_layers)
-    hyper = optimizer_hyperparameters(pcfg, model, total_tokens=float(steps), batch_tokens=1.0)
-    p_bar = mean_dropout(dropout, model.n_layers, steps)
-    exits = EarlyExitLossConfig(**recipe["model"].get("early_exit_loss", {}))  # the base's, at the new depth:
-    check_exits(exits, model.n_layers)
-    exit_heads = mean_exit_heads(exits, model.n_layers, steps)
-    dense = expected_training_flops_per_token(model, seq)
-    per_token = expected_training_flops_per_token(model, seq, mean_dropout=p_bar, exit_heads=exit_heads)
-    chunk = recipe["model"].get("loss_chunk_tokens", 4096)
-    mixed = "bf16" in str(recipe["trainer"].get("precision", ""))
-    try:
-        plan = fit_strategy(sizes, per_device=per_device, devices=args.devices, nodes=args.nodes, usable=usable,
-                            seq_len=seq, loss_chunk_tokens=chunk, mixed=mixed)
-    except RecipeError as err:
-        raise RecipeError(f"--memory={args.memory!r} is invalid: {err}") from None
-    accumulate = per_device // plan.micro_batch
-    decoder_comments = shape_comments(args, base, origin)
-    name = args.name or (Path(args.out).stem if args.out else (args.size or "recipe").lower())
-    needed = sum(plan.memory.values())
 
-    values = {
+def recipe_values(d: Derivation) -> dict[str, Any]:
+    """The recipe's derived values, by dotted key."""
+    args, plan = d.args, d.plan
+    return {
         "trainer.devices": args.devices, "trainer.num_nodes": args.nodes, "trainer.strategy": plan.strategy.name,
-        "trainer.max_steps": steps, "trainer.accumulate_grad_batches": accumulate,
-        "trainer.default_root_dir": f"runs/{name}", "data.batch_size": plan.micro_batch,
-        "model.parametrization.tau_ema": tau, "model.activation_checkpointing": plan.checkpointing,
-        **{f"model.decoder.{k}": getattr(model, k) for k in decoder_comments},
+        "trainer.max_steps": d.steps, "trainer.accumulate_grad_batches": d.per_device // plan.micro_batch,
+        "trainer.default_root_dir": f"runs/{d.name}", "data.batch_size": plan.micro_batch,
+        "model.parametrization.tau_ema": d.tau, "model.activation_checkpointing": plan.checkpointing,
+        **{f"model.decoder.{k}": getattr(d.model, k) for k in shape_comments(args, d.base, d.origin)},
         **{f"model.layer_dropout.{k}": (list(v) if isinstance(v, tuple) else v)
-           for k, v in vars(dropout).items()},
+           for k, v in vars(d.dropout).items()},
     }
+
+
+def recipe_comments(d: Derivation) -> dict[str, str]:
+    """How each derived value was derived, by dotted key."""
+    args, base, model, plan, pcfg = d.args, d.base, d.model, d.plan, d.pcfg
+    m_d, m_l = width_depth_multipliers(pcfg, model.d_model, model.n_layers)
+    hyper = optimizer_hyperparameters(pcfg, model, total_tokens=float(d.steps), batch_tokens=1.0)
     sharding = plan.strategy.describe(args.devices, args.nodes)
-    comments = {
+    return {
         "trainer.devices": "given (per node)", "trainer.num_nodes": "given",
         "trainer.strategy": f"{sharding}: the first that fits micro-batch {plan.micro_batch} (memory model above)",
-        "trainer.max_steps": f"ceil(D / (B·S)) = ceil({tokens:,.0f} / ({batch}·{seq}))",
-        "trainer.accumulate_grad_batches": f"B/(devices·nodes)/micro-batch = {per_device}/{plan.micro_batch}",
+        "trainer.max_steps": f"ceil(D / (B·S)) = ceil({d.tokens:,.0f} / ({d.batch}·{base.seq_len}))",
+        "trainer.accumulate_grad_batches": f"B/(devices·nodes)/micro-batch = {d.per_device}/{plan.micro_batch}",
         "trainer.default_root_dir": "runs/<name>",
-        "data.batch_size": f"micro-batch per device: the largest divisor of B/(devices·nodes) = {per_device} "
+        "data.batch_size": f"micro-batch per device: the largest divisor of B/(devices·nodes) = {d.per_device} "
                            "that fits",
         "model.parametrization.tau_ema": f"τ_base·(TPP/TPP_base)^-0.5 = {base.parametrization.tau_ema:g}·"
-                                         f"({tpp:.4g}/{base.tpp:.6g})^-0.5; λ = 1/(η_hidden·τ·steps) = "
+                                         f"({d.tpp:.4g}/{base.tpp:.6g})^-0.5; λ = 1/(η_hidden·τ·steps) = "
                                          f"{hyper[HIDDEN]['weight_decay']:.4g} at run time",
         "model.parametrization.d_base": f"the base's width: m_d = {model.d_model}/{pcfg.d_base} = {m_d:.4g}",
         "model.parametrization.n_layers_base": f"the base's depth: m_L = {model.n_layers}/{pcfg.n_layers_base} "
@@ -351,34 +247,40 @@ def derive(args: argparse.Namespace) -> Recipe:
         "model.parametrization.eps": f"ε_base: blocks ε/(m_d·m_L) = {hyper[HIDDEN]['eps']:.4g}, "
                                      f"(un)embedding ε/m_d = {hyper[EMBEDDING]['eps']:.4g}",
         "model.activation_checkpointing": "needed to fit" if plan.checkpointing else "not needed to fit",
-        "model.layer_dropout.p_max": f"P̄ = {p_bar:.4g}: {100 * p_bar:.4g}% of the blocks' training FLOPs saved",
-        **{f"model.decoder.{k}": comment for k, comment in decoder_comments.items()},
+        "model.layer_dropout.p_max": f"P̄ = {d.p_bar:.4g}: {100 * d.p_bar:.4g}% of the blocks' training FLOPs saved",
+        **{f"model.decoder.{k}": comment for k, comment in shape_comments(args, base, d.origin).items()},
     }
+
+
+def recipe_header(d: Derivation) -> list[str]:
+    """The recipe's leading comment: the target, the command, and each rule with its numbers."""
+    args, base, model, plan, seq, n = d.args, d.base, d.model, d.plan, d.base.seq_len, d.sizes.parameters
+    dense = expected_training_flops_per_token(model, seq)
+    per_token = expected_training_flops_per_token(model, seq, mean_dropout=d.p_bar, exit_heads=d.exit_heads)
     budget = f"{args.tpp:g} · N" if args.tpp is not None else "given"
-    command = canonical_command(args)
     memory = " + ".join(f"{part} {value / 1e9:.1f}" for part, value in plan.memory.items())
     kv_heads = f" ({model.n_kv_heads} key/value)" if model.n_kv_heads != model.n_heads else ""
     ffn = f"{model.ffn_mult}·d" if model.ffn_hidden is None else f"{model.ffn_hidden}"
-    header = [
-        f"{name}: a decoder of {n:,} parameters (d = {model.d_model}, L = {model.n_layers}, {model.n_heads} heads "
+    return [
+        f"{d.name}: a decoder of {n:,} parameters (d = {model.d_model}, L = {model.n_layers}, {model.n_heads} heads "
         f"of {model.head_dim}{kv_heads}, FFN {ffn}, vocabulary {model.vocab_size:,})",
-        f"trained on {tokens:,.0f} tokens ({tpp:.4g} per parameter), transferred from {args.base} by Table A.2's",
+        f"trained on {d.tokens:,.0f} tokens ({d.tpp:.4g} per parameter), transferred from {args.base} by Table A.2's",
         "rules. Written by `layerdrop recipe` (framework/recipes/recipe.py): change the command, not this file.",
-        "", f"  {command}", "",
+        "", f"  {canonical_command(args)}", "",
         f"The base run: N_base = {base.parameters:,} parameters, B_base = {base.batch_size} sequences of {seq} "
         f"tokens,", f"  D_base = {base.steps:,} steps · {base.batch_size} · {seq} = {base.tokens:,} tokens "
         f"(TPP_base = {base.tpp:.6g}).",
         "This run:",
         f"  N     = {n:,} parameters",
-        f"  D     = {budget} = {tokens:,.0f} tokens;  m_D = D / D_base = {m_data:.4g}",
-        f"  B     = B_base · m_D^0.4 = {rule:.1f} sequences -> {batch} = {args.nodes} node(s) × {args.devices} "
-        f"devices × {per_device} ({100 * (batch / rule - 1):+.1f}%)",
-        f"  steps = ceil(D / (B · S)) = {steps:,}",
-        f"  FLOPs = D · (blocks · (1 - P̄) + head · (1 + Ē)) = {tokens:.4g} · ({dense.blocks:.4g} · {1 - p_bar:.4g}"
-        f" + {dense.head:.4g} · {1 + exit_heads:.4g}) = {tokens * per_token.total:.4g}",
-        f"          (training FLOPs: P̄ = {p_bar:.4g} layer dropout, Ē = {exit_heads:.4g} early-exit heads a step)",
-        f"  memory per device (GB) = {memory} = {needed / 1e9:.1f} of {usable / 1e9:.1f} usable "
-        f"({plan.strategy.name}, micro-batch {plan.micro_batch}"
+        f"  D     = {budget} = {d.tokens:,.0f} tokens;  m_D = D / D_base = {d.tokens / base.tokens:.4g}",
+        f"  B     = B_base · m_D^0.4 = {d.rule:.1f} sequences -> {d.batch} = {args.nodes} node(s) × {args.devices} "
+        f"devices × {d.per_device} ({100 * (d.batch / d.rule - 1):+.1f}%)",
+        f"  steps = ceil(D / (B · S)) = {d.steps:,}",
+        f"  FLOPs = D · (blocks · (1 - P̄) + head · (1 + Ē)) = {d.tokens:.4g} · ({dense.blocks:.4g} · "
+        f"{1 - d.p_bar:.4g} + {dense.head:.4g} · {1 + d.exit_heads:.4g}) = {d.tokens * per_token.total:.4g}",
+        f"          (training FLOPs: P̄ = {d.p_bar:.4g} layer dropout, Ē = {d.exit_heads:.4g} early-exit heads a step)",
+        f"  memory per device (GB) = {memory} = {sum(plan.memory.values()) / 1e9:.1f} of {d.usable / 1e9:.1f} "
+        f"usable ({plan.strategy.name}, micro-batch {plan.micro_batch}"
         f"{', activation checkpointing' if plan.checkpointing else ''})",
         "Every number with a comment below is derived as it says; the others are the base recipe's.",
         "",
@@ -386,7 +288,6 @@ def derive(args: argparse.Namespace) -> Recipe:
           if base.evidence else [f"The base recipe does not say what its hyperparameters rest on (no paragraph "
                                  f"\"{EVIDENCE} ...\" in its header): treat them as untuned."]),
     ]
-    return Recipe(values, comments, header)
 
 
 def shape_comments(args: argparse.Namespace, base: BaseRun, origin: str) -> dict[str, str]:
@@ -506,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["fit_strategy", "MemoryPlan", "derive", "render", "build", "main", "RecipeError"]
+__all__ = ["fit_strategy", "MemoryPlan", "Derivation", "derive", "derive_numbers", "render", "build", "main",
+           "RecipeError"]
 
 
 if __name__ == "__main__":
