@@ -145,13 +145,21 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"mode": args.mode, "ckpt": str(args.ckpt), "num_layers": cfg.n_layers, "batch_size": args.batch_size,
                "device": str(device), **stats.summary()}
     line = (f"{summary['new_tokens']} tokens in {summary['seconds']:.2f} s: {summary['tokens_per_s']:.1f} tokens/s, "
-            f"{summary['layers_per_token']:.2f} of {cfg.n_layers} layers per token")
+            + blocks_per_token(summary["layers_per_token"], cfg.n_layers, adapters=args.adapters is not None))
     if "acceptance_rate" in summary:
         line += f", acceptance {summary['acceptance_rate']:.0%}"
     print(f"[{args.mode}] {line}", file=sys.stderr)
     if args.stats:
         write_json(args.stats, summary)
     return 0
+
+
+def blocks_per_token(count: float, num_layers: int, *, adapters: bool) -> str:
+    """The cost line's figure. It counts every block that ran (an adapter block as one, a
+    speculative draft's rejected tokens too), so it is not a share of the L layers: it
+    can exceed L. Its reference is what full decoding runs per token."""
+    counted = "blocks run per token, adapter blocks included" if adapters else "blocks run per token"
+    return f"{count:.2f} {counted} (full decoding: {num_layers})"
 
 
 def _settings(args: argparse.Namespace, sampling, adapters):

@@ -20,6 +20,7 @@ from eval.decoding.batch import BatchGenerator
 from eval.decoding.static_route import StaticRoute
 from framework.tokenizer import TextCodec
 from framework.checkpoint import load_decoder
+from tests.helpers.in_process import run_main
 from tiny_lm import export_tiny_model
 
 PROMPT = "The sun rises in the"
@@ -45,14 +46,9 @@ def reference(model_dir):
 
 
 def run(argv, capsys, stdin: str | None = None, monkeypatch=None):
-    capsys.readouterr()
     if stdin is not None:
         monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr()
+    return run_main(main, argv, capsys)
 
 
 @pytest.mark.parametrize("mode", ["full", "exit:2", "skip:1", "speculative", "dynamic", "exit:1+adapters",
@@ -76,6 +72,19 @@ def test_every_mode_prints_the_prompt_and_its_continuation(model_dir, reference,
     if mode == "speculative":
         assert 0 <= summary["acceptance_rate"] <= 1 and "acceptance" in out.err
 
+
+
+@pytest.mark.parametrize("mode", ["speculative", "dynamic"])
+def test_the_blocks_per_token_figure_names_what_it_counts_and_its_reference(model_dir, capsys, tmp_path, mode):
+    """With an adapter draft the line read "6.98 of 6 layers per token": a share above 1. The
+    figure counts blocks run (adapters', rejected drafts') against full decoding's L."""
+    stats = tmp_path / "stats.json"
+    code, out = run(["--ckpt", model_dir, "--prompt", PROMPT, "--mode", mode, "--max-new-tokens", 12,
+                     "--adapters", model_dir.parent / "adapters", "--stats", stats], capsys)
+    assert code == 0, out.err
+    count = json.loads(stats.read_text())["layers_per_token"]
+    assert f"{count:.2f} blocks run per token, adapter blocks included (full decoding: 3)" in out.err
+    assert "of 3 layers" not in out.err
 
 def test_threshold_zero_exits_at_the_first_candidate_and_one_is_full(model_dir, reference, capsys, tmp_path):
     codec, full = reference
