@@ -1,13 +1,14 @@
 """The Qwen families (framework/families/qwen2, qwen3: qkv bias; per-head q/k RMSNorm and
-an explicit head_dim) sharded over 2 gloo ranks on CPU, block by block as Llama's
-(framework/strategies/parallelize.py): under FSDP2 (a 1-D mesh) and HSDP (a
-(replicate, shard) mesh) one training step gives the loss and every gradient of the
-same step in one process on the whole batch, and the sharded checkpoint (DCP, as the
-FSDP2 strategies write it) reads back in one process to the trained weights.
+an explicit head_dim) over 2 gloo ranks on CPU, each rank on half of the batch: under
+FSDP2 (a 1-D mesh, blocks wrapped one by one as Llama's: framework/strategies/
+parallelize.py), HSDP (a (replicate, shard) mesh) and DeepSpeed ZeRO-2/3, one training
+step gives what the same step gives in one process on the whole batch, and the
+checkpoint the ranks write (DCP; a DeepSpeed folder as Lightning lays it out) reads
+back in one process, by the project's readers, to the weights the ranks hold.
 
 The ranks run in forked processes calling the model directly (seconds, where a
-launched `layerdrop pretrain` costs a minute of start-up per rank). DeepSpeed ZeRO on
-the Qwen families, through `layerdrop pretrain`: test_qwen_zero.py.
+launched `layerdrop pretrain` costs a minute of start-up; the strategies' Lightning
+side is the Celerity and Llama runs' in this folder).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(300)]
 CONFIGS = {"qwen2": dict(family="qwen2", bias=False),  # its qkv bias is the family's own
            "qwen3": dict(family="qwen3", bias=False, head_dim=12)}
 ROWS, SEQ = 4, 16  # the whole batch; each rank takes half of the rows
+LR = 0.1  # ZeRO's step: plain SGD, so the weights after it show the averaged gradient
 
 
 def qwen_decoder(kind: str, seed: int = 0) -> torch.nn.Module:
@@ -54,6 +56,24 @@ def loss_of(decoder: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
 
 
 def _rank(rank: int, port: int, kind: str, strategy: str, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    tokens = batch()[rank * ROWS // 2:(rank + 1) * ROWS // 2]
+    if strategy.startswith("zero"):
+        result = _zero_step(kind, int(strategy[-1]), tokens, Path(out))
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        result = _fsdp_step(kind, strategy, tokens, Path(out))
+    try:
+        if rank == 0:
+            torch.save(result, Path(out) / "rank0.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def _fsdp_step(kind: str, strategy: str, tokens: torch.Tensor, out: Path) -> dict:
+    """One step's loss and full gradients under FSDP2 or HSDP; the model written by DCP."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
@@ -61,33 +81,59 @@ def _rank(rank: int, port: int, kind: str, strategy: str, out: str) -> None:
     from framework.strategies import parallelize
     from framework.strategies.parallelize import HSDP_MESH_DIMS
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    try:
-        torch.set_num_threads(1)
-        mesh = (init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",)) if strategy == "fsdp" else
-                init_device_mesh("cpu", (2, 1), mesh_dim_names=HSDP_MESH_DIMS))  # replicated across 2 "nodes"
-        decoder = parallelize(qwen_decoder(kind), device_mesh=mesh)
-        tokens = batch()[rank * ROWS // 2:(rank + 1) * ROWS // 2]
-        loss = loss_of(decoder, tokens)
-        loss.backward()  # FSDP2/HSDP average the gradients over the ranks: those of the mean loss
-        total = loss.detach().clone()
-        dist.all_reduce(total)
-        grads = {name: p.grad.full_tensor() for name, p in decoder.named_parameters()}
-        local_rows = {name: p.to_local().shape[0] for name, p in decoder.named_parameters()}
-        weights = {name: p.full_tensor() for name, p in decoder.named_parameters()}
-        state = {"state_dict": {MODEL_PREFIX + k: v for k, v in get_model_state_dict(decoder).items()}}
-        dcp.save(state, checkpoint_id=Path(out) / "checkpoint")
-        if rank == 0:
-            torch.save({"loss": float(total) / 2, "grads": grads, "weights": weights, "local_rows": local_rows},
-                       Path(out) / "rank0.pt")
-    finally:
-        dist.destroy_process_group()
+    mesh = (init_device_mesh("cpu", (2,), mesh_dim_names=("data_parallel",)) if strategy == "fsdp" else
+            init_device_mesh("cpu", (2, 1), mesh_dim_names=HSDP_MESH_DIMS))  # replicated across 2 "nodes"
+    decoder = parallelize(qwen_decoder(kind), device_mesh=mesh)
+    loss = loss_of(decoder, tokens)
+    loss.backward()  # FSDP2/HSDP average the gradients over the ranks: those of the mean loss
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    state = {"state_dict": {MODEL_PREFIX + k: v for k, v in get_model_state_dict(decoder).items()}}
+    dcp.save(state, checkpoint_id=out / "checkpoint")
+    return {"loss": float(total) / 2, "grads": {n: p.grad.full_tensor() for n, p in decoder.named_parameters()},
+            "weights": {n: p.full_tensor() for n, p in decoder.named_parameters()},
+            "local": {n: p.to_local().numel() for n, p in decoder.named_parameters()}}
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "hsdp"])
+def _zero_step(kind: str, stage: int, tokens: torch.Tensor, out: Path) -> dict:
+    """One SGD step's loss and weights under DeepSpeed ZeRO-2/3 on CPU (gloo); the
+    checkpoint written as Lightning's DeepSpeedStrategy writes it (tag "checkpoint",
+    the layerdrop entries in the client state)."""
+    from unittest import mock
+
+    import deepspeed
+
+    from framework.checkpoint.base import CKPT_KEY
+
+    # As cpu_deepspeed.CPUDeepSpeedStrategy: no JIT-compiled shared-memory all-reduce.
+    with mock.patch("deepspeed.comm.torch.build_shm_op", return_value=None):
+        deepspeed.init_distributed(dist_backend="gloo")
+    decoder = qwen_decoder(kind)
+    config = decoder.config.to_dict()
+    engine, *_ = deepspeed.initialize(model=decoder, optimizer=torch.optim.SGD(decoder.parameters(), lr=LR), config={
+        "train_micro_batch_size_per_gpu": ROWS // 2, "zero_optimization": {"stage": stage},
+        "gradient_clipping": 0.0,  # DeepSpeed clips at norm 1 unless told; the one-process step does not clip
+        "zero_allow_untested_optimizer": True})
+    local = {n: int(getattr(p, "ds_tensor", p).numel()) for n, p in engine.module.named_parameters()}
+    loss = loss_of(engine, tokens)
+    engine.backward(loss)
+    engine.step()
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):  # ZeRO-3: the whole tensors
+        weights = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    engine.save_checkpoint(str(out / "checkpoint"), tag="checkpoint", client_state={CKPT_KEY: {"model_config": config}})
+    return {"loss": float(total) / 2, "weights": weights, "local": local}
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "hsdp", "zero2", "zero3"])
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
 def test_a_sharded_qwen_step_is_the_single_process_step_and_its_checkpoint_reads_back(tmp_path, kind, strategy):
+    """FSDP2/HSDP: the loss and every gradient; ZeRO: the loss and the weights after one
+    SGD step (its gradients live in flat partitions). The checkpoint is read by the
+    project's own readers: DCP into a decoder of other weights, the ZeRO folder by
+    ``load_decoder`` (its config from the folder)."""
+    from framework.checkpoint import load_decoder
     from framework.checkpoint.dcp_reader import load_into
 
     # fork: the ranks inherit this process's imports (a spawn re-imports torch in each).
@@ -98,15 +144,23 @@ def test_a_sharded_qwen_step_is_the_single_process_step_and_its_checkpoint_reads
     loss = loss_of(reference, batch())
     loss.backward()
     assert got["loss"] == pytest.approx(float(loss.detach()), rel=1e-6)
-    own = [n for n in got["grads"] if n.endswith(("qkv.bias", "q_norm.weight", "k_norm.weight"))]
-    assert own, "the family's own parameters are not in the sharded model"
-    for name, p in reference.named_parameters():
-        torch.testing.assert_close(got["grads"][name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
-    if strategy == "fsdp":  # really sharded: rank 0 holds half of every matrix's rows (dim 0, rounded up)
-        sizes = dict(reference.named_parameters())
-        assert all(rows == -(-sizes[n].shape[0] // 2) for n, rows in got["local_rows"].items())
-    # The checkpoint of the shards, read into a decoder of other weights in one process.
-    fresh = qwen_decoder(kind, seed=1)
-    load_into(fresh, tmp_path / "checkpoint")
-    for name, p in fresh.named_parameters():
+    assert any(n.endswith(("qkv.bias", "q_norm.weight", "k_norm.weight")) for n in got["weights"]), \
+        "the family's own parameters are not in the sharded model"
+    params = dict(reference.named_parameters())
+    if strategy in ("fsdp", "zero3"):  # parameters really sharded: rank 0 holds half of each (rounded up)
+        halves = {n: -(-p.numel() // 2) if strategy == "zero3" else -(-p.shape[0] // 2) * p[0].numel()
+                  for n, p in params.items()}
+        assert got["local"] == halves
+    if strategy.startswith("zero"):
+        with torch.no_grad():
+            for name, p in params.items():
+                torch.testing.assert_close(got["weights"][name], p - LR * p.grad, rtol=1e-5, atol=1e-7, msg=name)
+        loaded, config = load_decoder(tmp_path / "checkpoint")
+        assert config.family == kind
+    else:
+        for name, p in params.items():
+            torch.testing.assert_close(got["grads"][name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
+        loaded = qwen_decoder(kind, seed=1)  # other weights until read
+        load_into(loaded, tmp_path / "checkpoint")
+    for name, p in loaded.named_parameters():
         assert torch.equal(p.detach(), got["weights"][name]), name
