@@ -172,7 +172,6 @@ def test_in_loop_evaluations_cost_goes_into_the_summary():
     assert "in-loop eval     Evaluation: 12.5 s" in text
 
 
-
 def test_the_summary_gives_the_runs_throughput_and_says_why_there_is_no_mfu_on_cpu(tmp_path, capsys):
     """On a CPU Lightning knows no peak FLOP/s: the summary said nothing about MFU at all."""
     trainer = quiet_trainer(max_steps=3, callbacks=[Throughput(), RunSummary()], default_root_dir=str(tmp_path))
@@ -197,6 +196,7 @@ def test_the_summary_gives_mfu_where_the_peak_is_known(tmp_path):
     assert rates["mfu"] == pytest.approx(rates["flops_per_sec"] / 1e12) and "mfu_missing" not in rates
     text = format_summary(json.loads((tmp_path / "summary.json").read_text()))
     assert f"MFU {rates['mfu']:.1%}" in text
+
 
 def test_step_metrics_follow_the_trainer_log_cadence_and_step_numbers():
     torch.manual_seed(0)

@@ -73,7 +73,6 @@ def test_every_mode_prints_the_prompt_and_its_continuation(model_dir, reference,
         assert 0 <= summary["acceptance_rate"] <= 1 and "acceptance" in out.err
 
 
-
 @pytest.mark.parametrize("mode", ["speculative", "dynamic"])
 def test_the_blocks_per_token_figure_names_what_it_counts_and_its_reference(model_dir, capsys, tmp_path, mode):
     """With an adapter draft the line read "6.98 of 6 layers per token": a share above 1. The
@@ -85,6 +84,7 @@ def test_the_blocks_per_token_figure_names_what_it_counts_and_its_reference(mode
     count = json.loads(stats.read_text())["layers_per_token"]
     assert f"{count:.2f} blocks run per token, adapter blocks included (full decoding: 3)" in out.err
     assert "of 3 layers" not in out.err
+
 
 def test_threshold_zero_exits_at_the_first_candidate_and_one_is_full(model_dir, reference, capsys, tmp_path):
     codec, full = reference

@@ -124,7 +124,6 @@ def test_loglikelihood_equals_the_slow_reference(lm):
         assert is_greedy == reference_is_greedy(lm.decoder, ctx_ids, cont_ids)
 
 
-
 def test_lm_evals_tokenizing_bar_stays_out_of_a_log(lm, capsys):
     """lm-eval asks with disable_tqdm=False: its "Tokenizing inputs" bar drew every frame into logs."""
     requests = [("The sun rises in the", " east"), ("Ice cream tastes  ", "sweet")]
@@ -133,6 +132,7 @@ def test_lm_evals_tokenizing_bar_stays_out_of_a_log(lm, capsys):
     shown = lm.loglikelihood([Instance("loglikelihood", {}, r, i) for i, r in enumerate(requests)],
                              disable_tqdm=True)
     assert quiet == shown
+
 
 def test_rolling_loglikelihood_counts_every_token_once(model_dir):
     text = "The sun rises in the east and sets in the west."
