@@ -125,20 +125,33 @@ class PeriodicCheckpoint(Checkpoint):
         saved_before = self.saved
         self.saved = [(s, p) for s, p in self.saved if p != path] + [(step, path)]  # saved with the state
         self.last_model_path = os.path.join(self.dirpath, LAST)
+        io = trainer.strategy.checkpoint_io
+        holds = isinstance(io, AtomicCheckpointIO)  # the same on every rank
+        full = None
         try:
+            if holds:  # a file only rank 0 writes (DDP): the others wait in Lightning's barrier meanwhile
+                io.hold_disk_full, io.held = True, None
             # Returns after a barrier: every rank has written its part. weights_only=False said
             # explicitly: unset, Lightning logs a line at every save.
             trainer.save_checkpoint(staging, weights_only=False)
-        except Exception as err:
-            if not is_disk_full(err):
+        except BaseException as err:
+            # DCP raises CheckpointException (a BaseException) on every rank when one failed.
+            caught = isinstance(err, Exception) or type(err).__name__ == "CheckpointException"
+            if not caught or not is_disk_full(err):
                 raise
+            full = str(err) if isinstance(err, DiskFull) else (
+                f"disk full while writing {staging}: about {self._known_size(path) or 0:,} bytes needed, "
+                f"{free_bytes(self.dirpath):,} free")
+        finally:
+            if holds:
+                io.hold_disk_full = False
+        if holds:  # every rank learns how rank 0's write went, and all stop together
+            full = trainer.strategy.broadcast(str(io.held) if io.held is not None else full)
+        if full is not None:
             self.saved = saved_before
             if trainer.is_global_zero:
                 remove_path(staging)  # never published, never linked as last
-            said = str(err) if isinstance(err, DiskFull) else (
-                f"disk full while writing {staging}: about {self._known_size(path) or 0:,} bytes needed, "
-                f"{free_bytes(self.dirpath):,} free")
-            raise DiskFull(f"{said}; nothing of this save was kept{self._previous_intact(path)}") from None
+            raise DiskFull(f"{full}; nothing of this save was kept{self._previous_intact(path)}")
         if trainer.is_global_zero:
             publish(staging, path)
             point_last(path, self.last_model_path)
@@ -211,9 +224,24 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     in the system temp folder: when that is another filesystem the final move is a
     copy into the target, and a crash during it truncates the previous checkpoint.
     Remote paths (s3://, gs://, ...) keep Lightning's behaviour.
+
+    ``hold_disk_full``: a full disk is kept in ``held`` instead of raised, so that the
+    caller can tell every rank (PeriodicCheckpoint.save): under DDP only rank 0 writes,
+    and raising there would leave the other ranks in Lightning's save barrier.
     """
 
+    hold_disk_full = False
+    held: DiskFull | None = None
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        try:
+            self._save(checkpoint, path, storage_options)
+        except DiskFull as full:
+            if not self.hold_disk_full:
+                raise
+            self.held = full
+
+    def _save(self, checkpoint: dict[str, Any], path: Any, storage_options: Any) -> None:
         if storage_options is not None or is_url(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)
@@ -232,7 +260,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
         # An FSDP2/HSDP folder (DCP) resumed by one process: read whole, in the form a
         # single file has (Lightning's single-device load would open the folder as a file).
-        if "://" not in str(path) and (Path(path) / DCP_METADATA_FILE).is_file():
+        if not is_url(path) and (Path(path) / DCP_METADATA_FILE).is_file():
             from framework.checkpoint.dcp_reader import read_training_checkpoint
 
             return read_training_checkpoint(Path(path))

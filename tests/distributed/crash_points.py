@@ -1,5 +1,6 @@
 """Test-only callbacks for the crash tests: kill -9 a run at an exact point of its
-checkpointing, and record every rank's per-step losses.
+checkpointing (or fill its disk there, on one rank), and record every rank's per-step
+losses.
 
 Given to ``layerdrop pretrain`` through a recipe's ``trainer.callbacks`` (class paths,
 with this folder on PYTHONPATH), so production code carries no test hooks: the
@@ -13,6 +14,7 @@ instant, as when a node fails or a job is cancelled.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -114,8 +116,24 @@ class KillAt(pl.Callback):
                 f.flush()
             else:
                 Path(f).write_bytes(data)
-            kill_the_run()
+            self._stop()
         return wrapped
+
+    def _stop(self) -> None:
+        kill_the_run()
+
+
+class DiskFullAt(KillAt):
+    """The disk fills on global rank ``rank`` alone, half-way through the first file the
+    save of optimizer step ``step`` writes there (the single file under DDP, this rank's
+    shard under FSDP2): ENOSPC, as a full disk answers; the run goes on to handle it."""
+
+    def __init__(self, step: int, rank: int = 0) -> None:
+        super().__init__(step, "during_save", rank)
+
+    def _stop(self) -> None:
+        self._armed = False
+        raise OSError(errno.ENOSPC, "No space left on device")
 
 
 class PoisonGradient(pl.Callback):

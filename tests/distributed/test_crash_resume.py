@@ -11,6 +11,7 @@ given through the recipe (crash_points.py), SIGKILL to the whole process group.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -175,6 +176,35 @@ def test_a_run_killed_during_its_final_export_makes_the_export_when_resumed(tmp_
     got, want = load_file(root / "export" / "model.safetensors"), load_file(
         tmp_path / "reference" / "export" / "model.safetensors")
     assert got.keys() == want.keys() and all(torch_equal(got[k], want[k]) for k in want)
+
+
+@pytest.mark.parametrize("strategy,rank", [("ddp", 0), ("fsdp", 1)])
+def test_a_full_disk_on_one_rank_stops_every_rank_in_one_line_and_the_run_resumes(tmp_path, tiny_data, strategy,
+                                                                                   rank):
+    """ENOSPC on one rank half-way through the step-4 save (DDP: rank 0, which writes the
+    file alone while the other waits in Lightning's save barrier; FSDP2: rank 1's shard,
+    which DCP reports on every rank): every rank stops at once with the same one line
+    (file, bytes needed and free, the step-2 checkpoint intact), nothing of the save is
+    kept, last.ckpt stays on step 2, and `--resume auto` finishes the run."""
+    base = base_recipe(tmp_path, tiny_data, strategy=strategy, devices=2, steps=6, every=2)
+    base["trainer"]["callbacks"] = [{"class_path": "crash_points.DiskFullAt", "init_args": {"step": 4, "rank": rank}}]
+    code, log = launch(recipe_with(tmp_path, "full", base, tmp_path / "losses", None), tmp_path / "full.log")
+    assert code == 1, log[-3000:]
+    folder = Path(base["trainer"]["default_root_dir"]) / "checkpoints"
+    errors = {line for line in log.splitlines() if line.startswith("error:")}
+    assert len(errors) == 1 and "Traceback" not in log, log[-3000:]
+    line = errors.pop()
+    assert line.startswith(f"error: disk full while writing {folder / '.step-00000004.ckpt.staging'}: about "), line
+    assert "bytes needed" in line and "nothing of this save was kept" in line, line
+    assert f"the previous checkpoint {folder / 'step-00000002.ckpt'} (step 2) is intact" in line, line
+    assert sorted(p.name for p in folder.iterdir() if p.suffix != ".json") == ["last.ckpt", "step-00000002.ckpt"]
+    assert os.readlink(folder / "last.ckpt") == "step-00000002.ckpt"
+
+    base["trainer"]["callbacks"] = []
+    code, log = launch(recipe_with(tmp_path, "resumed", base, tmp_path / "losses", None), tmp_path / "resumed.log",
+                       "--resume", "auto")
+    assert code == 0 and resumed_from(log) == "step-00000002.ckpt", log[-3000:]
+    assert os.readlink(folder / "last.ckpt") == "step-00000006.ckpt"
 
 
 def torch_equal(a, b) -> bool:
