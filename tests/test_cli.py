@@ -11,6 +11,7 @@ import pytest
 from framework import __version__
 from framework.cli import COMMANDS
 from framework.cli import main
+from tests.helpers.in_process import exit_code
 from tests.helpers.refusals import refused
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("layerdrop")
@@ -54,14 +55,6 @@ def test_unknown_command_exits_2_with_one_line(args, bad):
     assert result.stdout == ""
 
 
-def cli_main(argv: list[str]) -> int:
-    """``layerdrop ARGV`` in this process: its exit status (argparse exits via SystemExit)."""
-    try:
-        return main(argv)
-    except SystemExit as exit_:
-        return exit_.code
-
-
 @pytest.mark.parametrize("group", ["eval", "adapters", "speculate"])
 @pytest.mark.parametrize("flag", ["--help", "-h", None])
 def test_every_command_group_lists_its_subcommands(group, flag):
@@ -77,7 +70,7 @@ def test_every_command_group_lists_its_subcommands(group, flag):
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_command_refuses_a_bad_flag_in_one_line_pointing_to_its_help(name, capsys):
     """No usage block: the one ``error:`` line, naming where the usage is, status 2."""
-    code = cli_main([*name.split(), "--no-such-flag", "1"])
+    code = exit_code(main, [*name.split(), "--no-such-flag", "1"])
     captured = capsys.readouterr()
     assert code == 2
     assert captured.err.strip().splitlines() == [captured.err.strip()], captured.err
@@ -86,7 +79,7 @@ def test_every_command_refuses_a_bad_flag_in_one_line_pointing_to_its_help(name,
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_command_has_help(name, capsys):
-    assert cli_main([*name.split(), "--help"]) == 0
+    assert exit_code(main, [*name.split(), "--help"]) == 0
     assert f"usage: layerdrop {name}" in capsys.readouterr().out
 
 

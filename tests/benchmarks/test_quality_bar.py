@@ -19,6 +19,7 @@ from benchmarks import quality_bar
 from benchmarks.plain_training import framework_lambda, llama, optimizer_for, ours, read_recipe
 from framework.config import ModelConfig, ParametrizationConfig
 from framework.training.parametrization import optimizer_hyperparameters, param_groups
+from tests.helpers.in_process import exit_code
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "quality_bar.py"
@@ -148,10 +149,7 @@ def test_table_prints_mean_and_std_and_the_edge(tmp_path, capsys):
 
 
 def refusal(argv: list[str], capsys) -> tuple[int, str]:
-    try:
-        code = quality_bar.main(argv)
-    except SystemExit as stop:
-        code = stop.code
+    code = exit_code(quality_bar.main, argv)
     err = capsys.readouterr().err
     return code, err if isinstance(code, int) else str(code)
 

@@ -9,6 +9,7 @@ import sysconfig
 import pytest
 
 from data_prep.prepare import main
+from tests.helpers.in_process import run_main
 
 STDLIB = sysconfig.get_paths()["stdlib"]
 
@@ -31,12 +32,8 @@ class PrepareRun:
         self.capsys = capsys
 
     def __call__(self, *argv: str) -> tuple[int, str]:
-        self.capsys.readouterr()
-        try:
-            code = main(["--no-progress", *argv])
-        except SystemExit as exit_:
-            code = exit_.code
-        return code, self.capsys.readouterr().err
+        code, printed = run_main(main, ["--no-progress", *argv], self.capsys)
+        return code, printed.err
 
 
 @pytest.fixture

@@ -342,6 +342,7 @@ def test_a_payload_in_any_pickled_file_is_refused_by_every_command(runs, chain, 
     from eval.downstream.lm_eval_adapter import LayerDropLM
     from framework.checkpoint import CheckpointError
     from framework.cli import main as cli
+    from tests.helpers.in_process import exit_code
 
     marker = tmp_path / "marker"
     checkpoint, file = plant(runs, form, relative, tmp_path / "run", marker)
@@ -349,10 +350,7 @@ def test_a_payload_in_any_pickled_file_is_refused_by_every_command(runs, chain, 
     monkeypatch.setattr("lightning.pytorch.Trainer.fit", lambda *a, **k: (_ for _ in ()).throw(WouldTrain()))
     recipe = runs[form] / "recipe.json"
     for name, argv in commands(checkpoint, tmp_path, tiny_data, chain / "adapters", recipe).items():
-        try:
-            code = cli(argv)
-        except SystemExit as exit_:
-            code = exit_.code
+        code = exit_code(cli, argv)
         err = capsys.readouterr().err
         lines = [line for line in err.splitlines() if str(file) in line]
         assert code not in (0, None) and len(lines) == 1 and "refused" in lines[0], f"{name}: {err[-2000:]}"

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from framework.checkpoint import export_decoder
-from framework.config import ModelConfig
-from framework.model.decoder import Decoder
+from tests.helpers.tiny_decoder import tiny_decoder  # noqa: F401  (re-exported: the eval tests import it from here)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TASKS = FIXTURES / "lm_eval_tasks"
@@ -33,16 +31,6 @@ def train_tokenizer(texts: list[str], vocab_size: int = 300) -> Tokenizer:
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
-
-
-def tiny_decoder(seed: int = 0, n_layers: int = 3, max_seq_len: int = 64) -> Decoder:
-    torch.manual_seed(seed)
-    # Non-unit multipliers so the checks cover the parametrization's forward factors.
-    cfg = ModelConfig(vocab_size=300, d_model=32, n_layers=n_layers, n_heads=4, max_seq_len=max_seq_len,
-                      attention="sdpa", logit_multiplier=0.5, residual_multiplier=0.8)
-    decoder = Decoder(cfg)
-    decoder.init_weights(std=0.2)  # larger than the default so greedy choices are not ties
-    return decoder.eval()
 
 
 def export_tiny_model(folder: Path, seed: int = 0) -> Path:

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 from typing import Callable
 
+Main = Callable[[list[str]], "int | None"]
 
-def run_main(main: Callable[[list[str]], int | None], argv, capsys) -> tuple[int | str | None, object]:
-    capsys.readouterr()
+
+def exit_code(main: Main, argv) -> int | str | None:
+    """``main(argv)``'s exit status (argparse and the refusals exit through SystemExit)."""
     try:
-        code = main([str(a) for a in argv])
+        return main([str(a) for a in argv])
     except SystemExit as exit_:
-        code = exit_.code
+        return exit_.code
+
+
+def run_main(main: Main, argv, capsys) -> tuple[int | str | None, object]:
+    """The exit status and what the command printed (capsys's ``out`` and ``err``)."""
+    capsys.readouterr()
+    code = exit_code(main, argv)
     return code, capsys.readouterr()

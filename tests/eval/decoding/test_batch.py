@@ -15,19 +15,14 @@ from eval.decoding.batch import BatchGenerator, generate_in_batches, left_padded
 from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import StopStrings, Transcripts
 from eval.decoding.sampling import Sampling
-from framework.config import ModelConfig
 from framework.model.decoder import Decoder
+from tests.helpers.tiny_decoder import tiny_decoder
 
 VOCAB, LAYERS = 64, 4
 
 
 def tiny_model(seed: int = 0) -> Decoder:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=LAYERS, n_heads=2, max_seq_len=96, attention="sdpa",
-                      logit_multiplier=0.5, residual_multiplier=0.8)
-    model = Decoder(cfg)
-    model.init_weights(std=0.3)
-    return model.double().eval()
+    return tiny_decoder(seed, LAYERS, 96, vocab_size=VOCAB, n_heads=2, std=0.3, double=True)
 
 
 @pytest.fixture(scope="module")

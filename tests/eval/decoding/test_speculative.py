@@ -23,20 +23,17 @@ from eval.decoding.speedup import compare, main
 from eval.decoding.transcripts import StopStrings
 from framework.tokenizer import TextCodec
 from framework.checkpoint import export_decoder, load_decoder
-from framework.config import ModelConfig
 from framework.model.decoder import Decoder
 from tests.helpers.checkpoint_run import count_checkpoint_opens
+from tests.helpers.tiny_decoder import tiny_decoder
 
 
 NUM_LAYERS = 4
 
 
 def tiny_model(vocab: int = 64, layers: int = NUM_LAYERS, d: int = 32, std: float = 0.3, seed: int = 0) -> Decoder:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=vocab, d_model=d, n_layers=layers, n_heads=2, max_seq_len=128, attention="sdpa")
-    model = Decoder(cfg)
-    model.init_weights(std=std)
-    return model.double().eval()
+    return tiny_decoder(seed, layers, 128, vocab_size=vocab, d_model=d, n_heads=2, std=std, multipliers=False,
+                        double=True)
 
 
 @pytest.fixture(scope="module")

@@ -4,18 +4,15 @@ import pytest
 import torch
 
 from eval.measurements.coord_check import coord_check, main, spread, training_batches
+from tests.helpers.in_process import run_main
 
 REDUCED = ["--densities", "0.25", "0.5", "1.0", "--steps", "6", "--d-model", "32", "--n-layers", "16",
            "--batch-size", "32", "--seq-len", "16", "--vocab-size", "128", "--lr", "0.01"]
 
 
 def run(argv, capsys):
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr().err
+    code, printed = run_main(main, argv, capsys)
+    return code, printed.err
 
 
 @pytest.fixture(scope="module")

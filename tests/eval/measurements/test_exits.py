@@ -7,21 +7,12 @@ import torch.nn.functional as F
 from eval.measurements.exits import default_labels, exit_losses, exits_main, parse_exit_layers, skip_losses, skip_main
 from eval.inputs import ValidationData, capped_batches
 from framework.checkpoint import export_decoder, load_decoder
-from framework.config import ModelConfig
 from framework.model.loss import IGNORE_INDEX
-from framework.model.decoder import Decoder
 from tests.helpers.battery import layerdrop, refusal
+from tests.helpers.in_process import run_main
+from tests.helpers.tiny_decoder import tiny_decoder  # vocabulary VOCAB
 
 VOCAB = 300
-
-
-def tiny_decoder(seed=0, n_layers=3):
-    torch.manual_seed(seed)
-    cfg = ModelConfig(vocab_size=VOCAB, d_model=32, n_layers=n_layers, n_heads=4, max_seq_len=64,
-                      attention="sdpa", logit_multiplier=0.5, residual_multiplier=0.8)
-    decoder = Decoder(cfg)
-    decoder.init_weights(std=0.2)  # blocks that matter: exits must differ from each other
-    return decoder.eval()
 
 
 def batches(seed=1, count=3, batch=2, seq=13):
@@ -129,12 +120,8 @@ def prepared(prepared_tokens, tmp_path_factory):
 
 
 def run(main, argv, capsys):
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exit_:
-        code = exit_.code
-    return code, capsys.readouterr().err
+    code, printed = run_main(main, argv, capsys)
+    return code, printed.err
 
 
 def test_exits_command_writes_the_report_and_plot_for_two_models(prepared, capsys):
