@@ -39,6 +39,36 @@ def check_checkpoint(parser: argparse.ArgumentParser, path: str) -> None:
         parser.error(f"checkpoint {path!r} does not exist")
 
 
+def checkpoint_label(path: str | Path) -> str:
+    """The name every command gives a checkpoint in its output: its run's name, whichever
+    form was read (runs/x/checkpoints/last.ckpt, runs/x/export -> x); a loose file's stem
+    and any other folder's own name otherwise."""
+    return checkpoint_labels([path])[0]
+
+
+def checkpoint_labels(paths: Sequence[str | Path]) -> list[str]:
+    """Short distinct names for several checkpoints: each one's ``checkpoint_label``, else
+    run/name (x/step-100), else the whole path."""
+    def run_folder(path: Path) -> Path | None:
+        if path.suffix == ".ckpt" and path.parent.name == "checkpoints":
+            return path.parent.parent
+        return path.parent if path.name == "export" else None  # pretrain's end-of-run export
+
+    def run(path: Path) -> str:
+        folder = run_folder(path)
+        return folder.name if folder is not None else path.stem if path.suffix == ".ckpt" else path.name
+
+    def run_and_name(path: Path) -> str:
+        folder = run_folder(path) or path.parent
+        return f"{folder.name}/{path.stem if path.suffix == '.ckpt' else path.name}"
+
+    for naming in (run, run_and_name, str):
+        labels = [naming(Path(p)) for p in paths]
+        if len(set(labels)) == len(labels) and all(labels):
+            return labels
+    return [str(p) for p in paths]
+
+
 def add_device(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help=DEVICE_HELP)
 

@@ -123,13 +123,14 @@ def eval_main(argv: list[str] | None = None) -> int:
     except CheckpointError as err:
         parser.error(str(err))
     passes = [shown(data, len(data), f"adapters eval: {what}, batches") for what in ("plain exits", "adapters")]
-    report = {"adapters": str(args.adapters), "backbone": str(args.ckpt or meta["backbone"]),
+    report = {"adapters": str(args.adapters), "label": options.checkpoint_label(args.ckpt or meta["backbone"]),
+              "backbone": str(args.ckpt or meta["backbone"]),
               **evaluate(backbone, adapters, *passes), "plot": args.plot}
     write_json(args.out, report)
     _plot(report, args.plot)
     for e in report["exits"]:
         print(f"exit {e}: plain {report['plain_loss'][str(e)]:.4f}  adapter {report['adapter_loss'][str(e)]:.4f}")
-    print(f"full model: {report['final_loss']:.4f}; wrote {args.out} and {args.plot}")
+    print(f"{report['label']}: full model {report['final_loss']:.4f}; wrote {args.out} and {args.plot}")
     return 0
 
 

@@ -149,12 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         report = search(model, objective, prompts[args.calibration_prompts:], methods=methods,
                         budget=args.budget, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
                         seed=args.seed, on_step=bar.advance)
-    report.update(cost_model=args.cost, ckpt=str(args.ckpt))
+    report.update(cost_model=args.cost, label=options.checkpoint_label(args.ckpt), ckpt=str(args.ckpt))
     write_json(args.out, report)
     for name, r in report["methods"].items():
         print(f"{name:>20}: skip {r['skip_layers']}  estimated {r['estimated_speedup']:.2f}x  measured "
               f"{r['measured_speedup']:.2f}x  ({r['evaluations']} evaluations)")
-    print(f"best: {report['best']['method']} skip {report['best']['skip_layers']} "
+    print(f"{report['label']}: best: {report['best']['method']} skip {report['best']['skip_layers']} "
           f"{report['best']['speedup']:.2f}x; wrote {args.out}")
     return 0
 

@@ -205,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         item["prompt"] = texts[row] if texts is not None else prompts[row]
         if codec.loaded is not None:
             item["text"] = codec.loaded.decode(item["tokens"])
-    report.update(ckpt=str(args.ckpt), adapters=args.adapters)
+    report.update(label=options.checkpoint_label(args.ckpt), ckpt=str(args.ckpt), adapters=args.adapters)
     write_json(args.out, report)
-    print(f"speedup {report['speedup']:.2f}x  acceptance {report['acceptance_rate']:.2%}  "
+    print(f"{report['label']}: speedup {report['speedup']:.2f}x  acceptance {report['acceptance_rate']:.2%}  "
           f"T_draft/T_target {report['draft_time_ratio']:.2f}  identical_to_greedy {report['identical_to_greedy']}"
           f"  ({report['tokens_per_s']:.0f} vs {report['plain_tokens_per_s']:.0f} tokens/s); wrote {args.out}")
     return 0

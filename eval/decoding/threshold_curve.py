@@ -99,26 +99,65 @@ def curve(model: Decoder, prompts: Sequence[Sequence[int]], batches, *, threshol
 
 
 def plot_curve(report: dict, path: str | Path, label: str | None = None) -> Path:
-    """Agreement with full greedy and validation loss vs layers per token, one point a threshold."""
-    from eval.measurements.plots import save_figure, plt  # the project's matplotlib setup (Agg) and file writing
+    """Agreement with full greedy and validation loss vs blocks per token, one point a threshold."""
+    from eval.measurements.plots import save_figure  # the project's file writing
+
+    return save_figure(curve_figure(report, label), path)
+
+
+def threshold_groups(rows: list[dict]) -> list[tuple[float, float, str]]:
+    """(x, y, text) of the threshold labels: thresholds that land on one point share a
+    label, so a curve whose thresholds coincide gets one label there, not a pile. Three or
+    more thresholds in a row (of all the curve's) read as a range: "τ 0.05–0.9 (7)"."""
+    order = sorted(r["threshold"] for r in rows)
+    groups: dict[tuple[float, float], list[float]] = {}
+    for r in rows:
+        groups.setdefault((round(r["layers_per_token"], 2), round(r["agreement"], 3)), []).append(r["threshold"])
+
+    def text(taus: list[float]) -> str:
+        taus = sorted(taus)
+        first = order.index(taus[0])
+        if len(taus) >= 3 and order[first:first + len(taus)] == taus:
+            return f"τ {taus[0]:g}–{taus[-1]:g} ({len(taus)})"
+        return "τ " + ", ".join(f"{t:g}" for t in taus)
+
+    return [(x, y, text(taus)) for (x, y), taus in sorted(groups.items())]
+
+
+def curve_figure(report: dict, label: str | None = None):
+    """The figure of ``plot_curve``: top, agreement; bottom, the loss as decoded; both
+    against the blocks a token runs, with full decoding (L blocks, τ = 1) marked."""
+    from eval.measurements.plots import plt  # the project's matplotlib setup (Agg)
 
     rows = sorted(report["thresholds"], key=lambda r: r["layers_per_token"])
     layers = [r["layers_per_token"] for r in rows]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.4, 6.0), sharex=True)
-    top.plot(layers, [r["agreement"] for r in rows], marker="o", label="same token as full greedy")
-    top.plot(layers, [r["prefix_agreement"] for r in rows], marker="s", label="before the first difference")
-    for r in rows:
-        top.annotate(f"{r['threshold']:g}", (r["layers_per_token"], r["agreement"]), fontsize=7,
-                     textcoords="offset points", xytext=(3, 3))
-    top.set_ylabel("agreement with full")
-    top.set_title(f"Dynamic early exit{f' ({label})' if label else ''}: threshold labels")
-    top.grid(alpha=0.3)
-    top.legend(fontsize=8)
-    bottom.plot(layers, [r["loss"] for r in rows], marker="o", color="tab:red")
-    bottom.set_xlabel(f"layers per token (of {report['num_layers']})")
-    bottom.set_ylabel("validation loss as decoded")
-    bottom.grid(alpha=0.3)
-    return save_figure(fig, path)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(6.8, 6.4), sharex=True)
+    top.plot(layers, [r["agreement"] for r in rows], marker="o", label="same token as full greedy, per position")
+    top.plot(layers, [r["prefix_agreement"] for r in rows], marker="s", label="tokens before the first difference")
+    right = max(layers)
+    for index, (x, y, text) in enumerate(threshold_groups(rows)):
+        side = -4 if x == right else 4  # the rightmost label runs leftwards, inside the axes
+        top.annotate(text, (x, y), fontsize=7, textcoords="offset points", ha="right" if side < 0 else "left",
+                     xytext=(side, 5) if index % 2 == 0 else (side, -11))  # alternate: neighbours stay apart
+    full_layers = report["num_layers"]
+    for ax in (top, bottom):
+        ax.axvline(full_layers, color="grey", linestyle=":", linewidth=1)
+        ax.grid(alpha=0.3)
+    top.plot([], [], color="grey", linestyle=":", linewidth=1, label=f"full decoding: {full_layers} blocks per token")
+    top.set_ylabel("agreement with full greedy (share)")
+    top.set_ylim(-0.05, 1.1)
+    top.set_title(f"Dynamic early exit{f' of {label}' if label else ''}: one point per confidence threshold τ",
+                  fontsize=10)
+    top.legend(fontsize=7, loc="lower right")
+    bottom.plot(layers, [r["loss"] for r in rows], marker="o", color="tab:red", label="loss as dynamic exit decodes")
+    full = next((r["loss"] for r in rows if r["threshold"] >= 1), None)
+    if full is not None:
+        bottom.axhline(full, color="grey", linestyle="--", linewidth=1, label="full decoding (τ = 1)")
+    bottom.legend(fontsize=7)
+    adapters = "; an adapter block counts one" if report.get("adapters") else ""
+    bottom.set_xlabel(f"blocks run per token (full decoding: {full_layers}{adapters})")
+    bottom.set_ylabel("validation loss (nats/token)")
+    return fig
 
 
 # -------------------------------------------------------------------------- CLI
@@ -196,12 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     with progress(len(thresholds), "eval dynamic: thresholds") as bar:
         report = curve(model, prompts, list(data), thresholds=thresholds, exits=exits, adapters=adapters,
                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, on_step=bar.advance)
-    report.update(ckpt=str(args.ckpt), data_dir=str(args.data), seq_len=seq_len, prompt_len=prompt_len,
+    label = options.checkpoint_label(args.ckpt)
+    report.update(label=label, ckpt=str(args.ckpt), data_dir=str(args.data), seq_len=seq_len, prompt_len=prompt_len,
                   plot=args.plot)
     write_json(args.out, report)
-    plot_curve(report, args.plot, Path(args.ckpt).name)
+    plot_curve(report, args.plot, label)
     for r in report["thresholds"]:
-        print(f"threshold {r['threshold']:<5g} layers/token {r['layers_per_token']:.2f}  agreement "
+        print(f"{label}: threshold {r['threshold']:<5g} blocks/token {r['layers_per_token']:.2f}  agreement "
               f"{r['agreement']:.1%}  loss {r['loss']:.4f}  {r['tokens_per_s']:.0f} tokens/s")
     print(f"wrote {args.out} and {args.plot}")
     return 0

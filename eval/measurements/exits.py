@@ -20,6 +20,7 @@ several -> the first model's keys at the top level and every model under "models
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from pathlib import Path
@@ -163,23 +164,8 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def default_labels(paths: Sequence[str]) -> list[str]:
-    """Short distinct names: the run's name (runs/x/checkpoints/last.ckpt -> x; an
-    exported folder's or a loose file's own name), else run/name (x/step-100), else the
-    whole path."""
-    def run(path: Path) -> str:
-        if path.suffix == ".ckpt":
-            return path.parent.parent.name if path.parent.name == "checkpoints" else path.stem
-        return path.name
-
-    def run_and_name(path: Path) -> str:
-        folder = path.parent.parent if path.parent.name == "checkpoints" else path.parent
-        return f"{folder.name}/{path.stem if path.suffix == '.ckpt' else path.name}"
-
-    for naming in (run, run_and_name, str):
-        labels = [naming(Path(p)) for p in paths]
-        if len(set(labels)) == len(labels) and all(labels):
-            return labels
-    return [str(p) for p in paths]
+    """Each checkpoint's name as every command gives it (eval/options.py)."""
+    return options.checkpoint_labels(paths)
 
 
 def _read_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ValidationData:
@@ -208,7 +194,8 @@ def _evaluate_each(parser: argparse.ArgumentParser, args: argparse.Namespace, da
                 decoder, _ = ckpt.load_decoder(args.device)
             except CheckpointError as err:
                 parser.error(str(err))
-            reports.append({"label": label, "ckpt": str(path), **evaluate(decoder, Advancing(data, bar))})
+            reports.append({"label": label, "ckpt": str(path), **evaluate(decoder, Advancing(data, bar)),
+                            "ln_vocab": math.log(decoder.config.vocab_size)})  # the uniform guess, for the plot
             del decoder
     return reports
 

@@ -30,7 +30,8 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from eval.measurements.exits import Batch, ValidationData, exit_losses
-from eval.options import add_checkpoint, add_output, add_threads, apply_threads, check_positive, refuse_existing
+from eval.options import (add_checkpoint, add_output, add_threads, apply_threads, check_positive, checkpoint_label,
+                          refuse_existing)
 from framework.files.atomic_write import write_json
 from framework.files.staging import is_url
 from framework.checkpoint import Checkpoint, CheckpointError
@@ -148,11 +149,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     with progress(len(data), "eval heldout: batches") as bar:
         report = heldout_losses(decoder, Advancing(data, bar), groups=args.groups, batches_total=len(data.loader))
-    report.update(ckpt=str(args.ckpt), data_dir=str(args.data), seq_len=seq_len, batch_size=args.batch_size)
+    report.update(label=checkpoint_label(args.ckpt), ckpt=str(args.ckpt), data_dir=str(args.data), seq_len=seq_len,
+                  batch_size=args.batch_size)
     write_json(args.out, report)
     final = str(report["num_layers"])
-    print(f"held-out loss {report['loss']:.4f} ± {report['standard_error'][final]:.4f} (standard error, "
-          f"{len(report['groups']['tokens'])} slices) on {report['tokens']:,} tokens; wrote {args.out}")
+    print(f"{report['label']}: held-out loss {report['loss']:.4f} ± {report['standard_error'][final]:.4f} "
+          f"(standard error, {len(report['groups']['tokens'])} slices) on {report['tokens']:,} tokens; wrote {args.out}")
     return 0
 
 

@@ -64,9 +64,12 @@ def _runs_of_neighbours(layers: Sequence[int]) -> list[list[int]]:
 
 # ------------------------------------------------------------------ evaluation plots
 def exits_figure(reports: Sequence[dict], *, title: str = "Early exit", colour_of: dict | None = None) -> Figure:
-    """Each report: {"label", "exit_loss": {"1": …}} (optionally "linestyle")."""
+    """Each report: {"label", "exit_loss": {"1": …}} (optionally "linestyle"; with
+    "num_layers" its full-depth loss is drawn across as a reference, and with "ln_vocab"
+    the uniform guess is named): a flat curve reads as robust exits only beside them."""
     fig, ax = plt.subplots(figsize=(6.8, 4.4))
     colour_of = colour_of or colours([r.get("label", "model") for r in reports])
+    referenced = False
     for index, report in enumerate(reports):
         label = report.get("label", "model")
         layers = sorted(int(k) for k in report["exit_loss"])
@@ -75,8 +78,16 @@ def exits_figure(reports: Sequence[dict], *, title: str = "Early exit", colour_o
             ax.plot(segment, [report["exit_loss"][str(k)] for k in segment], color=colour,
                     marker=MARKERS[index % len(MARKERS)], markersize=4, linestyle=report.get("linestyle", "-"),
                     label=label if part == 0 else None)
+        full = report["exit_loss"].get(str(report.get("num_layers")))
+        if full is not None:
+            ax.axhline(full, color=colour, linestyle=":", linewidth=1)
+            referenced = True
+    if referenced:
+        ax.plot([], [], color="grey", linestyle=":", linewidth=1, label="each model's full depth (exit L)")
     ax.set_xlabel("exit layer (blocks run)")
-    ax.set_ylabel("validation loss")
+    guesses = {round(r["ln_vocab"], 3) for r in reports if "ln_vocab" in r}
+    ax.set_ylabel("validation loss (nats/token)" + (f"; uniform guess ln V = {guesses.pop():.2f}"
+                                                   if len(guesses) == 1 else ""))
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

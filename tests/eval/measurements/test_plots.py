@@ -65,3 +65,17 @@ def test_every_skip_set_is_identifiable():
     assert list(singles.get_ydata()) == pytest.approx([3.2 + 0.1 * i for i in range(6)])
     assert [list(line.get_xdata()) for line in left.lines] == [[60, 100]]  # the middle line: 2-3, then none
     assert [t.get_text() for t in left.texts] == ["alternate-odd"]  # same parameters as 2-3, told apart
+
+
+def test_the_exit_plot_draws_each_models_full_depth_and_names_the_uniform_guess():
+    """exits.png spanned 0.07 nats with nothing to read it against: flat because the exits are
+    robust, or because the model barely trained?"""
+    from eval.measurements.plots import exits_figure
+
+    dense = {"label": "dense", "num_layers": 3, "ln_vocab": 9.011, "exit_loss": {"1": 6.12, "2": 6.08, "3": 6.05}}
+    ild = {"label": "ILD", "num_layers": 3, "ln_vocab": 9.011, "exit_loss": {"1": 6.09, "2": 6.07, "3": 6.06}}
+    ax = exits_figure([dense, ild]).axes[0]
+    across = [line.get_ydata()[0] for line in ax.lines if line.get_linestyle() == ":" and len(line.get_ydata())]
+    assert sorted(across) == [6.05, 6.06]  # each model's exit L, drawn across
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["dense", "ILD", "each model's full depth (exit L)"]
+    assert "uniform guess ln V = 9.01" in ax.get_ylabel() and "nats/token" in ax.get_ylabel()
