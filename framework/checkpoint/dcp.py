@@ -53,6 +53,13 @@ class DcpFolder:
 
         load_into(decoder, path)
 
+    def training_checkpoint(self, path: Path) -> dict[str, Any]:
+        """The whole folder as the dict a single-file checkpoint holds: an FSDP2/HSDP run
+        resumed by one process (framework/checkpoint/saving.py's AtomicCheckpointIO)."""
+        from framework.checkpoint.dcp_reader import read_training_checkpoint
+
+        return read_training_checkpoint(path, load_torch_file(path / LIGHTNING_META, mmap=False))
+
     def tensors(self, path: Path, cfg: Any) -> Any:
         # torch's reader fills a model, it does not hand out tensors one at a time.
         raise CheckpointError(f"{str(path)!r} is an FSDP2 checkpoint folder: export it first "

@@ -32,8 +32,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
 from framework.checkpoint.base import MODEL_PREFIX, CheckpointError, check_names, check_shape
-from framework.checkpoint.dcp import LIGHTNING_META
-from framework.checkpoint.safety import DCP_METADATA_FILE, load_dcp_metadata, load_torch_file
+from framework.checkpoint.safety import DCP_METADATA_FILE, load_dcp_metadata
 
 CONTAINERS = ("state_dict", "model")  # ModelParallelStrategy, FSDPStrategy
 
@@ -89,9 +88,9 @@ def load_into(decoder: Any, path: Path) -> None:
     _load(state, reader, DefaultLoadPlanner(allow_partial_load=True), path)
 
 
-def read_training_checkpoint(path: Path) -> dict[str, Any]:
+def read_training_checkpoint(path: Path, entries: dict[str, Any]) -> dict[str, Any]:
     """The DCP folder ``path`` whole, in this process, as Lightning's single-file form:
-    ``meta.pt``'s entries, ``state_dict`` (full model tensors) and ``optimizer_states``
+    ``entries`` (those of ``meta.pt``), ``state_dict`` (full model tensors) and ``optimizer_states``
     (each optimizer's state keyed by parameter name, its groups' ``params`` the names in
     the optimizer's own order, which is what ``Optimizer.load_state_dict`` matches by
     position). Memory: the whole checkpoint (model and optimizer state, unsharded)."""
@@ -109,7 +108,7 @@ def read_training_checkpoint(path: Path) -> dict[str, Any]:
     nested: dict[str, Any] = {}
     for key, value in flat.items():
         _place(nested, tuple(places.get(key, (key,))), value)
-    checkpoint = load_torch_file(path / LIGHTNING_META, mmap=False)
+    checkpoint = dict(entries)
     checkpoint["state_dict"] = nested.pop(container)
     count = sum(1 for key in nested if key.startswith("optimizer_"))
     checkpoint["optimizer_states"] = [nested[f"optimizer_{index}"] for index in range(count)]

@@ -18,6 +18,7 @@ from framework.files.atomic_write import fsync_dir, replacing
 from framework.files.disk_space import DiskFull, check_room, free_bytes, is_disk_full, size_on_disk
 from framework.files.staging import is_url
 from framework.checkpoint.export import EXPORT_FOLDER
+from framework.checkpoint.dcp import DcpFolder
 from framework.checkpoint.safety import DCP_METADATA_FILE
 from framework.checkpoint.folder import (LAST, clean_leftovers, point_last, publish, remove_path, retire, staging_path,
                                          step_checkpoints)
@@ -261,9 +262,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         # An FSDP2/HSDP folder (DCP) resumed by one process: read whole, in the form a
         # single file has (Lightning's single-device load would open the folder as a file).
         if not is_url(path) and (Path(path) / DCP_METADATA_FILE).is_file():
-            from framework.checkpoint.dcp_reader import read_training_checkpoint
-
-            return read_training_checkpoint(Path(path))
+            return DcpFolder().training_checkpoint(Path(path))
         return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from framework.checkpoint.base import CheckpointError
-from framework.checkpoint.dcp_reader import read_training_checkpoint
+from framework.checkpoint.dcp import DcpFolder
 from framework.config import ModelConfig
 from framework.model.decoder import Decoder
 
@@ -61,7 +61,7 @@ def test_a_dcp_folder_resumes_in_one_process_exactly(tmp_path):
         train_step(holder, optimizer, seed)
     save_like_model_parallel(holder, optimizer, tmp_path / "step-2.ckpt")
 
-    checkpoint = read_training_checkpoint(tmp_path / "step-2.ckpt")
+    checkpoint = DcpFolder().training_checkpoint(tmp_path / "step-2.ckpt")
     assert checkpoint["global_step"] == 2 and checkpoint["loops"] == {"fit_loop": {"x": 1}}
     assert checkpoint["layerdrop"] == {"world": {"processes": 2}}
     groups = checkpoint["optimizer_states"][0]["param_groups"]
@@ -85,5 +85,5 @@ def test_a_missing_shard_is_one_line(tmp_path):
     save_like_model_parallel(holder, optimizer, tmp_path / "c")
     next((tmp_path / "c").glob("*.distcp")).unlink()
     with pytest.raises(CheckpointError, match="cannot be read") as refused:
-        read_training_checkpoint(tmp_path / "c")
+        DcpFolder().training_checkpoint(tmp_path / "c")
     assert "\n" not in str(refused.value) and "distcp" in str(refused.value), str(refused.value)
