@@ -6,6 +6,9 @@ One chain per strategy: a run is killed at one point, resumed with `--resume aut
 killed again at the next point, and so on until it finishes (a single process, then
 both ranks of a 2-rank FSDP2 run over gloo). The kills come from test-only callbacks
 given through the recipe (crash_points.py), SIGKILL to the whole process group.
+
+Also here: the disk filling on one rank during a save (DDP, FSDP2), and an FSDP2 run
+resumed on another number of processes (2 -> 4, 4 -> 2, 2 -> 1 under `single`).
 """
 
 from __future__ import annotations
