@@ -8,7 +8,8 @@ both ranks of a 2-rank FSDP2 run over gloo). The kills come from test-only callb
 given through the recipe (crash_points.py), SIGKILL to the whole process group.
 
 Also here: the disk filling on one rank during a save (DDP, FSDP2), and an FSDP2 run
-resumed on another number of processes (2 -> 4, 4 -> 2, 2 -> 1 under `single`).
+resumed on another number of processes (2 -> 4, 4 -> 2, 2 -> 1 under `single`, from FSDP2
+and from HSDP).
 """
 
 from __future__ import annotations
@@ -219,11 +220,12 @@ def torch_equal(a, b) -> bool:
 GLOBAL_BATCH = 4  # micro-batches per optimizer step over all ranks, kept across the resume
 
 
-@pytest.mark.parametrize("before,after,strategy", [(2, 4, "fsdp"), (4, 2, "fsdp"), (2, 1, "single")],
-                         ids=["2-to-4", "4-to-2", "2-to-1-single"])
-def test_an_fsdp_run_resumes_on_another_number_of_processes_with_the_same_batches(tmp_path, tiny_data, before,
-                                                                                   after, strategy):
-    """Losing (or gaining) nodes: an FSDP2 run on ``before`` processes resumed from its
+@pytest.mark.parametrize("first,before,after,strategy", [
+    ("fsdp", 2, 4, "fsdp"), ("fsdp", 4, 2, "fsdp"), ("fsdp", 2, 1, "single"), ("hsdp", 2, 1, "single")],
+    ids=["2-to-4", "4-to-2", "2-to-1-single", "hsdp-2-to-1-single"])
+def test_an_fsdp_run_resumes_on_another_number_of_processes_with_the_same_batches(tmp_path, tiny_data, first,
+                                                                                   before, after, strategy):
+    """Losing (or gaining) nodes: an FSDP2 (or HSDP) run on ``before`` processes resumed from its
     step-2 DCP folder on ``after``: model and optimizer resharded by DCP (or, under
     ``single``, gathered whole into the one process), gradient accumulation set to keep
     the global batch of 4 micro-batches, and litdata's elastic resume continuing the
@@ -245,7 +247,7 @@ def test_an_fsdp_run_resumes_on_another_number_of_processes_with_the_same_batche
         return path
 
     reference, resumed = tmp_path / "reference.jsonl", tmp_path / "resumed.jsonl"
-    code, log = launch(recipe("before", before, "fsdp", reference), tmp_path / "before.log")
+    code, log = launch(recipe("before", before, first, reference), tmp_path / "before.log")
     assert code == 0, log[-3000:]
     halfway = tmp_path / "run" / "checkpoints" / "step-00000002.ckpt"
     code, log = launch(recipe("after", after, strategy, resumed), tmp_path / "after.log", "--resume", str(halfway))
