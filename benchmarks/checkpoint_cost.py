@@ -33,11 +33,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results" / "checkpoint_cost.json"
+from harness import REPO, RESULTS as RESULTS_DIR, timed, write_results
+from framework.files.atomic_write import write_text
+
+RESULTS = RESULTS_DIR / "checkpoint_cost.json"
 FORMS = {
     "single": ("auto", 1),
     "fsdp": ("fsdp", 2),
@@ -58,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def environment() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
                                                              "LOCAL_RANK", "NODE_RANK")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests" / "distributed"), str(REPO), env.get("PYTHONPATH", "")])
@@ -71,7 +72,7 @@ def prepare(data: Path) -> None:
         return
     subprocess.run([sys.executable, "-m", "framework.cli", "prepare", "--corpus", "builtin", "--tokenizer", "train",
                     "--vocab-size", "512", "--max-tokens", "200k", "--val-fraction", "0.05", "--workers", "1",
-                    "--no-progress", "--out", str(data)], check=True, cwd=REPO, env=environment())
+                    "--no-progress", "--out", str(data)], check=True, cwd=REPO, env=child_env())
 
 
 def recipe(path: Path, *, data: Path, root: Path, strategy, devices: int, args: argparse.Namespace) -> Path:
@@ -86,7 +87,7 @@ def recipe(path: Path, *, data: Path, root: Path, strategy, devices: int, args: 
         "data": {"data_dir": str(data), "seq_len": 32, "batch_size": 2, "num_workers": 0, "val_batches": 1},
         "checkpoint": {"every_n_steps": 1000, "keep_last": 1},
     }
-    path.write_text(json.dumps(config, indent=2))
+    write_text(path, json.dumps(config, indent=2))
     return path
 
 
@@ -100,7 +101,7 @@ def train(name: str, work: Path, data: Path, args: argparse.Namespace) -> dict:
                         args=args)
         with open(log, "w") as handle:
             subprocess.run([sys.executable, "-m", "framework.cli", "pretrain", "--config", str(config)], check=True,
-                           cwd=REPO, env=environment(), stdout=handle, stderr=subprocess.STDOUT)
+                           cwd=REPO, env=child_env(), stdout=handle, stderr=subprocess.STDOUT)
     timing = re.search(r"exported the final model to .* in ([\d.]+) s, ([\d.]+) CPU s", log.read_text())
     checkpoint = (out / "run" / "checkpoints" / "last.ckpt").resolve()
     files = [checkpoint] if checkpoint.is_file() else [p for p in checkpoint.rglob("*") if p.is_file()]
@@ -110,12 +111,6 @@ def train(name: str, work: Path, data: Path, args: argparse.Namespace) -> dict:
             "export_cpu_s": float(timing.group(2)) if timing else None}
 
 
-def timed(work) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    work()
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names = [n.strip() for n in args.forms.split(",") if n.strip()]
@@ -123,7 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: --forms {unknown} are invalid: allowed {', '.join(FORMS)}", file=sys.stderr)
         return 2
-    sys.path[:0] = [str(REPO)]
     from framework.checkpoint import load_decoder
     from framework.checkpoint.safety import prove_checkpoint_harmless
 
@@ -138,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):  # interleaved: a change in the machine's load hits every form alike
             for name in names:
                 path = runs[name]["checkpoint"]
-                samples[name]["prove"].append(timed(lambda: prove_checkpoint_harmless(path)))
-                samples[name]["load"].append(timed(lambda: load_decoder(path)))
+                samples[name]["prove"].append(timed(lambda: prove_checkpoint_harmless(path))[1:])
+                samples[name]["load"].append(timed(lambda: load_decoder(path))[1:])
         results = {}
         for name in names:
             r = runs[name]
@@ -160,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "load_average": os.getloadavg(), "page_cache": "warm (the runs just wrote the files)",
               "forms": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(args.out, report)
     print(table(report))
     print(f"\nwrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out}")
     return 0

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 import sys
 from collections import Counter
@@ -51,10 +50,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
+from harness import RESULTS, write_results  # noqa: E402  (first: the repository's packages)
 from framework.config import LLAMA3_VOCAB_SIZE, PAPER_SIZES, ModelConfig  # noqa: E402
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -292,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--verify", action="store_true", help="also count real collectives on 4 CPU processes")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "comm_volume.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "comm_volume.json")
     args = parser.parse_args(argv)
     for name in ("nodes", "gpus_per_node"):
         if getattr(args, name) < 1:
@@ -309,11 +305,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{'match' if check['matches'] else 'MISMATCH'} the arithmetic")
         if not all(c["matches"] for c in checks):
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.with_suffix(".mismatch.json").write_text(json.dumps(checks, indent=2))
+            write_results(args.out.with_suffix(".mismatch.json"), checks)
             print("error: the recorded collectives differ from the arithmetic", file=sys.stderr)
             return 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
     print(markdown)
     print(f"wrote {args.out}")
     return 0

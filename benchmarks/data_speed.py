@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import sys
 import tempfile
@@ -35,13 +34,14 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spinning OpenMP threads on shared cores
 
+from harness import RESULTS as RESULTS_DIR, timed, write_results  # noqa: E402  (first: the repository's packages)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from data_prep.prepare import main as prepare  # noqa: E402
 from framework.training.data import TokenDataModule  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results" / "data_speed.json"
+RESULTS = RESULTS_DIR / "data_speed.json"
 GOAL_RATIO = 20
 
 
@@ -58,16 +58,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _cpu_seconds() -> float:
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
 def measure_prepare(folder: str, args: argparse.Namespace) -> dict:
-    wall, cpu = time.perf_counter(), _cpu_seconds()
-    code = prepare(["--corpus", "builtin", "--tokenizer", "train", "--vocab-size", str(args.vocab_size),
-                    "--max-tokens", args.max_tokens, "--out", folder, "--no-progress"])
-    wall, cpu = time.perf_counter() - wall, _cpu_seconds() - cpu
+    code, wall, cpu = timed(lambda: prepare(["--corpus", "builtin", "--tokenizer", "train", "--vocab-size",
+                                             str(args.vocab_size), "--max-tokens", args.max_tokens, "--out", folder,
+                                             "--no-progress"]), cpu="all")
     assert code == 0
     with open(os.path.join(folder, "manifest.json")) as handle:
         tokens = sum(split["tokens"] for split in json.load(handle)["splits"].values())
@@ -147,8 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "min_ratio": min(stream["ratio_to_training"] for stream in streaming), "goal_ratio": GOAL_RATIO,
     }
     results["config"]["max_tokens"] = str(args.max_tokens)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
     print(table(results))
     print(f"\nwritten to {args.out}", file=sys.stderr)
     return 0

@@ -24,7 +24,6 @@ import contextlib
 import io
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -33,14 +32,16 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts OpenMP
 
+from harness import RESULTS as RESULTS_DIR, environment, timed, write_results  # noqa: E402  (first: the repository's packages)
 import torch  # noqa: E402
 
 from eval.downstream import harness  # noqa: E402
 from framework.checkpoint import export_decoder  # noqa: E402
+from framework.files.atomic_write import copy_file  # noqa: E402
 from framework.config import ModelConfig  # noqa: E402
 from framework.model.decoder import Decoder  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results" / "downstream_exits.json"
+RESULTS = RESULTS_DIR / "downstream_exits.json"
 # name -> (d_model, n_layers, n_heads): the vocabulary is the tokenizer's
 SHAPES = {"CPU base (d64 L12)": (64, 12, 2), "tiny recipe (d256 L6)": (256, 6, 4)}
 
@@ -63,12 +64,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _command(argv: list[str]) -> tuple[float, float]:
-    start, cpu = time.perf_counter(), time.process_time()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        code = harness.main(argv)
+    def quietly() -> int:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            return harness.main(argv)
+    code, wall, cpu = timed(quietly)
     if code != 0:
         raise RuntimeError(f"eval downstream {' '.join(argv)} exited {code}")
-    return time.perf_counter() - start, time.process_time() - cpu
+    return wall, cpu
 
 
 def measure(name: str, shape: tuple[int, int, int], args: argparse.Namespace, scratch: Path) -> dict:
@@ -82,7 +84,7 @@ def measure(name: str, shape: tuple[int, int, int], args: argparse.Namespace, sc
     decoder.init_weights(std=0.2)
     folder = scratch / name.split(" (")[0].replace(" ", "-")
     export_decoder(decoder.eval(), folder)
-    (folder / "tokenizer.json").write_bytes(args.tokenizer.read_bytes())
+    copy_file(args.tokenizer, folder / "tokenizer.json")
     common = ["--ckpt", str(folder), "--tasks", *args.tasks, "--limit", str(args.limit), "--bootstrap-iters", "0",
               "--overwrite"]
     one_pass = [*common, "--exit-layers", "all", "--out", str(scratch / "all.json")]
@@ -133,10 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"config": {"tasks": args.tasks, "limit": args.limit, "reps": args.reps, "threads": args.threads,
                          "seq_len": args.seq_len},
               "shapes": shapes, "elapsed_s": round(time.perf_counter() - start, 1),
-              "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                              "cpus": os.cpu_count(), "load_avg_1min": [load_before, os.getloadavg()[0]]}}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+              "environment": environment(load_avg_1min=[load_before, os.getloadavg()[0]])}
+    write_results(args.out, result)
     print(markdown(result))
     print(f"wrote {args.out}")
     return 0 if all(r["identical_accuracies"] for r in shapes.values()) else 1

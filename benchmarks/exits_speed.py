@@ -21,9 +21,7 @@ alike; medians of wall and process-CPU time are reported.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -32,6 +30,7 @@ from pathlib import Path
 # (see benchmarks/layer_dropout_speed.py).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from harness import RESULTS as RESULTS_DIR, environment, timed, write_results  # noqa: E402  (first: the repository's packages)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -40,7 +39,7 @@ from framework.config import PAPER_SIZES, ModelConfig  # noqa: E402
 from framework.model.flops import dense_step_flops  # noqa: E402
 from framework.model.decoder import Decoder  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results" / "exits_speed.json"
+RESULTS = RESULTS_DIR / "exits_speed.json"
 VARIANTS = ("plain", "one_pass", "l_passes")
 # name -> (d_model, n_layers, n_heads, vocab_size): the tiny recipe's model, a deeper
 # one (the head's share halves), and a bigger vocabulary (the head's share grows).
@@ -68,8 +67,7 @@ def predicted_ratio(cfg: ModelConfig, batch_size: int, seq_len: int) -> float:
     return (flops.blocks + cfg.n_layers * flops.head) / flops.total
 
 
-def timed(variant: str, decoder: Decoder, inputs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float]:
-    start, cpu = time.perf_counter(), time.process_time()
+def run_variant(variant: str, decoder: Decoder, inputs: torch.Tensor, targets: torch.Tensor) -> None:
     with torch.inference_mode():
         if variant == "plain":
             F.cross_entropy(decoder(inputs).flatten(0, 1), targets.flatten())
@@ -78,7 +76,6 @@ def timed(variant: str, decoder: Decoder, inputs: torch.Tensor, targets: torch.T
         else:
             for k in range(1, len(decoder.blocks) + 1):
                 F.cross_entropy(decoder(inputs, exit_layer=k).flatten(0, 1), targets.flatten())
-    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def measure(shape: tuple[int, int, int, int], args: argparse.Namespace) -> dict:
@@ -90,11 +87,11 @@ def measure(shape: tuple[int, int, int, int], args: argparse.Namespace) -> dict:
     tokens = torch.randint(0, vocab, (args.batch_size, args.seq_len + 1))
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     for variant in VARIANTS:  # warm-up
-        timed(variant, decoder, inputs, targets)
+        run_variant(variant, decoder, inputs, targets)
     samples: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
     for rep in range(args.reps):
         for variant in VARIANTS[rep % 3:] + VARIANTS[:rep % 3]:
-            samples[variant].append(timed(variant, decoder, inputs, targets))
+            samples[variant].append(timed(lambda: run_variant(variant, decoder, inputs, targets))[1:])
     wall = {v: statistics.median(t[0] for t in s) for v, s in samples.items()}
     cpu = {v: statistics.median(t[1] for t in s) for v, s in samples.items()}
     flops = dense_step_flops(cfg, args.batch_size, args.seq_len, causal=False, training=False)
@@ -131,13 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                          "threads": args.threads},
               "shapes": {name: measure(shape, args) for name, shape in SHAPES.items()},
               "paper_sizes_predicted": paper_predictions(),
-              "elapsed_s": None,
-              "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                              "cpus": os.cpu_count(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}}
+              "elapsed_s": None}
     result["elapsed_s"] = round(time.perf_counter() - start, 1)
-    result["environment"]["load_avg_1min"] = [load_before, os.getloadavg()[0]]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    result["environment"] = environment(load_avg_1min=[load_before, os.getloadavg()[0]])
+    write_results(args.out, result)
     print(markdown(result))
     print(f"wrote {args.out}")
     return 0

@@ -23,7 +23,6 @@ builds it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -33,9 +32,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from harness import REPO as ROOT, RESULTS, timed, write_results  # noqa: E402  (first: the repository's packages)
 from eval.decoding import modes  # noqa: E402
 from eval.decoding.batch import generate_in_batches  # noqa: E402
 from eval.decoding.threshold_curve import curve  # noqa: E402
@@ -57,10 +54,9 @@ def decoders(model, dynamic_threshold: float) -> dict:
                                                             modes.Settings(threshold=dynamic_threshold))}
 
 
-def timed(decode, prompts, batch_size: int, max_new_tokens: int) -> dict:
-    wall, cpu = time.perf_counter(), time.process_time()
-    items, stats = generate_in_batches(decode, prompts, batch_size, max_new_tokens=max_new_tokens)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+def decoded(decode, prompts, batch_size: int, max_new_tokens: int) -> dict:
+    (items, stats), wall, cpu = timed(lambda: generate_in_batches(decode, prompts, batch_size,
+                                                                  max_new_tokens=max_new_tokens))
     tokens = sum(len(item.tokens) for item in items)
     return {"wall": wall, "cpu": cpu, "tokens": tokens, "outputs": [item.tokens for item in items],
             **{k: v for k, v in stats.summary().items() if k in ("layers_per_token", "acceptance_rate")}}
@@ -73,11 +69,11 @@ def measure(name: str, ckpt: Path, data: Path, args: argparse.Namespace) -> dict
     modes = decoders(model, args.dynamic_threshold)
     runs: dict[tuple[str, int], list[dict]] = {(m, b): [] for m in modes for b in args.batch_sizes}
     for mode, decode in modes.items():  # warm-up, untimed
-        timed(decode, prompts[:2], 2, 4)
+        decoded(decode, prompts[:2], 2, 4)
     for _ in range(args.repeats):
         for mode, decode in modes.items():
             for batch in args.batch_sizes:
-                runs[(mode, batch)].append(timed(decode, prompts, batch, args.max_new_tokens))
+                runs[(mode, batch)].append(decoded(decode, prompts, batch, args.max_new_tokens))
     rows = {}
     for (mode, batch), samples in runs.items():
         rows.setdefault(mode, {})[str(batch)] = {
@@ -139,7 +135,7 @@ def main() -> int:
     p.add_argument("--loss-batches", type=int, default=4, help="validation batches of the dynamic curve's loss")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (median kept)")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "generate_speed.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "generate_speed.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     models = dict(spec.split("=", 1) for spec in (args.model or [f"demo={DEMO / 'tiny/checkpoints/last.ckpt'}"]))
@@ -158,7 +154,7 @@ def main() -> int:
     results["seconds"] = time.perf_counter() - started
     results["table"] = table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
     print(results["table"])
     print(f"wrote {args.out} ({results['seconds']:.0f} s)")
     return 0

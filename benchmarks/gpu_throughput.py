@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import write_results
+
 H200_DENSE_BF16 = 989.5e12
 
 
@@ -210,10 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         table, comparisons = summarize(args.summarize)
         print(table)
         if args.out:
-            args.out.mkdir(parents=True, exist_ok=True)
             runs = [json.loads(p.read_text()) for p in args.summarize]
-            (args.out / "gpu_check.json").write_text(json.dumps({"runs": runs, "comparisons": comparisons},
-                                                                indent=2) + "\n")
+            write_results(args.out / "gpu_check.json", {"runs": runs, "comparisons": comparisons})
         return 0
     if not args.name or not args.out or not pretrain_args:
         parser.error("give --name, --out and the pretrain arguments after --, or --summarize")
@@ -221,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--warmup {args.warmup} is invalid: must be >= 0")
     result = measure(args.name, pretrain_args, args.warmup, args.peak)
     if result:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_results(args.out / f"{args.name}.json", result)
         print(json.dumps({k: v for k, v in result.items() if k != "pretrain_args"}, indent=2))
     return 0
 

@@ -24,21 +24,17 @@ faster), all from this one run. Take them on an idle machine (ENVIRONMENT.md).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from harness import RESULTS, timed, write_results  # noqa: E402  (first: the repository's packages)
 from eval.decoding.batch import BatchGenerator  # noqa: E402
 from framework.checkpoint import load_decoder  # noqa: E402
 from framework.config import LayerDropoutConfig  # noqa: E402
@@ -65,12 +61,6 @@ def tiny_model(folder: Path, family: str):
     model = getattr(transformers, model_class)(config).eval()  # transformers' default attention on CPU: SDPA
     model.save_pretrained(folder)
     return model
-
-
-def seconds(run) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    run()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def training_cases(hf, ours, tokens: torch.Tensor, steps: int) -> dict:
@@ -115,7 +105,7 @@ def measure(cases: dict, repeats: int) -> dict:
     times = {name: [] for name in cases}
     for _ in range(repeats):  # interleaved: every case once, then again
         for name, run in cases.items():
-            times[name].append(seconds(run))
+            times[name].append(timed(run)[1:])
     return {name: {"wall_s": statistics.median(w for w, _ in runs), "cpu_s": statistics.median(c for _, c in runs),
                    "repeats": len(runs)} for name, runs in times.items()}
 
@@ -132,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     load_before = os.getloadavg()  # the ratios are only as good as the machine is quiet
     suffix = "" if args.family == "llama" else f"_{args.family}"
-    args.out = args.out or str(ROOT / "benchmarks" / "results" / f"hf_speed{suffix}.json")
+    args.out = args.out or str(RESULTS / f"hf_speed{suffix}.json")
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
@@ -165,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                            "tokens_per_s": tokens_per_s},
               "ratio_transformers_over_ours": ratios}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
     print("| case | transformers ÷ ours (wall) |\n|---|---|")
     for name, ratio in ratios.items():
         print(f"| {name} | {ratio:.2f}× |")

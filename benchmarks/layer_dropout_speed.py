@@ -27,9 +27,7 @@ reported, since a finite number of draws does not average to P̄ exactly.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -41,6 +39,7 @@ from pathlib import Path
 # number of ops rather than their FLOPs. Passive waiting sleeps instead.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from harness import RESULTS as RESULTS_DIR, environment, timed, write_results  # noqa: E402  (first: the repository's packages)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -50,7 +49,7 @@ from framework.layer_dropout import DropPlan, StepKey, plan  # noqa: E402
 from framework.model.decoder import Decoder  # noqa: E402
 from framework.schedules import dropout_rates, mean_dropout  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results" / "layer_dropout_speed.json"
+RESULTS = RESULTS_DIR / "layer_dropout_speed.json"
 VARIANTS = ("dense", "gather", "naive")
 
 
@@ -101,16 +100,16 @@ def timed_step(model: Decoder, tokens: torch.Tensor, variant: str, drop_plan: Dr
     """(wall seconds, CPU seconds of this process) of one forward+backward."""
     model.zero_grad(set_to_none=True)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
-    start, cpu_start = time.perf_counter(), time.process_time()
-    if variant == "dense":
-        logits = model(inputs)
-    elif variant == "gather":
-        logits = model(inputs, plan=drop_plan)
-    else:
-        logits = naive_forward(model, inputs, drop_plan)
-    loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-    loss.backward()
-    return time.perf_counter() - start, time.process_time() - cpu_start
+
+    def step() -> None:
+        if variant == "dense":
+            logits = model(inputs)
+        elif variant == "gather":
+            logits = model(inputs, plan=drop_plan)
+        else:
+            logits = naive_forward(model, inputs, drop_plan)
+        F.cross_entropy(logits.flatten(0, 1), targets.flatten()).backward()
+    return timed(step)[1:]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -143,7 +142,7 @@ def run(args: argparse.Namespace) -> dict:
         rep += 1
     result = summarise(args, model_cfg, drop_cfg, times, plans)
     result["elapsed_s"] = round(time.perf_counter() - start, 1)
-    result["environment"]["load_avg_1min"] = [load_before, os.getloadavg()[0]]
+    result["environment"] = environment(load_avg_1min=[load_before, os.getloadavg()[0]])
     return result
 
 
@@ -188,8 +187,6 @@ def summarise(args, model_cfg: ModelConfig, drop_cfg: LayerDropoutConfig,
         # other jobs share the cores (it does not count time spent descheduled).
         "wall": clock_summary(times, 0, theoretical, drawn),
         "cpu": clock_summary(times, 1, theoretical, drawn),
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "cpus": os.cpu_count(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")},
     }
 
 
@@ -221,8 +218,7 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
     print(markdown(result))
     load = result["environment"]["load_avg_1min"]
     print(f"\n{result['reps']} interleaved rounds in {result['elapsed_s']} s (1-min load average "

@@ -71,13 +71,9 @@ from typing import Callable
 import torch
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: benchmarks/ is not a package on the path
-    sys.path.insert(0, str(REPO))
-
+from harness import write_results  # noqa: E402  (first: the repository's packages)
 from benchmarks.plain_training import (FRAMEWORK, framework_lambda, llama, matched_intermediate,  # noqa: E402
                                        non_embedding, ours, point, read_recipe, weight_decay_mode)
-from framework.files.atomic_write import write_json  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "quality_bar.json"
 BAR = 0.01  # the framework within 1% of the better baseline
@@ -388,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         return result
 
     out.parent.mkdir(parents=True, exist_ok=True)
-    save = lambda rows: write_json(out, result_of(rows))  # noqa: E731
+    save = lambda rows: write_results(out, result_of(rows))  # noqa: E731
     tasks = [key for key in grid_tasks(args) if key not in rows]
     if len(tasks) < len(grid_tasks(args)):
         print(f"{len(grid_tasks(args)) - len(tasks)} points done earlier (in {args.out}), {len(tasks)} to train",
@@ -398,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"confirming each best point: {len(tasks)} seed runs", flush=True)
         train_rows(tasks, settings, intermediate, args, rows, save)
     result = result_of(rows)
-    write_json(out, result)
+    write_results(out, result)
     print(table(result))
     print(f"wrote {args.out}")
     return 0
@@ -418,7 +414,7 @@ def show_table(args: argparse.Namespace, framework: dict | None) -> int:
         check_like_for_like(framework, result["settings"], list(modes))
         result["framework"] = framework
         result["verdict"] = verdict(result)
-        write_json(args.out, result)
+        write_results(args.out, result)
     print(table(result))
     return 0
 

@@ -26,7 +26,6 @@ checkpoints are missing (minutes each; not part of the measurement).
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import subprocess
 import sys
@@ -35,9 +34,7 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
+from harness import REPO as ROOT, RESULTS, write_results  # noqa: E402  (first: the repository's packages)
 from eval.inputs import validation_prompts  # noqa: E402
 from eval.decoding.draft_objective import CalibrationObjective  # noqa: E402
 from eval.decoding.draft_search import calibrate, search  # noqa: E402
@@ -171,7 +168,7 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=2, help="timed runs per prompt (median)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "speculative_speed.json")
+    p.add_argument("--out", type=Path, default=RESULTS / "speculative_speed.json")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     models, trained = {}, {}
@@ -194,7 +191,7 @@ def main() -> int:
     results["measure_seconds"] = time.perf_counter() - started
     results["table"] = table(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_results(args.out, results)
     print(results["table"])
     print(f"wrote {args.out} ({results['measure_seconds']:.0f} s of measurement)")
     return 0

@@ -25,20 +25,18 @@ machine: the load average is recorded beside the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results" / "startup_time.json"
-PRETRAIN_RESULTS = REPO / "benchmarks" / "results" / "startup_time_pretrain.json"
+from harness import REPO, RESULTS as RESULTS_DIR, timed, write_results
+
+RESULTS = RESULTS_DIR / "startup_time.json"
+PRETRAIN_RESULTS = RESULTS_DIR / "startup_time_pretrain.json"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,7 +61,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def demo_shaped_export(folder: Path) -> Path:
     """recipes/tiny.yaml's decoder (d 256, 6 layers, vocab 8192, random weights) and a
     byte-level BPE trained on a few standard-library files, exported."""
-    sys.path[:0] = [str(REPO)]
     import sysconfig
 
     import torch
@@ -88,17 +85,13 @@ def demo_shaped_export(folder: Path) -> Path:
     return folder
 
 
-def timed(command: list[str], expected: int = 0) -> tuple[float, float]:
+def run_once(command: list[str], expected: int = 0) -> tuple[float, float]:
     """(wall seconds, the child's CPU seconds) of one run, which must exit ``expected``."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done, wall, cpu = timed(lambda: subprocess.run(command, capture_output=True, text=True, cwd=REPO,
+                                                   env={**os.environ, "PYTHONPATH": str(REPO)}), cpu="children")
     if done.returncode != expected:
         raise SystemExit(f"{' '.join(command)} exited {done.returncode}, not {expected}:\n{done.stderr.strip()}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
 
 
 def measure(ckpt: Path, args: argparse.Namespace) -> dict:
@@ -110,7 +103,7 @@ def measure(ckpt: Path, args: argparse.Namespace) -> dict:
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
     for _ in range(args.repeats):  # alternating: a change of load hits both alike
         for name, command in commands.items():
-            runs[name].append(timed(command))
+            runs[name].append(run_once(command))
     figures = {name: {"wall_s": statistics.median(w for w, _ in values),
                       "cpu_s": statistics.median(c for _, c in values),
                       "wall_all_s": [round(w, 3) for w, _ in values]} for name, values in runs.items()}
@@ -136,11 +129,11 @@ def pretrain_commands() -> dict[str, tuple[list[str], int]]:
 def measure_pretrain(args: argparse.Namespace) -> dict:
     commands = pretrain_commands()
     for command, code in commands.values():  # fills the parser cache; not timed
-        timed(command, code)
+        run_once(command, code)
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
     for _ in range(args.repeats):
         for name, (command, code) in commands.items():
-            runs[name].append(timed(command, code))
+            runs[name].append(run_once(command, code))
     figures = {name: {"wall_s": statistics.median(w for w, _ in values),
                       "cpu_s": statistics.median(c for _, c in values),
                       "wall_all_s": [round(w, 3) for w, _ in values]} for name, values in runs.items()}
@@ -157,8 +150,7 @@ def main_pretrain(args: argparse.Namespace) -> int:
     report = {"repeats": args.repeats, "goal_ratio": 1.5, **figures,
               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "load_average": os.getloadavg(), "python": platform.python_version()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(args.out, report)
     print("| answer | `layerdrop pretrain` (wall, CPU) | full parser (wall, CPU) | ratio to `import torch` |\n"
           "|---|---|---|---|")
     floor = figures["import_torch"]
@@ -182,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
               "repeats": args.repeats, "goal_ratio": 1.5, **figures,
               "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "load_average": os.getloadavg(), "python": platform.python_version()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    write_results(args.out, report)
     print("| command | wall (median) | CPU (median) |\n|---|---|---|")
     for name in ("import_torch", "generate_first_token"):
         print(f"| {name} | {figures[name]['wall_s']:.2f} s | {figures[name]['cpu_s']:.2f} s |")

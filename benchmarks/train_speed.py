@@ -26,18 +26,17 @@ this process is reported beside wall time: it is steadier when the machine is sh
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 # Before torch starts OpenMP: spinning waiters stall each other on a shared machine
 # (see benchmarks/layer_dropout_speed.py); passive waiting is what the demo uses too.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from harness import RESULTS as RESULTS_DIR, clocks, write_results  # noqa: E402  (first: the repository's packages)
 import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import LearningRateMonitor  # noqa: E402
@@ -51,7 +50,7 @@ from framework.training.lr_schedule import LRScheduleConfig, schedule_for  # noq
 from framework.training.module import LayerDropModule  # noqa: E402
 from framework.training.parametrization import param_groups  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results" / "train_speed.json"
+RESULTS = RESULTS_DIR / "train_speed.json"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -93,10 +92,10 @@ class StepClock(pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self._marks is None:
-            self._marks = (time.perf_counter(), time.process_time())
+            self._marks = clocks()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu = clocks()
         self.wall.append(wall - self._marks[0])
         self.cpu.append(cpu - self._marks[1])
         self._marks = (wall, cpu)
@@ -130,14 +129,14 @@ def plain_run(args: argparse.Namespace, seed: int) -> StepClock:
                                                batch_tokens=1.0), betas=module.param_cfg.betas)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule_for(module.lr_cfg, args.steps))
     clock = StepClock()
-    marks = (time.perf_counter(), time.process_time())
+    marks = clocks()
     for inputs, targets in DataLoader(batches(args), batch_size=args.batch_size):
         loss = module.loss(inputs, targets)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu = clocks()
         clock.wall.append(wall - marks[0])
         clock.cpu.append(cpu - marks[1])
         marks = (wall, cpu)
@@ -210,8 +209,7 @@ def table(result: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     result = summarise(args, measure(args))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(args.out, result)
     print(table(result))
     print(f"wrote {args.out}")
     return 0

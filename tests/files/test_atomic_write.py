@@ -59,7 +59,7 @@ def test_copy_file(tmp_path):
 # ------------------------------------------------------------------ every writer uses it
 
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = ("framework", "eval", "data_prep")
+SCANNED = ("framework", "eval", "data_prep", "benchmarks")
 # A call that creates or fills a file. A line that names the writer's ``partial`` path
 # (or follows one that does: ``with replacing(p) as partial, open(partial, "wb") as h:``)
 # writes where replacing() told it to.
@@ -75,6 +75,8 @@ ALLOWED = {
         "inside the staging folder, published whole by one rename (framework/files/staging.py)",
     ("data_prep/prepare.py", "tokenizer.save(path)"): "the same staging folder",
     ("eval/experiments/sweep.py", 'open(log, "a")'): "a run's log, appended while its child runs",
+    ("benchmarks/checkpoint_cost.py", 'open(log, "w")'): "a child's log in the benchmark's scratch folder",
+    ("benchmarks/startup_time.py", "tokenizer.save("): "a tokenizer in a temporary folder",
 }
 
 
