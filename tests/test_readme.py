@@ -137,6 +137,7 @@ def children_cpu_seconds() -> float:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # every block in turn: over `make test`'s 600 s per test on a loaded machine
 def test_readme_runs_as_written(tmp_path):
     root = scratch_clone(tmp_path)
     wall, cpu = time.monotonic(), children_cpu_seconds()
