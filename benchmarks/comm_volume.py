@@ -50,7 +50,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from harness import RESULTS, write_results  # noqa: E402  (first: the repository's packages)
+try:  # run as a script: the harness puts the repository's packages on the path first
+    from harness import RESULTS, write_results
+except ModuleNotFoundError:  # imported as benchmarks.comm_volume (the rank probe inside a launched run)
+    from benchmarks.harness import RESULTS, write_results
 from framework.config import LLAMA3_VOCAB_SIZE, PAPER_SIZES, ModelConfig  # noqa: E402
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}

@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {' '.join(str(err).split())}; see {PROG} --help", file=sys.stderr)
         return 2
     except DiskFull as err:  # which file, bytes needed and free, the checkpoint to resume from
-        print(f"error: {err}", file=sys.stderr)
+        if rank_zero_only.rank == 0:  # every rank raises the same error (saving.py agrees them): one line
+            print(f"error: {err}", file=sys.stderr)
         return 1
     except NonFiniteLossError as err:
         if rank_zero_only.rank == 0:
