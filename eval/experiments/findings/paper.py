@@ -1,6 +1,6 @@
 """The paper's own numbers, printed beside ours, and whether ours are consistent with them.
 
-From "Don't Drop Dropout" (arXiv 2609.05275; the paper's text): every model trained at
+From "Don't Drop Dropout" (arXiv 2609.05275): every model trained at
 20 tokens per parameter. The tables give validation loss and its %Δ against dense at equal
 steps; a configuration is keyed by (distribution, schedule, p_max) with the recommended
 layer structure, per-sequence masks and r_train = 1/ρ:
