@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from eval.experiments.budget_trend import trend, write_trend_figure
+from eval.experiments.choosing import choosing
 from eval.experiments.findings import all_findings, holm_adjust
 from eval.experiments.hyperparameter_curves import curves_figure, hyperparameter_report
 from eval.experiments.report_folder import check_out, clear_report
@@ -280,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if across:
         report["budgets"] = trend(report, "this report", across)
+    report["choosing"] = choosing([report, *(other for _, other in across)])
     clear_report(out, root)
     out.mkdir(parents=True, exist_ok=True)
     copy_results(results, out, root / "sweep.yaml", aliases)

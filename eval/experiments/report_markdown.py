@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from eval.experiments.choosing import markdown_table
+
 
 def _f(value: Any, digits: int = 4) -> str:
     if value is None:
@@ -156,6 +158,19 @@ def _budgets(report: dict) -> list[str]:
     if image:
         lines += ["", f"![budgets]({image})"]
     return lines + [""]
+
+
+def _choosing(report: dict) -> list[str]:
+    table = report.get("choosing")
+    if not any(row["p_max"] > 0 for row in table or []):
+        return []
+    return ["## Choosing a configuration", "",
+            "ILD+DTS (the paper's recommended form) at each p_max and budget, read from the findings above (and "
+            "those of every `--across` report): %Δ of the held-out loss ± 1 SE in % of dense's, with the verdict "
+            "after Holm; equal FLOPs: against the dense run trained to the same executed FLOPs with its own "
+            "schedule; middle-exit gain: the exit loss at L/2 minus dense's (negative: better). Dense's row gives "
+            "its loss (mean ± std over seeds). README.md's \"Choosing a configuration\" table is this one "
+            "(eval/experiments/choosing.py).", "", *markdown_table(table), ""]
 
 
 def _configurations(report: dict) -> list[str]:
@@ -368,7 +383,7 @@ def markdown(report: dict, *, title: str) -> str:
              "Written by `layerdrop report` from a `layerdrop sweep` folder; every number is in report.json "
              "beside this file, and runs/ holds each run's config, summary and evaluations, from which "
              "`layerdrop report` rebuilds this page.", ""]
-    for part in (_how_it_was_run, _findings, _budgets, _configurations, _noise, _hyperparameters, _images, _speculative, _drafts,
+    for part in (_how_it_was_run, _findings, _budgets, _choosing, _configurations, _noise, _hyperparameters, _images, _speculative, _drafts,
                  _downstream, _runs):
         lines += part(report)
     return "\n".join(lines).rstrip() + "\n"

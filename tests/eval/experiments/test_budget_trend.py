@@ -82,6 +82,11 @@ def test_report_across_budgets_end_to_end(tmp_path, capsys):
     text = (out / "README.md").read_text()
     assert "## Across budgets (Fig. 8's view)" in text and f"**{row['verdict']}**" in text
     assert (out / report["images"]["budgets"]).stat().st_size > 1000
+    # the choosing table: ILD+DTS p_max 0.2 at both budgets, +0.01 and +0.06 over dense's 3.01 (eval/experiments/choosing.py)
+    choosing = [(r["tokens_per_parameter"], r["equal_steps"]["pct"]) for r in report["choosing"] if r["p_max"]]
+    assert [round(tpp / choosing[0][0], 6) for tpp, _ in choosing] == [1.0, 3.0]
+    assert [pct for _, pct in choosing] == pytest.approx([100 * 0.01 / 3.01, 100 * 0.06 / 3.01], rel=1e-3)
+    assert "## Choosing a configuration" in text
     # a folder that is not a report: one line, exit 2, nothing written
     capsys.readouterr()
     assert main([str(tmp_path / "long"), "--out", str(tmp_path / "x"), "--across", str(tmp_path / "long")]) == 2
