@@ -10,8 +10,10 @@ saved, and what the middle exit gains. This module reads them out of report.json
 and verdicts (after Holm) the findings already computed, nothing re-derived — so the
 README's table is a copy of the report's and a test can hold them equal.
 
-Only the paper's recommended form is listed: "ILD+DTS p_max=X" (layer granularity,
-per-sequence masks, r_train = 1/ρ); other configurations stay on the findings page.
+Listed: the paper's recommended form, "ILD+DTS p_max=X" (layer granularity, per-sequence masks,
+r_train = 1/ρ), and beside it at the same P̄ the same with the schedule increasing (ILD+ITS) or
+constant (ILD) over time, since which schedule to use is part of the choice; other variants stay
+on the findings page. Rows are ordered by P̄, then schedule, then budget.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from typing import Sequence
 
 from eval.experiments.budget_trend import tokens_per_parameter
 
-RECOMMENDED = re.compile(r"ILD\+DTS p_max=([0-9.]+)")
-HEADER = ["configuration", "budget", "seeds", "FLOPs saved", "loss at equal steps", "paper (Table 3, 271M)",
+SCHEDULES = ("ILD+DTS", "ILD+ITS", "ILD")  # decreasing (the paper's), increasing, constant over time
+LISTED = re.compile(r"(ILD\+DTS|ILD\+ITS|ILD) p_max=([0-9.]+)")
+HEADER = ["configuration", "P̄", "budget", "seeds", "FLOPs saved", "loss at equal steps", "paper (Table 3, 271M)",
           "loss at equal FLOPs", "middle-exit gain"]
 
 
@@ -49,7 +52,7 @@ def _n_layers(report: dict) -> int | None:
 
 
 def rows(report: dict) -> list[dict]:
-    """The dense row and one row per ILD+DTS p_max of one report, in p_max order."""
+    """The dense row and one row per listed configuration of one report."""
     tpp = tokens_per_parameter(report)
     findings = _findings(report)
     at_equal_steps = findings.get("headline", []) + findings.get("cost-at-equal-steps", [])
@@ -60,17 +63,18 @@ def rows(report: dict) -> list[dict]:
         row = {"configuration": label, "tokens_per_parameter": tpp, "seeds": configuration["seeds"],
                "flops_saved_pct": configuration.get("training_flops_saved_pct")}
         if label == "dense":
-            found.append({**row, "p_max": 0.0, "val_loss": configuration["val_loss_mean"],
+            found.append({**row, "p_bar": 0.0, "schedule": "", "p_max": 0.0, "val_loss": configuration["val_loss_mean"],
                           "val_loss_std": configuration.get("val_loss_std")})
             continue
-        recommended = RECOMMENDED.fullmatch(label)
-        if not recommended:
+        listed = LISTED.fullmatch(label)
+        if not listed:
             continue
         paper = _first(at_equal_steps, a=label, b="dense")
         matched = next((c for c in findings.get("pareto", [])
                         if c["a"] == label and "compute-matched" in c["b"] and c.get("pct") is not None), None)
         exit_gain = _first(findings.get("early-exit", []), a=f"{label}, exit {middle}", b="dense")
-        found.append({**row, "p_max": float(recommended.group(1)),
+        found.append({**row, "p_bar": configuration.get("mean_dropout_predicted") or 0.0,
+                      "schedule": listed.group(1), "p_max": float(listed.group(2)),
                       "equal_steps": _pct(configuration.get("vs_dense")),
                       "paper_pct": paper.get("paper_pct") if paper else None,
                       "equal_flops": _pct(matched), "matched_to": matched["b"] if matched else None,
@@ -78,13 +82,14 @@ def rows(report: dict) -> list[dict]:
                       "exit_gain": None if exit_gain is None else
                       {"diff": exit_gain["diff"], "se": exit_gain.get("se"),
                        "verdict": exit_gain.get("verdict_holm") or exit_gain.get("verdict")}})
-    return sorted(found, key=lambda r: r["p_max"])
+    return found
 
 
 def choosing(reports: Sequence[dict]) -> list[dict]:
     """Every budget's rows, each configuration's budgets side by side (smallest TPP first)."""
     every = [row for report in reports for row in rows(report) if row["tokens_per_parameter"] is not None]
-    return sorted(every, key=lambda r: (r["p_max"], r["tokens_per_parameter"]))
+    return sorted(every, key=lambda r: (round(r["p_bar"], 4), SCHEDULES.index(r["schedule"]) if r["schedule"] else -1,
+                                        r["p_max"], r["tokens_per_parameter"]))
 
 
 def _with_se(point: dict | None) -> str:
@@ -99,10 +104,11 @@ def markdown_rows(table: list[dict]) -> list[list[str]]:
     for row in table:
         saved = "–" if row["flops_saved_pct"] is None else f"{row['flops_saved_pct']:.1f}%"
         budget = f"{row['tokens_per_parameter']:.1f} TPP"
+        p_bar = f"{100 * row['p_bar']:.0f}%"
         if row["p_max"] == 0.0:
             std = f" ± {row['val_loss_std']:.3f}" if row.get("val_loss_std") is not None else ""
-            cells.append([row["configuration"], budget, str(row["seeds"]), saved, f"loss {row['val_loss']:.3f}{std}",
-                          "–", "–", "–"])
+            cells.append([row["configuration"], p_bar, budget, str(row["seeds"]), saved,
+                          f"loss {row['val_loss']:.3f}{std}", "–", "–", "–"])
             continue
         paper = "–" if row["paper_pct"] is None else f"{row['paper_pct']:+.2f}%"
         matched = "no compute-matched baseline yet" if row["equal_flops"] is None else _with_se(row["equal_flops"])
@@ -110,8 +116,8 @@ def markdown_rows(table: list[dict]) -> list[list[str]]:
         exit_text = "–" if gain is None else (
             f"{gain['diff']:+.3f}" + (f" ± {gain['se']:.3f}" if gain["se"] is not None else "")
             + f" nats at exit {row['middle_exit']} ({gain['verdict']})")
-        cells.append([row["configuration"], budget, str(row["seeds"]), saved, _with_se(row["equal_steps"]), paper,
-                      matched, exit_text])
+        cells.append([row["configuration"], p_bar, budget, str(row["seeds"]), saved, _with_se(row["equal_steps"]),
+                      paper, matched, exit_text])
     return cells
 
 
@@ -120,4 +126,4 @@ def markdown_table(table: list[dict]) -> list[str]:
     return lines + ["| " + " | ".join(cells) + " |" for cells in markdown_rows(table)]
 
 
-__all__ = ["RECOMMENDED", "HEADER", "rows", "choosing", "markdown_rows", "markdown_table"]
+__all__ = ["SCHEDULES", "LISTED", "HEADER", "rows", "choosing", "markdown_rows", "markdown_table"]

@@ -165,7 +165,8 @@ def _choosing(report: dict) -> list[str]:
     if not any(row["p_max"] > 0 for row in table or []):
         return []
     return ["## Choosing a configuration", "",
-            "ILD+DTS (the paper's recommended form) at each p_max and budget, read from the findings above (and "
+            "ILD+DTS (the paper's recommended form) at each p_max and budget, and beside it at the same P̄ the "
+            "schedule increasing (ILD+ITS) or constant (ILD) over time, read from the findings above (and "
             "those of every `--across` report): %Δ of the held-out loss ± 1 SE in % of dense's, with the verdict "
             "after Holm; equal FLOPs: against the dense run trained to the same executed FLOPs with its own "
             "schedule; middle-exit gain: the exit loss at L/2 minus dense's (negative: better). Dense's row gives "
