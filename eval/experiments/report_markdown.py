@@ -209,6 +209,12 @@ def _noise(report: dict) -> list[str]:
         lines.append(f"- Paired noise: σ = {noise['residual_std']:.4f} nats, the residual std of loss = configuration "
                      f"+ seed fitted over every run ({noise['residual_dof']} degrees of freedom): a per-seed "
                      "difference's noise is σ·√2.")
+    for u in noise.get("unstable") or []:
+        lines.append(f"- **Unstable across seeds**: {u['configuration']} spreads σ = {u['std']:.4f} nats over its "
+                     f"{u['seeds']} seeds against {u['others_std']:.4f} pooled over every other configuration (F test, "
+                     f"p = {_p(u['p_value'])}, beyond α divided by the configurations tested): it is left out of both "
+                     "pooled estimates above, and its comparisons are judged on its own spread (Welch), so one "
+                     "erratic configuration does not blur every other verdict (eval/experiments/significance.py).")
     if runs:
         tokens = sorted({r["heldout_tokens"] for r in runs})
         errors = [r["heldout_standard_error"] for r in runs]

@@ -155,11 +155,12 @@ def compare_configurations(a: Configuration, b: Configuration, metric: Callable[
     if not a_samples or not b_samples:
         return None
     sign = -1.0 if higher_is_better else 1.0  # the test reads "lower is better"
-    noise = noise_of([{k: sign * v for k, v in c.samples(metric).items()} for c in configurations
-                      if c.samples(metric)])
+    measured = [c for c in configurations if c.samples(metric)]
+    noise = noise_of([{k: sign * v for k, v in c.samples(metric).items()} for c in measured])
+    unstable = {measured[u["index"]].label for u in noise.unstable}
     eval_se = evaluation_noise(a, b) if with_eval_noise and metric is val_loss else None
     found = difference({k: sign * v for k, v in a_samples.items()}, {k: sign * v for k, v in b_samples.items()},
-                       noise, eval_se)
+                       noise, eval_se, (a.label in unstable, b.label in unstable))
     p_value = found.p_value
     diff, reference = sign * found.diff, sign * found.reference
     return Comparison(a.label, b.label, diff, 100 * diff / reference, found.se, found.seed_se, found.eval_se,
@@ -170,7 +171,8 @@ def compare_configurations(a: Configuration, b: Configuration, metric: Callable[
 # ----------------------------------------------------------------------- the table
 def configuration_table(configurations: list[Configuration]) -> tuple[list[dict], dict]:
     """Table 2/3's form: one row per configuration, set against its dense twin, and the noise."""
-    noise = noise_of([c.samples(val_loss) for c in configurations if c.samples(val_loss)])
+    measured = [c for c in configurations if c.samples(val_loss)]
+    noise = noise_of([c.samples(val_loss) for c in measured])
     base = baseline(configurations)
     label_of = {run.name: c.label for c in configurations for run in c.runs}
     rows = []
@@ -203,6 +205,8 @@ def configuration_table(configurations: list[Configuration]) -> tuple[list[dict]
         rows.append(row)
     summary = {"seed_std": noise.within, "seed_dof": noise.within_dof, "residual_std": noise.residual,
                "residual_dof": noise.residual_dof,
+               "unstable": [{"configuration": measured[u["index"]].label, "std": u["std"], "seeds": u["dof"] + 1,
+                             "others_std": u["others_std"], "p_value": u["p_value"]} for u in noise.unstable],
                "evaluation_se_median": _median([r["vs_dense"]["eval_se"] for r in rows
                                                 if r.get("vs_dense") and r["vs_dense"]["eval_se"] is not None]),
                "baseline": base.label if base else None, "alpha": ALPHA}

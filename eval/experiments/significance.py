@@ -21,6 +21,14 @@ A comparison a − b is
 - **unpaired** otherwise: mean(a) − mean(b), with SE² = σ_within²·(1/n_a + 1/n_b) + eval²,
   eval the paired standard error of the two runs' held-out slices (report_tables).
 
+Pooling assumes every configuration spreads alike over seeds. One that does not (a run that
+sometimes fails to recover from aggressive early dropout) would inflate the noise of every
+comparison on the page, so before pooling each configuration's variance is tested against the
+pooled variance of all the others (one-sided F test, Bonferroni over the configurations
+tested): one beyond them is **unstable across seeds**, left out of both pooled estimates, and
+its own comparisons are judged on its own spread (Welch: SE² = s_a²/n_a + σ²/n_b, with the
+Welch–Satterthwaite degrees of freedom; unpaired, since its seeds are what is in doubt).
+
 Its verdict is a two-sided Student-t test at α = 0.05 on the noise estimate's degrees of
 freedom: "better" (lower), "worse", "within noise", or "no noise estimate" while no
 configuration has two seeds. A page makes many comparisons; ``holm`` adjusts their
@@ -51,12 +59,40 @@ class Noise:
     within_dof: int
     residual: float | None
     residual_dof: int
+    unstable: tuple[dict, ...] = ()  # {"index", "std", "dof", "p_value"} of each configuration left out
 
 
-def noise_of(configurations: Sequence[Samples]) -> Noise:
-    within, within_dof = pooled_std([list(c.values()) for c in configurations])
-    residual, residual_dof = block_residual_std(configurations)
-    return Noise(within, within_dof, residual, residual_dof)
+def noise_of(configurations: Sequence[Samples], alpha: float = ALPHA) -> Noise:
+    unstable = unstable_spread(configurations, alpha)
+    left_out = {u["index"] for u in unstable}
+    kept = [c for i, c in enumerate(configurations) if i not in left_out]
+    within, within_dof = pooled_std([list(c.values()) for c in kept])
+    residual, residual_dof = block_residual_std(kept)
+    return Noise(within, within_dof, residual, residual_dof, tuple(unstable))
+
+
+def unstable_spread(configurations: Sequence[Samples], alpha: float = ALPHA) -> list[dict]:
+    """The configurations whose variance over seeds is beyond the pooled variance of all the
+    others: F = s_i²/s_others² on (n_i − 1, dof_others), one-sided, at α / (configurations tested)."""
+    tested = [i for i, c in enumerate(configurations) if len(c) > 1]
+    found = []
+    for index in tested:
+        others, dof = pooled_std([list(c.values()) for i, c in enumerate(configurations) if i != index])
+        if not others or not dof:
+            continue
+        own = statistics.stdev(configurations[index].values())
+        p_value = f_upper_p((own / others) ** 2, len(configurations[index]) - 1, dof)
+        if p_value < alpha / len(tested):
+            found.append({"index": index, "std": own, "dof": len(configurations[index]) - 1, "others_std": others,
+                          "p_value": p_value})
+    return found
+
+
+def f_upper_p(f: float, dof_1: float, dof_2: float) -> float:
+    """P(F ≥ f) for Fisher's F with (dof_1, dof_2) degrees of freedom: I_x(ν₂/2, ν₁/2), x = ν₂/(ν₂ + ν₁f)."""
+    if not math.isfinite(f):
+        return 0.0
+    return regularized_beta(dof_2 / (dof_2 + dof_1 * f), dof_2 / 2, dof_1 / 2)
 
 
 def pooled_std(samples: Sequence[Sequence[float]]) -> tuple[float | None, int]:
@@ -111,8 +147,12 @@ class Difference:
         return t_two_sided_p(self.diff / self.se, self.dof)
 
 
-def difference(a: Samples, b: Samples, noise: Noise, eval_se: float | None = None) -> Difference:
-    """a − b, paired over their shared seeds when there are two or more (module docstring)."""
+def difference(a: Samples, b: Samples, noise: Noise, eval_se: float | None = None,
+               unstable: tuple[bool, bool] = (False, False)) -> Difference:
+    """a − b, paired over their shared seeds when there are two or more; on a's (b's) own spread
+    where ``unstable`` says a (b) is unstable across seeds (module docstring)."""
+    if any(unstable):
+        return _welch(a, b, noise, eval_se, unstable)
     shared = [s for s in a if s in b and s is not None]
     if len(shared) >= 2 and noise.residual is not None:
         diff = statistics.fmean(a[s] - b[s] for s in shared)
@@ -125,6 +165,24 @@ def difference(a: Samples, b: Samples, noise: Noise, eval_se: float | None = Non
         return Difference(diff, statistics.fmean(b.values()), eval_se, None, eval_se, None, 0)
     se = math.sqrt(seed_se ** 2 + (eval_se or 0.0) ** 2)
     return Difference(diff, statistics.fmean(b.values()), se, seed_se, eval_se, noise.within_dof, 0)
+
+
+def _welch(a: Samples, b: Samples, noise: Noise, eval_se: float | None, unstable: tuple[bool, bool]) -> Difference:
+    parts = []  # (variance of the side's mean, its dof)
+    for side, own in zip((a, b), unstable):
+        if own and len(side) > 1:
+            parts.append((statistics.variance(side.values()) / len(side), len(side) - 1))
+        elif noise.within is not None:
+            parts.append((noise.within ** 2 / len(side), noise.within_dof))
+        else:
+            parts.append((None, 0))
+    diff = statistics.fmean(a.values()) - statistics.fmean(b.values())
+    if any(v is None for v, _ in parts):
+        return Difference(diff, statistics.fmean(b.values()), eval_se, None, eval_se, None, 0)
+    seed_variance = math.fsum(v for v, _ in parts)
+    dof = seed_variance ** 2 / math.fsum(v * v / d for v, d in parts if v > 0) if seed_variance > 0 else None
+    se = math.sqrt(seed_variance + (eval_se or 0.0) ** 2)
+    return Difference(diff, statistics.fmean(b.values()), se, math.sqrt(seed_variance), eval_se, dof, 0)
 
 
 def verdict_of(p_value: float | None, diff: float, alpha: float = ALPHA) -> str:
@@ -189,5 +247,5 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return adjusted
 
 
-__all__ = ["ALPHA", "Noise", "noise_of", "pooled_std", "block_residual_std", "Difference", "difference", "verdict_of",
+__all__ = ["ALPHA", "Noise", "noise_of", "unstable_spread", "f_upper_p", "pooled_std", "block_residual_std", "Difference", "difference", "verdict_of",
            "critical_t", "t_two_sided_p", "regularized_beta", "holm"]

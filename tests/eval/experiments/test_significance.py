@@ -5,8 +5,8 @@ import statistics
 
 import pytest
 
-from eval.experiments.significance import (Noise, block_residual_std, critical_t, difference, holm, noise_of,
-                                           t_two_sided_p, verdict_of)
+from eval.experiments.significance import (Noise, block_residual_std, critical_t, difference, f_upper_p, holm,
+                                           noise_of, t_two_sided_p, unstable_spread, verdict_of)
 
 
 def test_student_t_matches_its_closed_forms_and_scipy():
@@ -60,3 +60,45 @@ def test_noise_of_pools_both_estimates():
     assert found.within == pytest.approx(math.sqrt((2 + 6) / 3)) and found.within_dof == 3
     # 5 runs, 2 configurations + 3 seeds - 1 = 4 parameters: 1 dof
     assert found.residual_dof == 1
+
+
+def test_fisher_f_matches_its_closed_forms_and_scipy():
+    for f in (0.2, 1.0, 7.5, 400.0):
+        assert f_upper_p(f, 2, 2) == pytest.approx(1 / (1 + f))
+        assert f_upper_p(f, 1, 3) == pytest.approx(t_two_sided_p(math.sqrt(f), 3))  # F(1, ν) = T(ν)²
+    stats = pytest.importorskip("scipy.stats")
+    for f, d1, d2 in ((0.7, 1, 5), (3.1, 2, 7), (12.0, 1, 3), (2.2, 4, 20)):
+        assert f_upper_p(f, d1, d2) == pytest.approx(stats.f.sf(f, d1, d2), rel=1e-10)
+
+
+# three configurations that spread alike over two seeds, and one that does not
+STEADY = [{0: 1.00, 1: 1.01}, {0: 2.00, 1: 2.012}, {0: 3.00, 1: 3.008}]
+ERRATIC = {0: 4.0, 1: 4.5}
+
+
+def test_a_configuration_spread_far_beyond_the_others_is_unstable_and_left_out_of_the_pooled_noise():
+    [found] = unstable_spread([*STEADY, ERRATIC])
+    steady = math.sqrt((0.01 ** 2 + 0.012 ** 2 + 0.008 ** 2) / 2 / 3)  # two-seed variances d²/2, pooled
+    assert found["index"] == 3 and found["std"] == pytest.approx(0.5 / math.sqrt(2))
+    assert found["others_std"] == pytest.approx(steady)
+    assert found["p_value"] == pytest.approx(f_upper_p((0.5 / math.sqrt(2) / steady) ** 2, 1, 3))
+    assert found["p_value"] < 0.05 / 4
+    noise = noise_of([*STEADY, ERRATIC])
+    assert noise.within == pytest.approx(steady) and noise.within_dof == 3 and len(noise.unstable) == 1
+    assert noise.residual == block_residual_std(STEADY)[0] and noise.residual_dof == 2
+    # alike spreads: nothing left out (a 2× spread is within what 1 and 3 dof allow)
+    assert unstable_spread([*STEADY, {0: 4.0, 1: 4.02}]) == []
+    assert noise_of(STEADY).unstable == ()
+
+
+def test_an_unstable_configuration_is_judged_on_its_own_spread():
+    noise = noise_of([*STEADY, ERRATIC])
+    welch = difference(ERRATIC, STEADY[2], noise, unstable=(True, False))
+    own, pooled = 0.125 / 2, noise.within ** 2 / 2  # each mean's variance: s²/n
+    assert welch.paired == 0 and welch.diff == pytest.approx(4.25 - 3.004)
+    assert welch.se == pytest.approx(math.sqrt(own + pooled))
+    assert welch.dof == pytest.approx((own + pooled) ** 2 / (own ** 2 / 1 + pooled ** 2 / 3))
+    assert verdict_of(welch.p_value, welch.diff) == "within noise"  # 1.25 nats, yet 2 seeds this far apart
+    # the others' comparisons keep the tight pooled noise, paired over their seeds
+    steady = difference(STEADY[1], STEADY[0], noise)
+    assert steady.paired == 2 and steady.se == pytest.approx(noise.residual)
