@@ -6,7 +6,7 @@ A user deciding on p_max wants four numbers per configuration, not the findings 
 loss cost at equal steps (and the paper's Table 3 figure at the same P̄), the loss at equal
 executed FLOPs against a dense run trained to them with its own schedule, the training FLOPs
 saved, and what the middle exit gains. This module reads them out of report.json documents
-(this report and every ``--across`` one), one row per ILD+DTS p_max and budget — the numbers
+(this report and every ``--across`` one), one row per listed configuration and budget — the numbers
 and verdicts (after Holm) the findings already computed, nothing re-derived — so the
 README's table is a copy of the report's and a test can hold them equal.
 

@@ -390,8 +390,8 @@ def markdown(report: dict, *, title: str) -> str:
              "Written by `layerdrop report` from a `layerdrop sweep` folder; every number is in report.json "
              "beside this file, and runs/ holds each run's config, summary and evaluations, from which "
              "`layerdrop report` rebuilds this page.", ""]
-    for part in (_how_it_was_run, _findings, _budgets, _choosing, _configurations, _noise, _hyperparameters, _images, _speculative, _drafts,
-                 _downstream, _runs):
+    for part in (_how_it_was_run, _findings, _budgets, _choosing, _configurations, _noise, _hyperparameters, _images,
+                 _speculative, _drafts, _downstream, _runs):
         lines += part(report)
     return "\n".join(lines).rstrip() + "\n"
 

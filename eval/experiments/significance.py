@@ -89,7 +89,7 @@ def unstable_spread(configurations: Sequence[Samples], alpha: float = ALPHA) -> 
 
 
 def f_upper_p(f: float, dof_1: float, dof_2: float) -> float:
-    """P(F ≥ f) for Fisher's F with (dof_1, dof_2) degrees of freedom: I_x(ν₂/2, ν₁/2), x = ν₂/(ν₂ + ν₁f)."""
+    """P(F ≥ f) for Fisher's F on (dof_1, dof_2) degrees of freedom: I_x(ν₂/2, ν₁/2), x = ν₂/(ν₂ + ν₁f)."""
     if not math.isfinite(f):
         return 0.0
     return regularized_beta(dof_2 / (dof_2 + dof_1 * f), dof_2 / 2, dof_1 / 2)
@@ -247,5 +247,5 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return adjusted
 
 
-__all__ = ["ALPHA", "Noise", "noise_of", "unstable_spread", "f_upper_p", "pooled_std", "block_residual_std", "Difference", "difference", "verdict_of",
-           "critical_t", "t_two_sided_p", "regularized_beta", "holm"]
+__all__ = ["ALPHA", "Noise", "noise_of", "unstable_spread", "f_upper_p", "pooled_std", "block_residual_std",
+           "Difference", "difference", "verdict_of", "critical_t", "t_two_sided_p", "regularized_beta", "holm"]
