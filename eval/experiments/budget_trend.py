@@ -35,10 +35,16 @@ from eval.measurements import plots
 _MATCHED_STEPS = re.compile(r", \d+ steps \(compute-matched\)")
 
 
-def tokens_per_parameter(report: dict) -> float | None:
-    """The budget of a report: the TPP of the shape most of its runs trained at."""
+def main_shape(report: dict) -> dict | None:
+    """The model shape (and length) most of a report's runs trained at."""
     shapes = (report.get("model") or {}).get("shapes") or []
-    return max(shapes, key=lambda s: s["runs"])["tokens_per_parameter"] if shapes else None
+    return max(shapes, key=lambda s: s["runs"]) if shapes else None
+
+
+def tokens_per_parameter(report: dict) -> float | None:
+    """The budget of a report: the TPP of its main shape."""
+    shape = main_shape(report)
+    return shape["tokens_per_parameter"] if shape else None
 
 
 def comparison_key(finding: str, comparison: dict) -> tuple[str, str, str, str]:
@@ -127,4 +133,4 @@ def write_trend_figure(section: dict, path: Path) -> Path | None:
     return plots.save(trend_figure, path, section)
 
 
-__all__ = ["tokens_per_parameter", "comparison_key", "change", "trend", "trend_figure", "write_trend_figure"]
+__all__ = ["main_shape", "tokens_per_parameter", "comparison_key", "change", "trend", "trend_figure", "write_trend_figure"]

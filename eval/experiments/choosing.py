@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from eval.experiments.budget_trend import tokens_per_parameter
+from eval.experiments.budget_trend import main_shape, tokens_per_parameter
 
 SCHEDULES = ("ILD+DTS", "ILD+ITS", "ILD")  # decreasing (the paper's), increasing, constant over time
 LISTED = re.compile(r"(ILD\+DTS|ILD\+ITS|ILD) p_max=([0-9.]+)")
@@ -46,17 +46,13 @@ def _pct(comparison: dict | None) -> dict | None:
             "verdict": comparison.get("verdict_holm") or comparison.get("verdict")}
 
 
-def _n_layers(report: dict) -> int | None:
-    shapes = (report.get("model") or {}).get("shapes") or []
-    return max(shapes, key=lambda s: s["runs"])["n_layers"] if shapes else None
-
-
 def rows(report: dict) -> list[dict]:
     """The dense row and one row per listed configuration of one report."""
     tpp = tokens_per_parameter(report)
     findings = _findings(report)
     at_equal_steps = findings.get("headline", []) + findings.get("cost-at-equal-steps", [])
-    middle = _n_layers(report) // 2 if _n_layers(report) else None
+    shape = main_shape(report)
+    middle = shape["n_layers"] // 2 if shape else None
     found = []
     for configuration in report.get("configurations") or []:
         label = configuration["configuration"]
