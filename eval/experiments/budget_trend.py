@@ -133,4 +133,5 @@ def write_trend_figure(section: dict, path: Path) -> Path | None:
     return plots.save(trend_figure, path, section)
 
 
-__all__ = ["main_shape", "tokens_per_parameter", "comparison_key", "change", "trend", "trend_figure", "write_trend_figure"]
+__all__ = ["main_shape", "tokens_per_parameter", "comparison_key", "change", "trend", "trend_figure",
+           "write_trend_figure"]

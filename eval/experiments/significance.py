@@ -89,7 +89,8 @@ def unstable_spread(configurations: Sequence[Samples], alpha: float = ALPHA) -> 
 
 
 def f_upper_p(f: float, dof_1: float, dof_2: float) -> float:
-    """P(F ≥ f) for Fisher's F on (dof_1, dof_2) degrees of freedom: I_x(ν₂/2, ν₁/2), x = ν₂/(ν₂ + ν₁f)."""
+    """P(F ≥ f) for Fisher's F on (dof_1, dof_2) degrees of freedom:
+    I_x(ν₂/2, ν₁/2) with x = ν₂/(ν₂ + ν₁f)."""
     if not math.isfinite(f):
         return 0.0
     return regularized_beta(dof_2 / (dof_2 + dof_1 * f), dof_2 / 2, dof_1 / 2)
