@@ -16,6 +16,8 @@
 #                                        (bound: 2 graphs per block, no recompile limit hit)
 #
 # Budget: the device lends 15 minutes per session, start included, and 10 per command.
+# DEADLINE=S (seconds since the script began) skips a run that could not finish before it,
+# and shortens the core subset's sweep to fit; CORE_JOBS / CORE_THREADS set its parallelism.
 # STEPS=60 (10 of warmup left out of the means; the compile run's 60 steps give its
 # graph count over 50 steps after its first); each eager run ~1 minute, the compile run
 # ~2-3 (estimates, not measured). RUNS="name ..." runs a subset, in the order given.
@@ -97,6 +99,8 @@ fi
 CORE_RUNS=("dense,seed=0" "dense,seed=1" "ild-dts-0.4,seed=0" "ild-dts-0.4,seed=1" "ild-its-0.8,seed=0"
            "ild-dts-0.8-r1,seed=0")
 CORE_TIMEOUT=${CORE_TIMEOUT:-540}
+CORE_JOBS=${CORE_JOBS:-3} CORE_THREADS=${CORE_THREADS:-4}
+DEADLINE=${DEADLINE:-0}  # 0: none
 throughput_runs=${RUNS//paper-gpu-core/}
 [[ -z "${throughput_runs// /}" || -d "$DATA" ]] || prepare_data || exit 1
 
@@ -112,9 +116,14 @@ dense=(--model.layer_dropout.p_max 0.0)
 ild_dts=(--model.layer_dropout.p_max 0.4 --model.layer_dropout.distribution increasing
          --model.layer_dropout.schedule decreasing)
 
+fits() {  # seconds: would a step of that length still end before DEADLINE?
+    [[ "$DEADLINE" -eq 0 || $((SECONDS + $1)) -le "$DEADLINE" ]]
+}
+
 run_one() {  # name, strategy, pretrain args...
     local name=$1 strategy=$2
     shift 2
+    fits "$RUN_TIMEOUT" || { echo "=== $name skipped: ${RUN_TIMEOUT} s would pass DEADLINE ($SECONDS of $DEADLINE s gone)"; return; }
     echo "=== $name"
     timeout "$RUN_TIMEOUT" "$PYTHON" benchmarks/gpu_throughput.py --name "$name" --out "$OUT_DIR" --warmup "$WARMUP" -- \
         "${common[@]}" --trainer.strategy "$strategy" --trainer.default_root_dir "/tmp/gpu-check/$name" "$@" \
@@ -136,8 +145,13 @@ yaml.safe_dump(s, open(sys.argv[2], 'w'), sort_keys=False)" recipes/sweeps/paper
             2>&1 | tee "$RESULTS/paper-gpu-core.log"
         return "${PIPESTATUS[0]}"
     fi
-    timeout "$CORE_TIMEOUT" "$PYTHON" -m framework.cli sweep "$file" --out "$sweep" --only "${CORE_RUNS[@]}" \
-        --jobs 3 --threads-per-job 4 > "$OUT_DIR/paper-gpu-core.log" 2>&1
+    local limit=$CORE_TIMEOUT
+    # the report and the archive after it take well under a minute
+    [[ "$DEADLINE" -eq 0 ]] || limit=$(( DEADLINE - SECONDS - 45 < CORE_TIMEOUT ? DEADLINE - SECONDS - 45 : CORE_TIMEOUT ))
+    [[ $limit -gt 60 ]] || { echo "=== paper-gpu-core skipped: ${limit} s left before DEADLINE"; return 1; }
+    echo "sweep limit ${limit} s, ${CORE_JOBS} jobs of ${CORE_THREADS} threads" >> "$OUT_DIR/machine.txt"
+    timeout "$limit" "$PYTHON" -m framework.cli sweep "$file" --out "$sweep" --only "${CORE_RUNS[@]}" \
+        --jobs "$CORE_JOBS" --threads-per-job "$CORE_THREADS" > "$OUT_DIR/paper-gpu-core.log" 2>&1
     local code=$?
     tail -n 25 "$OUT_DIR/paper-gpu-core.log"
     [[ $code -eq 0 ]] || echo "=== paper-gpu-core: the sweep stopped (exit $code); reporting what finished"
@@ -166,4 +180,7 @@ results=("$OUT_DIR"/*.json)
 [[ ${#results[@]} -gt 0 ]] && "$PYTHON" benchmarks/gpu_throughput.py --summarize "${results[@]}" --out "$RESULTS" \
     | tee "$RESULTS/table.md"
 cp "$OUT_DIR/machine.txt" "$RESULTS/"
-for log in "$OUT_DIR"/*.log; do echo "=== $log"; tail -c 200000 "$log"; done > "$RESULTS/logs.txt"
+# the core subset's log goes back whole beside its archive, not into the throughput runs' logs
+for log in "$OUT_DIR"/*.log; do
+    [[ "$log" == */paper-gpu-core.log ]] || { echo "=== $log"; tail -c 200000 "$log"; }
+done > "$RESULTS/logs.txt"

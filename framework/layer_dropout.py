@@ -165,5 +165,6 @@ def residual_update(h: torch.Tensor, branch: Callable[[torch.Tensor], torch.Tens
     out = branch(h.index_select(0, rows))  # runs on zero rows too: see the module docstring
     # A multiply, not index_add's alpha: a compiled block gets the scale as a tensor
     # (framework/strategies/parallelize.compile_block), where a Python-number alpha would be a graph
-    # constant and every new r_train (each step under DTS) a recompilation.
-    return h.index_add(0, rows, out * scale)
+    # constant and every new r_train (each step under DTS) a recompilation. Under autocast the
+    # branch is bf16 while the stream stays float32, and index_add does not promote.
+    return h.index_add(0, rows, (out * scale).to(h.dtype))

@@ -259,3 +259,19 @@ def test_zero_kept_rows_keep_every_parameter_in_the_graph_with_flex_attention():
     decoder(torch.randint(0, VOCAB, (BATCH, SEQ)), plan=DropPlan.from_masks([none] * 4, [2.0] * 4)).sum().backward()
     for name, p in decoder.blocks.named_parameters():
         assert p.grad is not None and torch.count_nonzero(p.grad) == 0, name
+
+
+def test_bf16_autocast_keeps_a_float32_residual_stream_with_a_plan():
+    """Under bf16-mixed (autocast) a branch returns bf16 while the residual stream stays float32:
+    the scatter-add casts the branch (found on the first H200 run: `index_add_(): self (Float) and
+    source (BFloat16) must have the same scalar type` in every dropout run, single device)."""
+    decoder = make_decoder()
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
+    keep = masks("11111", "10110", "00000", "01000")
+    drop_plan = DropPlan.from_masks(keep, [1.0, 1 / 0.6, 1 / 0.3, 1 / 0.2], keep)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = decoder(tokens, plan=drop_plan)
+    mixed.float().sum().backward()
+    full = decoder(tokens, plan=drop_plan).detach()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in decoder.parameters())
+    torch.testing.assert_close(mixed.float(), full, rtol=0.05, atol=0.05)  # bf16's 8 bits of mantissa

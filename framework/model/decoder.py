@@ -107,7 +107,7 @@ class Block(nn.Module):
     def _update_rows(self, h: torch.Tensor, bias: torch.Tensor | None, cache: KVCache | None,
                      rows: torch.Tensor) -> torch.Tensor:
         scale = self.residual_multiplier
-        h = h.index_add(0, rows, self.attn(self.attn_norm(h), bias, cache, rows), alpha=scale)
+        h = h.index_add(0, rows, self.attn(self.attn_norm(h), bias, cache, rows).to(h.dtype), alpha=scale)
         return residual_update(h, lambda x: self.ffn(self.ffn_norm(x)), rows, scale)
 
 
