@@ -18,6 +18,13 @@ tokens; blocks follow each other without overlap and never straddle a chunk).
   ``gs://``, ``local:``...); ``manifest.json`` is read at ``setup`` and checked
   against the model (``model_vocab_size``) and ``seq_len`` before a batch is drawn.
 
+A mixture (``mixture={name: {dir, weight}}`` instead of ``data_dir``; framework/training/mixture.py)
+draws each training sequence's source with the weights and streams each source with its
+own loader (framework/training/mixture_loader.py): batches are then ``(inputs, targets,
+sources)``, ``sources`` the int64 source index of each row. Each source cycles on its own.
+Validation is one fixed, spread set per source (``val_dataloader`` returns one loader per
+source, in the mixture's order).
+
 Exact resume. The train loader's state (litdata's sample counters, epoch and
 shuffle seed) is this DataModule's ``state_dict``, which Lightning stores in every
 checkpoint under the class name and hands back to ``load_state_dict`` on resume;
@@ -41,6 +48,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from framework.config import NonNegativeInt, PositiveInt, check
 from framework.files.manifest import MANIFEST_FILE, MANIFEST_FORMAT, read_manifest
+from framework.training.mixture import MixturePhases, check_same_language, describe, parse_mixture
+from framework.training.mixture_loader import MixtureLoader, stack_collate
 
 
 def shift_collate(blocks: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,6 +85,8 @@ class TokenDataModule(L.LightningDataModule):
 
     Args:
         data_dir: the prepared folder (local path or object-store URL).
+        mixture: instead of ``data_dir``, several prepared folders with weights,
+            ``{name: {dir: FOLDER, weight: W}}`` (framework/training/mixture.py).
         seq_len: tokens per training sequence (blocks of seq_len + 1 are read).
         batch_size: sequences per batch on each device (the micro-batch).
         num_workers: loader worker processes per device (0: in the main process).
@@ -87,36 +98,57 @@ class TokenDataModule(L.LightningDataModule):
         storage_options: passed to litdata for object-store access.
     """
 
-    def __init__(self, data_dir: str, seq_len: int = 256, batch_size: int = 16, num_workers: int = 0,
-                 val_batches: int = 16, seed: int = 42, shuffle: bool = True,
-                 model_vocab_size: int | None = None, storage_options: dict | None = None) -> None:
+    def __init__(self, data_dir: str | None = None, seq_len: int = 256, batch_size: int = 16,
+                 num_workers: int = 0, val_batches: int = 16, seed: int = 42, shuffle: bool = True,
+                 model_vocab_size: int | None = None, storage_options: dict | None = None,
+                 mixture: dict[str, dict[str, Any]] | None = None) -> None:
         super().__init__()
+        if (data_dir is None) == (mixture is None):
+            raise ValueError("give the data as data.data_dir (one prepared folder) or data.mixture "
+                             "({name: {dir, weight}}), exactly one of them")
+        self.sources = parse_mixture(mixture) if mixture is not None else None
         for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("val_batches", val_batches)):
             check(name, value, PositiveInt)
         check("num_workers", num_workers, NonNegativeInt)
         if model_vocab_size is not None:
             check("model_vocab_size", model_vocab_size, PositiveInt)
         self.save_hyperparameters(ignore=["storage_options"])  # may hold credentials: never in a checkpoint
-        self.data_dir = data_dir.rstrip("/")
+        # the first source stands for the mixture where one folder is asked for (the
+        # tokenizer, its vocabulary): every source has the same (check_same_language)
+        self.data_dir = (data_dir if self.sources is None else self.sources[0].dir).rstrip("/")
         self.seq_len, self.batch_size, self.num_workers = seq_len, batch_size, num_workers
         self.val_batches, self.seed, self.shuffle = val_batches, seed, shuffle
         self.model_vocab_size = model_vocab_size
         self.storage_options = storage_options or {}
         self.manifest: dict | None = None
-        self._train_loader: StreamingDataLoader | None = None
+        self.manifests: list[dict] = []
+        self.phases = MixturePhases()
+        self._train_loader: StreamingDataLoader | MixtureLoader | None = None
         self._state_to_load: dict | None = None
 
     # -- the manifest and its checks ------------------------------------------------
 
+    @property
+    def folders(self) -> list[str]:
+        """The prepared folders read: the one ``data_dir``, or each source's, in order."""
+        return [self.data_dir] if self.sources is None else [source.dir for source in self.sources]
+
     def setup(self, stage: str | None = None) -> None:
-        if self.manifest is None:
-            self.manifest = read_manifest(self.data_dir, self.storage_options)
-            if self.manifest.get("format") != MANIFEST_FORMAT:
-                raise ValueError(f"{self.data_dir}/{MANIFEST_FILE} has format {self.manifest.get('format')!r}; "
-                                 f"this version reads {MANIFEST_FORMAT!r} (prepare the data again)")
+        if not self.manifests:
+            self.manifests = [self._read_manifest(folder) for folder in self.folders]
+            if self.sources is not None:
+                check_same_language(self.sources, self.manifests)
+            self.manifest = self.manifests[0]
         if self.model_vocab_size is not None:
             self.check_vocab(self.model_vocab_size)
         self._check_seq_len()
+
+    def _read_manifest(self, folder: str) -> dict:
+        manifest = read_manifest(folder, self.storage_options)
+        if manifest.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"{folder}/{MANIFEST_FILE} has format {manifest.get('format')!r}; "
+                             f"this version reads {MANIFEST_FORMAT!r} (prepare the data again)")
+        return manifest
 
     @property
     def vocab_size(self) -> int:
@@ -130,10 +162,10 @@ class TokenDataModule(L.LightningDataModule):
     def tokenizer_path(self) -> str:
         return f"{self.data_dir}/{self._manifest()['tokenizer']['file']}"
 
-    def _manifest(self) -> dict:
-        if self.manifest is None:
+    def _manifest(self, index: int = 0) -> dict:
+        if not self.manifests:
             self.setup()
-        return self.manifest
+        return self.manifests[index]
 
     def check_vocab(self, model_vocab_size: int) -> None:
         """Refuse data whose token ids would index past the model's embedding."""
@@ -142,56 +174,89 @@ class TokenDataModule(L.LightningDataModule):
                              f"the model's vocab_size is {model_vocab_size}: token ids up to {self.vocab_size - 1} "
                              f"would index past the embedding; set the model's vocab_size >= {self.vocab_size}")
 
-    def blocks(self, split: str) -> int:
-        """Sequences (blocks of seq_len + 1 tokens) in a split: every chunk but the last is full."""
-        manifest, block = self._manifest(), self.seq_len + 1
+    def blocks(self, split: str, source: int | None = None) -> int:
+        """Sequences (blocks of seq_len + 1 tokens) in a split (of one source; None: all of
+        them): every chunk but the last is full."""
+        if source is None:
+            return sum(self.blocks(split, index) for index in range(len(self.folders)))
+        manifest, block = self._manifest(source), self.seq_len + 1
         chunk, tokens = manifest["chunk_tokens"], manifest["splits"][split]["tokens"]
         return (tokens // chunk) * (chunk // block) + (tokens % chunk) // block
 
     def _check_seq_len(self) -> None:
-        block, chunk = self.seq_len + 1, self._manifest()["chunk_tokens"]
-        if block > chunk:
-            raise ValueError(f"seq_len={self.seq_len} needs blocks of {block} tokens, larger than the chunks of "
-                             f"{self.data_dir} ({chunk} tokens); prepare it with a larger --chunk-tokens")
+        """Every folder holds whole blocks, a batch per rank of training sequences (a source
+        drawn for a whole batch must fill it) and at least one validation sequence."""
+        block = self.seq_len + 1
         world_size = self.trainer.world_size if self.trainer is not None else 1
         needs = {"train": self.batch_size * world_size, "val": 1}
-        for split, minimum in needs.items():
-            if self.blocks(split) < minimum:
-                raise ValueError(f"the {split} split of {self.data_dir} holds {self.blocks(split)} sequences of "
-                                 f"seq_len + 1 = {block} tokens; at least {minimum} are needed "
-                                 f"(batch_size {self.batch_size} x {world_size} ranks for train)")
+        for index, folder in enumerate(self.folders):
+            chunk = self._manifest(index)["chunk_tokens"]
+            if block > chunk:
+                raise ValueError(f"seq_len={self.seq_len} needs blocks of {block} tokens, larger than the chunks of "
+                                 f"{folder} ({chunk} tokens); prepare it with a larger --chunk-tokens")
+            for split, minimum in needs.items():
+                if self.blocks(split, index) < minimum:
+                    raise ValueError(f"the {split} split of {folder} holds {self.blocks(split, index)} sequences of "
+                                     f"seq_len + 1 = {block} tokens; at least {minimum} are needed "
+                                     f"(batch_size {self.batch_size} x {world_size} ranks for train)")
 
     # -- loaders --------------------------------------------------------------------
 
-    def _dataset(self, split: str, shuffle: bool) -> StreamingDataset:
+    def _dataset(self, split: str, shuffle: bool, source: int = 0) -> StreamingDataset:
         return StreamingDataset(
-            input_dir=f"{self.data_dir}/{self._manifest()['splits'][split]['path']}",
+            input_dir=f"{self.folders[source]}/{self._manifest(source)['splits'][split]['path']}",
             item_loader=TokensLoader(block_size=self.seq_len + 1),
             shuffle=shuffle, drop_last=True, seed=self.seed, storage_options=self.storage_options)
 
-    def train_dataloader(self) -> StreamingDataLoader:
-        loader = StreamingDataLoader(self._dataset("train", self.shuffle), batch_size=self.batch_size,
-                                     num_workers=self.num_workers, drop_last=True, collate_fn=shift_collate)
+    def train_dataloader(self) -> StreamingDataLoader | MixtureLoader:
+        if self.sources is None:
+            loader = StreamingDataLoader(self._dataset("train", self.shuffle), batch_size=self.batch_size,
+                                         num_workers=self.num_workers, drop_last=True, collate_fn=shift_collate)
+        else:
+            loader = self._mixture_loader()
         if self._state_to_load is not None:
             loader.load_state_dict(self._state_to_load)
             self._state_to_load = None
         self._train_loader = loader
         return loader
 
-    def val_dataloader(self) -> DataLoader:
-        total = self.blocks("val")
+    def _mixture_loader(self) -> MixtureLoader:
+        loaders = [StreamingDataLoader(self._dataset("train", self.shuffle, index), batch_size=self.batch_size,
+                                       num_workers=self.num_workers, drop_last=True, collate_fn=stack_collate)
+                   for index in range(len(self.folders))]
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        note = self.phases.begin(self.sources, self.trainer.global_step if self.trainer is not None else 0)
+        if note is not None and rank == 0:
+            print(note, flush=True)
+        return MixtureLoader(loaders, [source.weight for source in self.sources], self.batch_size, self.seed, rank)
+
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        loaders = [self._val_loader(index) for index in range(len(self.folders))]
+        return loaders[0] if self.sources is None else loaders
+
+    def _val_loader(self, source: int) -> DataLoader:
+        total = self.blocks("val", source)
         count = min(total, self.val_batches * self.batch_size)
-        return DataLoader(FixedBlocks(self._dataset("val", shuffle=False), count, total), batch_size=self.batch_size,
+        return DataLoader(FixedBlocks(self._dataset("val", False, source), count, total), batch_size=self.batch_size,
                           shuffle=False, num_workers=0, collate_fn=shift_collate)
 
     # -- exact resume ---------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
         if self._train_loader is not None:
-            return {"train_loader": self._train_loader.state_dict()}
-        return {"train_loader": self._state_to_load} if self._state_to_load is not None else {}
+            state["train_loader"] = self._train_loader.state_dict()
+        elif self._state_to_load is not None:
+            state["train_loader"] = self._state_to_load
+        if self.sources is not None:
+            state["mixture"] = describe(self.sources)
+            state["phases"] = self.phases.state()
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._check_same_sources(state_dict.get("mixture"))
+        if "phases" in state_dict:
+            self.phases = MixturePhases(state_dict["phases"])
         state = state_dict.get("train_loader")
         if state is None:
             return
@@ -199,3 +264,14 @@ class TokenDataModule(L.LightningDataModule):
             self._train_loader.load_state_dict(state)
         else:
             self._state_to_load = state
+
+    def _check_same_sources(self, saved: list[dict] | None) -> None:
+        """A resume may change a mixture's weights (a new phase), not its sources."""
+        names = None if self.sources is None else [source.name for source in self.sources]
+        before = None if saved is None else [source["name"] for source in saved]
+        if names != before:
+            def said(value: list[str] | None) -> str:
+                return "one folder (data.data_dir)" if value is None else f"the mixture {', '.join(value)}"
+            raise ValueError(f"the checkpoint was trained on {said(before)} and this run reads {said(names)}: a "
+                             "resume may change a mixture's weights, not its sources (start a new run, or "
+                             "--model.init_from the checkpoint)")

@@ -24,11 +24,16 @@ from framework.files.staging import is_url
 def check_run(config: Any, *, printing: bool = False) -> None:
     """Raise ValueError (one line) for settings that cannot run together. The checks
     against the data run when its folder is on this machine (a missing or remote one is
-    named by the data module when the run sets it up); ``printing``: no notes."""
+    named by the data module when the run sets it up) and for every mixture (each of its
+    folders is read now); ``printing``: no notes."""
     max_steps = config.trainer.max_steps
     check_warmup(config.model.lr_schedule, max_steps)
     clamp_validation(config.trainer, max_steps, quiet=printing)
-    data_dir = str(_as_dict(config.data).get("data_dir"))
+    data = _as_dict(config.data)
+    if data.get("mixture") is not None:
+        check_data(config)  # every source, local or remote: a mixture is refused whole before a step
+        return
+    data_dir = str(data.get("data_dir"))
     if not is_url(data_dir) and os.path.isfile(os.path.join(data_dir, "manifest.json")):
         check_data(config)
 
@@ -64,6 +69,8 @@ def check_data(config: Any) -> None:
     interval = trainer.val_check_interval
     if isinstance(interval, bool) or not isinstance(interval, int) or trainer.check_val_every_n_epoch is None:
         return
+    if data.sources is not None:
+        return  # a mixture's sources cycle on their own: no epoch to fit the cadence in
     world = _count(trainer.devices) * _count(trainer.num_nodes)
     epoch = data.blocks("train") // (data.batch_size * world)
     limit = trainer.limit_train_batches
