@@ -28,3 +28,13 @@ def prepared_tokens(shared_dir: Path) -> Path:
     real Python, vocabulary 300 (EOS id 0), 10% validation, chunks of 8192 tokens, with
     manifest.json and tokenizer.json."""
     return shared_once(shared_dir, "prepared-tokens", lambda folder: prepare_tiny_data(folder / "tokens")) / "tokens"
+
+
+@pytest.fixture(scope="session")
+def mixture_sources(shared_dir: Path, prepared_tokens: Path) -> dict[str, str]:
+    """Two prepared folders with one tokenizer, for data mixtures: the suite's json + email code
+    (``prepared_tokens``) and the standard library's http package prepared with its tokenizer.json."""
+    from tests.helpers.tiny_training import prepare_second_source
+
+    made = shared_once(shared_dir, "mixture-http", lambda folder: prepare_second_source(prepared_tokens, folder / "http"))
+    return {"email": str(prepared_tokens), "http": str(made / "http")}

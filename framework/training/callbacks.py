@@ -357,6 +357,7 @@ class RunSummary(pl.Callback):
             "flops_saved_pct": 100.0 * report["saved_fraction"],
             "mean_dropout_predicted": report["mean_dropout_predicted"],
             **early_exit_summary(trainer),
+            **mixture_summary(trainer),
             **in_loop_evaluation_summary(trainer),
             **({"throughput": throughput} if throughput is not None else {}),
             "tensorboard": trainer.logger.log_dir if trainer.logger is not None else None,
@@ -386,6 +387,15 @@ def early_exit_summary(trainer: pl.Trainer) -> dict[str, Any]:
         "val_loss": dict(sorted(val.items(), key=lambda item: int(item[0]))),
         "train_loss": {str(k): v for k, v in sorted(losses.last.items())},
     }}
+
+
+def mixture_summary(trainer: pl.Trainer) -> dict[str, Any]:
+    """A data mixture's part of the summary: tokens and last validation loss per source, the
+    phases of weights (framework/training/source_tokens.py; empty for one folder)."""
+    from framework.training.source_tokens import SourceTokens
+
+    counter = next((cb for cb in trainer.callbacks if isinstance(cb, SourceTokens)), None)
+    return counter.summary(trainer) if counter is not None else {}
 
 
 def in_loop_evaluation_summary(trainer: pl.Trainer) -> dict[str, Any]:
@@ -419,6 +429,9 @@ def format_summary(summary: dict[str, Any], twin: dict[str, Any] | None = None) 
         where = "val" if exits["val_loss"] else "train"
         lines.append(f"exit losses      ({where}) " + ", ".join(f"{k}: {v:.4f}" for k, v in losses.items())
                      + f"; scale {exits['scale']:g}")
+    for name, source in ((summary.get("data") or {}).get("sources") or {}).items():
+        val_part = f", val loss {source['val_loss']:.4f}" if source.get("val_loss") is not None else ""
+        lines.append(f"source {name:<9} {source['tokens']:,} tokens (weight {source['weight']:.3f}){val_part}")
     for name, seconds in (summary.get("in_loop_evaluation_seconds") or {}).items():
         lines.append(f"in-loop eval     {name}: {seconds:.1f} s")
     rates = summary.get("throughput")

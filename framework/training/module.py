@@ -184,13 +184,21 @@ class LayerDropModule(pl.LightningModule):
     def configure_callbacks(self) -> list[pl.Callback]:
         from framework.training.callbacks import EarlyExitLosses, LayerDropoutSchedule
         from framework.training.health import TrainingHealth
+        from framework.training.source_tokens import SourceTokens
 
-        return [LayerDropoutSchedule(), TrainingHealth(), *([EarlyExitLosses()] if self.val_exit_loss else [])]
+        return [LayerDropoutSchedule(), TrainingHealth(), SourceTokens(),
+                *([EarlyExitLosses()] if self.val_exit_loss else [])]
+
+    def setup(self, stage: str) -> None:
+        # a data mixture: one validation loss per source (its own val split), beside the weighted total
+        sources = getattr(self.trainer.datamodule, "sources", None) if self.trainer.datamodule is not None else None
+        self.val_sources = sources or []
+        self.val_source_loss = torch.nn.ModuleList([MeanMetric() for _ in self.val_sources])
 
     # --------------------------------------------------------------- training
 
-    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> dict[str, Any]:
-        inputs, targets = batch
+    def training_step(self, batch: tuple[torch.Tensor, ...], batch_idx: int) -> dict[str, Any]:
+        inputs, targets = batch[:2]  # a mixture's batch has each row's source third (SourceTokens counts them)
         step, total = self.schedule_position()
         rates = dropout_rates(self.dropout_cfg, self.model_cfg.n_layers, step, total)
         micro_batch = batch_idx % self.trainer.accumulate_grad_batches
@@ -253,18 +261,30 @@ class LayerDropModule(pl.LightningModule):
 
     # ------------------------------------------------------------- validation
 
-    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int,
+                        dataloader_idx: int = 0) -> None:
         inputs, targets = batch
         # r_eval = 1: every block on every sequence; every configured exit, unweighted.
         exits = {int(k): 1.0 for k in self.val_exit_loss}
         _, loss, per_exit = self.losses(inputs, targets, exits=exits)
-        self.val_loss.update(loss, weight=targets.numel())
+        if self.val_sources:
+            self.val_source_loss[dataloader_idx].update(loss, weight=targets.numel())
+        else:
+            self.val_loss.update(loss, weight=targets.numel())
         for exit, value in per_exit.items():
             self.val_exit_loss[str(exit)].update(value, weight=targets.numel())
 
     def on_validation_epoch_end(self) -> None:
-        loss = self.val_loss.compute()  # token-weighted mean, synced over ranks
-        self.val_loss.reset()
+        if self.val_sources:
+            # the mixture's loss: each source's own (token-weighted, synced over ranks), weighted as in training
+            per_source = [metric.compute() for metric in self.val_source_loss]
+            for source, metric, value in zip(self.val_sources, self.val_source_loss, per_source):
+                self.log(f"val/loss/{source.name}", value)
+                metric.reset()
+            loss = sum(source.weight * value for source, value in zip(self.val_sources, per_source))
+        else:
+            loss = self.val_loss.compute()  # token-weighted mean, synced over ranks
+            self.val_loss.reset()
         self.log("val/loss", loss, prog_bar=True)
         self.log("val/ppl", torch.exp(loss))
         for exit, metric in self.val_exit_loss.items():

@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 
 from framework.training.callbacks import micro_batch_stats
 from framework.training.progress_line import ProgressLine, format_progress_line
+from framework.training.source_tokens import SourceTokens
 
 
 class StepProgressBar(RichProgressBar):
@@ -87,9 +88,11 @@ class StepProgressLines(pl.Callback):
         done = trainer.global_step - self._first_step
         remaining = max(0, trainer.max_steps - trainer.global_step)
         loss = trainer.callback_metrics.get(self.loss)
+        counter = next((cb for cb in trainer.callbacks if isinstance(cb, SourceTokens)), None)
         line = ProgressLine(step=trainer.global_step, total=trainer.max_steps,
                             loss=float(loss) if loss is not None else math.nan, tokens_per_sec=tokens_per_sec,
-                            eta_seconds=int((now - self._started) / done * remaining) if done else 0)
+                            eta_seconds=int((now - self._started) / done * remaining) if done else 0,
+                            sources=counter.describe(trainer) if counter is not None else None)
         print(format_progress_line(line), file=sys.stdout, flush=True)
 
     # Validation is not training throughput: the tokens/s window stops while it runs.

@@ -97,6 +97,18 @@ def prepare_tiny_data(out: str | Path) -> str:
     return str(out)
 
 
+def prepare_second_source(tokens: str | Path, out: str | Path) -> str:
+    """A second source for data mixtures: the standard library's http package (~54k train
+    tokens, 20% val) through `layerdrop prepare` with the tokenizer.json of ``tokens``."""
+    from data_prep.prepare import main as prepare
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    assert prepare(["--files", str(stdlib / "http" / "*.py"), "--tokenizer", str(Path(tokens) / "tokenizer.json"),
+                    "--max-tokens", "60k", "--val-fraction", "0.2", "--chunk-tokens", "8192", "--workers", "1",
+                    "--no-progress", "--out", str(out)]) == 0
+    return str(out)
+
+
 def shared_once(base: Path, name: str, make: Callable[[Path], None]) -> Path:
     """``base/name``, made once by whichever pytest-xdist worker gets there first (the
     others wait on a file lock and reuse it)."""

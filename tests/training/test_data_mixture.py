@@ -18,15 +18,8 @@ SEQ, BATCH = 32, 4
 
 
 @pytest.fixture(scope="module")
-def sources(prepared_tokens, tmp_path_factory) -> dict[str, str]:
-    """Two prepared folders with one tokenizer: the suite's json + email code (``prepared_tokens``)
-    and the standard library's http package prepared with its tokenizer.json."""
-    http = tmp_path_factory.mktemp("mixture") / "http"
-    stdlib = Path(sysconfig.get_paths()["stdlib"])
-    assert prepare(["--files", str(stdlib / "http" / "*.py"), "--tokenizer", str(prepared_tokens / "tokenizer.json"),
-                    "--max-tokens", "60k", "--val-fraction", "0.2", "--chunk-tokens", "8192", "--workers", "1",
-                    "--no-progress", "--out", str(http)]) == 0
-    return {"email": str(prepared_tokens), "http": str(http)}
+def sources(mixture_sources) -> dict[str, str]:
+    return mixture_sources
 
 
 def _mixture(sources, email=0.75, http=0.25):
