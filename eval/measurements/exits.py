@@ -32,6 +32,7 @@ from framework.files.atomic_write import write_json
 from framework.files.staging import is_url
 from eval import options
 from eval import skip_sets as sets
+from eval.measurements import sources
 from eval.inputs import Batch, ContextLimit, ValidationData
 from framework.checkpoint import Checkpoint, CheckpointError
 from framework.command_parser import CommandParser
@@ -122,8 +123,7 @@ def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--label", nargs="+", action="extend", default=None, metavar="NAME",
                         help="plot/report label per checkpoint (default: the run's name, runs/x/checkpoints/"
                              "last.ckpt -> x)")
-    parser.add_argument("--data", required=True, metavar="DIR",
-                        help="a folder made by `layerdrop prepare`; its validation split is used")
+    sources.add_data(parser)
     parser.add_argument("--seq-len", type=int, default=None,
                         help="tokens per sequence (default and most: the models' max_seq_len)")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
@@ -147,8 +147,10 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--label {args.labels} is invalid: labels must be distinct")
     args.plot = args.plot or str(Path(args.out).with_suffix(".png"))
     options.refuse_existing(parser, [args.out, args.plot], args.overwrite)
-    if not is_url(args.data) and not Path(args.data).is_dir():  # URLs are litdata's to check
-        parser.error(f"--data {args.data!r} is not a folder: expected one made by `layerdrop prepare`")
+    args.sources = sources.resolve(parser, args.data, args.mixture)
+    for source in args.sources:
+        if not is_url(source.dir) and not Path(source.dir).is_dir():  # URLs are litdata's to check
+            parser.error(f"--data {source.dir!r} is not a folder: expected one made by `layerdrop prepare`")
     for path in args.ckpt:
         if not Path(path).exists():
             parser.error(f"checkpoint {path!r} does not exist")
@@ -168,13 +170,17 @@ def default_labels(paths: Sequence[str]) -> list[str]:
     return options.checkpoint_labels(paths)
 
 
-def _read_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> ValidationData:
-    try:
-        return ValidationData(args.data, seq_len=args.seq_len, batch_size=args.batch_size,
-                              max_tokens=args.max_tokens, max_batches=args.batches,
-                              model_vocab_size=min(c.vocab_size for c in args.configs))
-    except (ValueError, FileNotFoundError) as err:
-        parser.error(f"--data {args.data!r}: {err}")
+def _read_data(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, ValidationData]:
+    """Each source's validation batches, by source name (every folder read before any model loads)."""
+    data = {}
+    for source in args.sources:
+        try:
+            data[source.name] = ValidationData(source.dir, seq_len=args.seq_len, batch_size=args.batch_size,
+                                               max_tokens=args.max_tokens, max_batches=args.batches,
+                                               model_vocab_size=min(c.vocab_size for c in args.configs))
+        except (ValueError, FileNotFoundError) as err:
+            parser.error(f"--data {source.dir!r}: {err}")
+    return data
 
 
 def _combined(reports: list[dict]) -> dict:
@@ -183,21 +189,32 @@ def _combined(reports: list[dict]) -> dict:
     return {**reports[0], "models": reports}
 
 
-def _evaluate_each(parser: argparse.ArgumentParser, args: argparse.Namespace, data: ValidationData, evaluate,
-                   what: str) -> list[dict]:
-    """``evaluate(decoder, batches)`` for every checkpoint, with one progress display;
-    a checkpoint whose weights cannot be loaded (NaN, a damaged file) stops in one line."""
+def _evaluate_each(parser: argparse.ArgumentParser, args: argparse.Namespace, data: dict[str, ValidationData],
+                   evaluate, what: str, kind: str) -> list[dict]:
+    """``evaluate(index, decoder, batches)`` for every checkpoint (its index) on every source, with one progress
+    display; a checkpoint whose weights cannot be loaded (NaN, a damaged file) stops in one line."""
     reports = []
-    with progress(len(data) * len(args.ckpt), f"{what}: batches") as bar:
-        for path, ckpt, label in zip(args.ckpt, args.checkpoints, args.labels):
+    with progress(sum(map(len, data.values())) * len(args.ckpt), f"{what}: batches") as bar:
+        for index, (path, ckpt, label) in enumerate(zip(args.ckpt, args.checkpoints, args.labels)):
             try:
                 decoder, _ = ckpt.load_decoder(args.device)
             except CheckpointError as err:
                 parser.error(str(err))
-            reports.append({"label": label, "ckpt": str(path), **evaluate(decoder, Advancing(data, bar)),
+            measured = {name: evaluate(index, decoder, Advancing(batches, bar)) for name, batches in data.items()}
+            single = len(args.sources) == 1 and args.mixture is None
+            report = measured[args.sources[0].name] if single else sources.combine(measured, args.sources, kind)
+            reports.append({"label": label, "ckpt": str(path), **report,
                             "ln_vocab": math.log(decoder.config.vocab_size)})  # the uniform guess, for the plot
             del decoder
     return reports
+
+
+def _data_fields(args: argparse.Namespace) -> dict:
+    """Where the report's numbers come from: the folder, or every source and its weight."""
+    if len(args.sources) == 1 and args.mixture is None:
+        return {"data_dir": args.sources[0].dir}
+    return {"data_dir": [source.dir for source in args.sources],
+            "mixture": {source.name: {"dir": source.dir, "weight": source.weight} for source in args.sources}}
 
 
 def parse_exit_layers(spec: str, num_layers: int) -> list[int]:
@@ -235,19 +252,24 @@ def exits_main(argv: list[str] | None = None) -> int:
     _check_common(parser, args)
     exits = [_exit_layers(parser, args.exit_layers, cfg.n_layers) for cfg in args.configs]
     data = _read_data(parser, args)
-    queue = iter(exits)
-    reports = _evaluate_each(parser, args, data, lambda d, b: exit_losses(d, b, chunk_tokens=args.chunk_tokens,
-                                                                  exits=next(queue)), "eval exits")
+    reports = _evaluate_each(parser, args, data, lambda i, d, b: exit_losses(d, b, chunk_tokens=args.chunk_tokens,
+                                                                         exits=exits[i]), "eval exits", "exits")
     report = _combined(reports)
-    report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
-    write_json(args.out, report)
-    from eval.measurements.plots import plot_exits
+    report.update(**_data_fields(args), seq_len=args.seq_len, plot=args.plot)
+    from eval.measurements.plots import exits_figure, plot_exits, save_figure
 
+    if "sources" in reports[0]:
+        args.source_plot = str(Path(args.plot).with_name(Path(args.plot).stem + "-sources.png"))
+        report["source_plot"] = args.source_plot
+        series, colour_of = sources.per_source_series(reports)
+        save_figure(exits_figure(series, title="Early exit per source", colour_of=colour_of), args.source_plot)
+    write_json(args.out, report)
     plot_exits(reports, args.plot)
     for r in reports:
-        losses = "  ".join(f"{k}:{v:.4f}" for k, v in r["exit_loss"].items())
-        print(f"{r['label']}: exit loss ({r['tokens']} tokens)  {losses}")
-    print(f"wrote {args.out} and {args.plot}")
+        for name, part in [("", r), *[(f" · {n}", s) for n, s in r.get("sources", {}).items()]]:
+            losses = "  ".join(f"{k}:{v:.4f}" for k, v in part["exit_loss"].items())
+            print(f"{r['label']}{name}: exit loss ({part['tokens']} tokens)  {losses}")
+    print(f"wrote {args.out} and {args.plot}" + (f" and {report['source_plot']}" if "source_plot" in report else ""))
     return 0
 
 
@@ -271,11 +293,11 @@ def skip_main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     data = _read_data(parser, args)
-    queue = iter(skips)
-    reports = _evaluate_each(parser, args, data,
-                             lambda d, b: skip_losses(d, b, next(queue), chunk_tokens=args.chunk_tokens), "eval skip")
+    reports = _evaluate_each(parser, args, data, lambda i, d, b: skip_losses(d, b, skips[i],
+                                                                         chunk_tokens=args.chunk_tokens),
+                             "eval skip", "skip")
     report = _combined(reports)
-    report.update(data_dir=str(args.data), seq_len=args.seq_len, plot=args.plot)
+    report.update(**_data_fields(args), seq_len=args.seq_len, plot=args.plot)
     write_json(args.out, report)
     from eval.measurements.plots import plot_skip
 

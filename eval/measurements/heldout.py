@@ -29,6 +29,7 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
+from eval.measurements import sources
 from eval.measurements.exits import Batch, ValidationData, exit_losses
 from eval.options import (add_checkpoint, add_output, add_threads, apply_threads, check_positive, checkpoint_label,
                           refuse_existing)
@@ -101,6 +102,22 @@ def heldout_losses(decoder: Decoder, batches: Iterable[Batch], *, groups: int, b
             "groups": {"tokens": slice_tokens, "exit_loss": slice_losses}}
 
 
+def mixture_report(measured: dict[str, dict], asked: list) -> dict:
+    """Several sources: each one's report under "sources"; at the top the mixture's loss per
+    exit (Σ weight × the source's loss) with its standard error (the sources are independent
+    samples: √Σ weight² × SE²). The slices stay per source."""
+    weights = {source.name: source.weight for source in asked}
+    first = measured[asked[0].name]
+    exit_loss = {k: sum(weights[n] * r["exit_loss"][k] for n, r in measured.items()) for k in first["exit_loss"]}
+    errors = {k: math.sqrt(sum((weights[n] * r["standard_error"][k]) ** 2 for n, r in measured.items()))
+              for k in first["exit_loss"]}
+    return {"num_layers": first["num_layers"], "exit_loss": exit_loss, "tokens": sum(r["tokens"] for r in measured.values()),
+            "loss": exit_loss[str(first["num_layers"])], "standard_error": errors,
+            "data_dir": [source.dir for source in asked],
+            "sources": {source.name: {"dir": source.dir, "weight": source.weight, **measured[source.name]}
+                        for source in asked}}
+
+
 # --------------------------------------------------------------------------- CLI
 def _parser() -> argparse.ArgumentParser:
     parser = CommandParser(
@@ -108,8 +125,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Validation loss at every exit on many held-out tokens (default: the whole val split), "
                     "with its sampling noise from consecutive slices of the split.")
     add_checkpoint(parser)
-    parser.add_argument("--data", required=True, metavar="DIR",
-                        help="a folder made by `layerdrop prepare`; its validation split is used")
+    sources.add_data(parser)
     parser.add_argument("--seq-len", type=int, default=None,
                         help="tokens per sequence (default: the model's max_seq_len)")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per batch (default 16)")
@@ -129,8 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.groups < 2:
         parser.error(f"--groups={args.groups} is invalid: the standard error needs at least 2 slices")
     refuse_existing(parser, [args.out], args.overwrite)
-    if not is_url(args.data) and not Path(args.data).is_dir():
-        parser.error(f"--data {args.data!r} is not a folder: expected one made by `layerdrop prepare`")
+    asked = sources.resolve(parser, args.data, args.mixture)
+    for source in asked:
+        if not is_url(source.dir) and not Path(source.dir).is_dir():
+            parser.error(f"--data {source.dir!r} is not a folder: expected one made by `layerdrop prepare`")
     try:
         ckpt = Checkpoint.open(args.ckpt)  # proven harmless and read once for the command
         config = ckpt.model_config
@@ -138,23 +156,33 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     apply_threads(args.threads)
     seq_len = args.seq_len or config.max_seq_len
-    try:
-        data = ValidationData(args.data, seq_len=seq_len, batch_size=args.batch_size, max_tokens=args.max_tokens,
-                              max_batches=None, model_vocab_size=config.vocab_size)
-    except (ValueError, FileNotFoundError) as err:
-        parser.error(f"--data {args.data!r}: {err}")
+    data = {}
+    for source in asked:
+        try:
+            data[source.name] = ValidationData(source.dir, seq_len=seq_len, batch_size=args.batch_size,
+                                               max_tokens=args.max_tokens, max_batches=None,
+                                               model_vocab_size=config.vocab_size)
+        except (ValueError, FileNotFoundError) as err:
+            parser.error(f"--data {source.dir!r}: {err}")
     try:
         decoder, _ = ckpt.load_decoder()
     except CheckpointError as err:  # NaN weights, a damaged weights file
         parser.error(str(err))
-    with progress(len(data), "eval heldout: batches") as bar:
-        report = heldout_losses(decoder, Advancing(data, bar), groups=args.groups, batches_total=len(data.loader))
-    report.update(label=checkpoint_label(args.ckpt), ckpt=str(args.ckpt), data_dir=str(args.data), seq_len=seq_len,
-                  batch_size=args.batch_size)
+    with progress(sum(map(len, data.values())), "eval heldout: batches") as bar:
+        measured = {name: heldout_losses(decoder, Advancing(batches, bar), groups=args.groups,
+                                         batches_total=len(batches.loader)) for name, batches in data.items()}
+    if len(asked) == 1 and args.mixture is None:
+        report = {**measured[asked[0].name], "data_dir": asked[0].dir}
+    else:
+        report = mixture_report(measured, asked)
+    report.update(label=checkpoint_label(args.ckpt), ckpt=str(args.ckpt), seq_len=seq_len, batch_size=args.batch_size)
     write_json(args.out, report)
     final = str(report["num_layers"])
-    print(f"{report['label']}: held-out loss {report['loss']:.4f} ± {report['standard_error'][final]:.4f} "
-          f"(standard error, {len(report['groups']['tokens'])} slices) on {report['tokens']:,} tokens; wrote {args.out}")
+    for name, part in [("", report), *[(f" · {n}", r) for n, r in report.get("sources", {}).items()]]:
+        slices = f", {len(part['groups']['tokens'])} slices" if "groups" in part else ""
+        print(f"{report['label']}{name}: held-out loss {part['loss']:.4f} ± {part['standard_error'][final]:.4f} "
+              f"(standard error{slices}) on {part['tokens']:,} tokens")
+    print(f"wrote {args.out}")
     return 0
 
 
