@@ -44,7 +44,7 @@ import yaml
 from eval.experiments.compute_matched import matched_configs
 from eval.experiments.dotted_keys import get_dotted  # noqa: F401  (re-exported: sweep, sweep_results, sweep_dry_run, hyperparameter_curves read it here)
 from framework.config import EarlyExitLossConfig, LayerDropoutConfig, ModelConfig
-from framework.training.early_exit_loss import mean_exit_heads
+from framework.early_exit_loss import mean_exit_heads
 from framework.model.flops import dense_step_flops
 from framework.schedules import mean_dropout
 

@@ -6,7 +6,7 @@ One optimizer step, as the paper describes it (§3, Table A.2):
     plan   = plan(cfg, rates, B, StepKey(seed, rank, t, micro-batch))   masks, r_train = 1/ρ
     h      = decoder.hidden(inputs, plan=plan)   each block runs on its kept rows only
     loss   = chunked cross-entropy of decoder.logits(h) against the targets
-             (+ the early-exit loss at the step's exits, framework/training/early_exit_loss.py)
+             (+ the early-exit loss at the step's exits, framework/early_exit_loss.py)
 
 ``training_step`` returns ``{"loss": loss, "stats": MicroBatchStats}``: what the
 micro-batch ran (its step, rates, drop plan and FLOPs). The callbacks
@@ -35,7 +35,7 @@ from torchmetrics.aggregation import MeanMetric
 from framework.checkpoint import CKPT_KEY
 from framework.config import (EarlyExitLossConfig, LayerDropoutConfig, ModelConfig, ParametrizationConfig,
                               PositiveInt, check)
-from framework.training.early_exit_loss import check_exits, configured_exits, exit_weights
+from framework.early_exit_loss import check_exits, configured_exits, exit_weights
 from framework.model.flops import Flops, dense_step_flops, executed_step_flops
 from framework.layer_dropout import DropPlan, StepKey, plan
 from framework.model.loss import LogitWatch, chunked_cross_entropy, exit_cross_entropies

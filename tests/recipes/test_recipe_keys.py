@@ -26,7 +26,7 @@ from framework.checkpoint.saving import PeriodicCheckpoint
 from framework.training.nonfinite import NonFiniteLossGuard
 from framework.training.pretrain import PretrainCLI, build_cli, release_run_folders
 from framework.recipes.recipe_keys import recipe_keys
-from framework.training.early_exit_loss import exit_weights
+from framework.early_exit_loss import exit_weights
 from framework.schedules import dropout_rates
 from framework.training.progress import StepProgressLines
 from tests.helpers.tiny_training import tiny_cli_args
