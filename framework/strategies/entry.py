@@ -24,7 +24,14 @@ import torch
 if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
 
-    from framework.recipes.device_memory import Footprint
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a strategy keeps on each device besides the activations."""
+
+    shards: int  # the 16 bytes per parameter of fp32 state are split this many ways
+    gathers_blocks: bool = False  # FSDP-style: the root and two blocks are gathered at a time
+    buckets_gradients: bool = False  # DDP: the all-reduce copies the gradients into flat buckets
 
 
 @dataclass(frozen=True)
@@ -55,7 +62,7 @@ class NamedStrategy:
         """The Lightning class this entry builds: how a running strategy finds its entry."""
         return None
 
-    def footprint(self, devices: int, nodes: int) -> "Footprint | None":
+    def footprint(self, devices: int, nodes: int) -> Footprint | None:
         return None
 
     def describe(self, devices: int, nodes: int) -> str:
@@ -85,4 +92,4 @@ class NamedStrategy:
 
 OTHER = NamedStrategy()
 
-__all__ = ["Layout", "NamedStrategy", "OTHER"]
+__all__ = ["Footprint", "Layout", "NamedStrategy", "OTHER"]

@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.config import PositiveInt, check
-from framework.recipes.device_memory import Footprint
 from framework.strategies.deepspeed_zero import DeepSpeedZero
-from framework.strategies.entry import OTHER, Layout, NamedStrategy
+from framework.strategies.entry import OTHER, Footprint, Layout, NamedStrategy
 from framework.strategies.fsdp2 import FSDP2Strategy, HSDPStrategy
 
 if TYPE_CHECKING:

@@ -18,10 +18,9 @@ import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
-from framework.recipes.device_memory import Footprint
 from framework.strategies import (STRATEGIES, FSDP2Strategy, HSDPStrategy, build_strategy, entry_of, precision_for,
                                   resolve_accelerator)
-from framework.strategies.entry import OTHER
+from framework.strategies.entry import OTHER, Footprint
 
 FRAMEWORK = Path(__file__).resolve().parents[2] / "framework"
 
