@@ -14,11 +14,12 @@ finds, resumes, proves harmless and exports them.
     shape_check.py      a checkpoint's names and shapes against its config, before anything is built
     tokenizer_record.py the tokenizer a checkpoint records, finding it again
     folder.py           the checkpoint folder's crash-safe protocol (staging, publish, last.ckpt)
-    saving.py           PeriodicCheckpoint, AtomicCheckpointIO (Lightning)
-    keep_tokenizer.py   KeepTokenizer: the run's tokenizer beside its checkpoints (Lightning)
     resume.py           --resume: which checkpoint, and the recipe's optimizer settings
     safetensors_writer.py  a safetensors file written one tensor at a time
-    export.py           `layerdrop export`; final_export.py: the export every run ends with
+    export.py           `layerdrop export`
+
+The Lightning callbacks that write checkpoints during a run (and the export every run ends
+with) are the training loop's: framework/training/checkpointing/.
 
 This package's front (what is imported here) needs neither Lightning nor a process
 group: `layerdrop generate` and the eval commands load a checkpoint without either.

@@ -55,7 +55,7 @@ class DcpFolder:
 
     def training_checkpoint(self, path: Path) -> dict[str, Any]:
         """The whole folder as the dict a single-file checkpoint holds: an FSDP2/HSDP run
-        resumed by one process (framework/checkpoint/saving.py's AtomicCheckpointIO)."""
+        resumed by one process (framework/training/checkpointing/saving.py's AtomicCheckpointIO)."""
         from framework.checkpoint.dcp_reader import read_training_checkpoint
 
         return read_training_checkpoint(path, load_torch_file(path / LIGHTNING_META, mmap=False))

@@ -1,5 +1,5 @@
 """Callbacks of a pretraining run: the layer-dropout schedule and its FLOP accounting,
-throughput/MFU, and the end-of-run summary (checkpoints: framework/checkpoint/saving.py;
+throughput/MFU, and the end-of-run summary (checkpoints: framework/training/checkpointing/saving.py;
 the non-finite guard: framework/training/nonfinite.py).
 
 Metrics they log (TensorBoard by default; `layer_dropout/*` and `flops/*` once per

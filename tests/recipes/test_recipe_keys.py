@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from framework.training.callbacks import RunSummary, Throughput
-from framework.checkpoint.saving import PeriodicCheckpoint
+from framework.training.checkpointing.saving import PeriodicCheckpoint
 from framework.training.nonfinite import NonFiniteLossGuard
 from framework.training.pretrain import PretrainCLI, build_cli, release_run_folders
 from framework.recipes.recipe_keys import recipe_keys

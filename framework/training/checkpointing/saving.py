@@ -298,7 +298,7 @@ def refuse_earlier_checkpoints(dirpath: str | os.PathLike, skipped: list[str] | 
 
 
 # What a finished run leaves in its root besides its checkpoints: the final export
-# (framework/checkpoint/final_export.py) and RunSummary's summary.json.
+# (framework/training/checkpointing/final_export.py) and RunSummary's summary.json.
 RUN_OUTPUTS = (EXPORT_FOLDER, "summary.json")
 
 
