@@ -36,7 +36,7 @@ from framework.checkpoint import CKPT_KEY
 from framework.config import (EarlyExitLossConfig, LayerDropoutConfig, ModelConfig, ParametrizationConfig,
                               PositiveInt, check)
 from framework.early_exit_loss import check_exits, configured_exits, exit_weights
-from framework.model.flops import Flops, dense_step_flops, executed_step_flops
+from framework.flops import Flops, dense_step_flops, executed_step_flops
 from framework.layer_dropout import DropPlan, StepKey, plan
 from framework.model.loss import LogitWatch, chunked_cross_entropy, exit_cross_entropies
 from framework.training.lr_schedule import LRScheduleConfig, schedule_for
