@@ -169,7 +169,6 @@ class LayerDropModule(pl.LightningModule):
                                  mp_policy=mixed_precision_of(self),
                                  activation_checkpointing=self.activation_checkpointing,
                                  compile=self.compile_blocks)
-        register_extra_forward_methods(self.model)
 
     def on_fit_start(self) -> None:
         if self._init_after_materialize:
@@ -375,20 +374,6 @@ def check_same_model(saved: dict[str, Any], configured: dict[str, Any]) -> None:
     if different:
         raise ValueError("cannot resume: the checkpoint's model differs from the configured one ("
                          + "; ".join(different) + ")")
-
-
-def register_extra_forward_methods(decoder: torch.nn.Module) -> None:
-    """FSDP2 unshards the root's parameters in a pre-forward hook of ``forward``; the
-    training step calls ``hidden`` instead, so it gets the hook too. Not ``logits``: it
-    runs right after ``hidden`` on the root's still-gathered weights (the root is not
-    resharded after forward), and as an FSDP forward of its own each loss chunk would
-    all-gather the embedding and head again in backward."""
-    try:
-        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
-    except ImportError:
-        return
-    if isinstance(decoder, FSDPModule):
-        register_fsdp_forward_method(decoder, "hidden")
 
 
 __all__ = ["LayerDropModule", "MicroBatchStats", "with_parametrization", "check_same_model"]
