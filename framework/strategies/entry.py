@@ -5,6 +5,8 @@ and everything the framework does differently under that strategy.
     footprint(dev, nodes)  what it keeps per device, for `layerdrop recipe`'s memory model
                            (None: the recipe does not propose it there)
     can_skip_step          whether an optimizer step can be skipped (framework/training/nonfinite.py)
+    replicates_parameters  whether every rank holds every parameter whole (a frozen model
+                           then runs as it is, with nothing gathered)
     local_tensor(t)        this rank's part of a parameter or gradient (the non-finite checks)
     full_tensor(t)         its full value on every rank, a collective (the final export)
     full_shape(t), export_dtype(t)
@@ -54,6 +56,7 @@ class NamedStrategy:
     # communication first); None: never proposed.
     recipe_preference: int | None = None
     can_skip_step = True
+    replicates_parameters = False
 
     def build(self, layout: Layout, **kwargs: Any) -> "Strategy":
         raise ValueError(f"strategy={self.name!r} is not one the framework builds")

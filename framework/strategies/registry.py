@@ -34,6 +34,7 @@ ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
 
 class Single(NamedStrategy):
     name, summary, recipe_preference = "single", "one device", 0
+    replicates_parameters = True
 
     def build(self, layout: Layout, **_: Any) -> "Strategy":
         from lightning.pytorch.strategies import SingleDeviceStrategy
@@ -55,6 +56,7 @@ class Single(NamedStrategy):
 
 class DDP(NamedStrategy):
     name, summary, recipe_preference = "ddp", "full replicas, gradients all-reduced", 1
+    replicates_parameters = True
 
     def build(self, layout: Layout, **kwargs: Any) -> "Strategy":
         from lightning.pytorch.strategies import DDPStrategy

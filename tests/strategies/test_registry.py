@@ -47,6 +47,13 @@ def test_only_deepspeed_cannot_skip_a_step():
     assert OTHER.can_skip_step
 
 
+def test_the_strategies_that_keep_every_parameter_whole_on_every_rank():
+    # a frozen backbone runs unsharded under these (eval/adapters/fit.py offers only them)
+    assert [name for name, entry in STRATEGIES.items() if entry.replicates_parameters] == [
+        "single", "ddp", "deepspeed_stage_2"]
+    assert not OTHER.replicates_parameters
+
+
 @pytest.mark.parametrize("devices, nodes, proposed", [
     (1, 1, {"single": Footprint(1)}),
     (8, 1, {"ddp": Footprint(1, buckets_gradients=True), "fsdp": Footprint(8, gathers_blocks=True)}),
