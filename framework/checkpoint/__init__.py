@@ -7,8 +7,8 @@ finds, resumes, proves harmless and exports them.
       hf_folder.py        a Hugging Face folder (any family with a transformers class; also
                           written by export --format hf), checked against its headers
       exported.py         model.safetensors + config.json (+ tokenizer.json)
-      dcp.py              an FSDP2 folder (torch.distributed.checkpoint)
-      zero.py             a DeepSpeed ZeRO-2/3 folder
+      sharded/dcp.py      an FSDP2 folder (torch.distributed.checkpoint; sharded/dcp_reader.py reads it)
+      sharded/zero.py     a DeepSpeed ZeRO-2/3 folder
     safety.py           weights-only reading of every pickled file; the proof
     loader.py           Checkpoint: opened, proven harmless and read once; load_decoder
     shape_check.py      a checkpoint's names and shapes against its config, before anything is built
