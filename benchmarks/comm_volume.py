@@ -237,7 +237,6 @@ def _verify_rank(rank: int, world: int, port: int, queue: Any) -> None:
     from framework.layer_dropout import StepKey, plan
     from framework.model.loss import chunked_cross_entropy
     from framework.families.registry import build_decoder
-    from framework.training.module import register_extra_forward_methods
     from framework.strategies import mixed_precision_policy, parallelize
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -252,7 +251,6 @@ def _verify_rank(rank: int, world: int, port: int, queue: Any) -> None:
                 init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard")))
         parallelize(decoder, device_mesh=mesh, mp_policy=mixed_precision_policy(param_dtype, reduce_dtype),
                     activation_checkpointing=True)
-        register_extra_forward_methods(decoder)
         tokens = torch.randint(0, cfg.vocab_size, (4, cfg.max_seq_len + 1))
         dropout = LayerDropoutConfig(p_max=0.99, distribution="uniform", schedule="constant")
         drop = plan(dropout, [0.25, 0.99, 0.5], 4, StepKey(0, rank, 0))  # some rows, and (mostly) none

@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 
 from eval.measurements.exits import exit_losses  # noqa: E402
 from framework.config import PAPER_SIZES, ModelConfig  # noqa: E402
-from framework.model.flops import dense_step_flops  # noqa: E402
+from framework.flops import dense_step_flops  # noqa: E402
 from framework.model.decoder import Decoder  # noqa: E402
 
 RESULTS = RESULTS_DIR / "exits_speed.json"

@@ -5,7 +5,7 @@
 
 Runs the real command's code (framework.training.pretrain.build_cli, then Trainer.fit) with
 one more callback, which times every optimizer step between CUDA synchronisations and
-reads the FLOPs the module says the step executed (framework/model/flops.py: matmuls,
+reads the FLOPs the module says the step executed (framework/flops.py: matmuls,
 causal attention, 3x forward; the rows each block really ran on). The first
 ``--warmup`` steps (CUDA/cuDNN autotuning, compilation) are left out of the means.
 

@@ -17,7 +17,7 @@ steadier when other jobs share the machine.
 
 Theoretical saving = P̄ × (the blocks' share of the step's FLOPs): dropping saves
 nothing in the embedding lookup, the unembedding or the loss. FLOPs come from
-framework/model/flops.py, counting all S keys per query (causal=False) because SDPA with an
+framework/flops.py, counting all S keys per query (causal=False) because SDPA with an
 additive mask computes every score. The saving of the masks actually drawn is also
 reported, since a finite number of draws does not average to P̄ exactly.
 
@@ -44,7 +44,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from framework.config import LayerDropoutConfig, ModelConfig  # noqa: E402
-from framework.model.flops import dense_step_flops, executed_step_flops, saved_fraction  # noqa: E402
+from framework.flops import dense_step_flops, executed_step_flops, saved_fraction  # noqa: E402
 from framework.layer_dropout import DropPlan, StepKey, plan  # noqa: E402
 from framework.model.decoder import Decoder  # noqa: E402
 from framework.schedules import dropout_rates, mean_dropout  # noqa: E402
@@ -180,7 +180,7 @@ def summarise(args, model_cfg: ModelConfig, drop_cfg: LayerDropoutConfig,
         "reps": len(plans),
         "mean_dropout": p_bar,
         "blocks_flop_share": blocks_share,
-        "flops_source": "framework.model.flops (causal=False: SDPA computes all S keys)",
+        "flops_source": "framework.flops (causal=False: SDPA computes all S keys)",
         "theoretical_saving": theoretical,
         "drawn_masks_flop_saving": drawn,
         # wall: what the spec asks for; cpu: this process's CPU seconds, steadier when

@@ -9,7 +9,7 @@ Two measurements on the tiny recipe's shape (d=256, L=6, vocab 8192, 8 × 128 to
      same batches. Goal: ratio >= 0.97.
   2. Layer-dropout saving in the real loop: step time with ILD p_max 0.4 on a constant
      schedule against the dense run. Theoretical saving = 1 - executed/dense FLOPs of
-     the masks actually drawn (framework/model/flops.py, all S keys per query as SDPA
+     the masks actually drawn (framework/flops.py, all S keys per query as SDPA
      computes them; the embedding lookup, unembedding and loss are not saved).
      Goal: realized / theoretical >= 0.9 on CPU.
 
@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from framework.training.callbacks import Throughput  # noqa: E402
 from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig  # noqa: E402
-from framework.model.flops import dense_step_flops, executed_step_flops  # noqa: E402
+from framework.flops import dense_step_flops, executed_step_flops  # noqa: E402
 from framework.training.lr_schedule import LRScheduleConfig, schedule_for  # noqa: E402
 from framework.training.module import LayerDropModule  # noqa: E402
 from framework.training.parametrization import param_groups  # noqa: E402

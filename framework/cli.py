@@ -11,7 +11,7 @@ import importlib
 import sys
 
 from framework import __version__
-from framework.training.library_noise import quiet_library_noise
+from framework.console.library_noise import quiet_library_noise
 
 # command -> (module:function, one-line help). Two-word commands are groups.
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Any, Callable, Literal, Union
 
 from framework.families import DEFAULT_FAMILY, FAMILY_NAMES, check_family_rules
-from framework.training.early_exit_loss import CURRICULA, SCALE_FUNCTIONS
+from framework.early_exit_loss import CURRICULA, SCALE_FUNCTIONS
 from framework.layer_dropout import MASK_MODES
 from framework.schedules import DISTRIBUTIONS, TIME_SCHEDULES
 
@@ -276,7 +276,7 @@ class LayerDropoutConfig:
 
 @dataclass(frozen=True)
 class EarlyExitLossConfig:
-    """LayerSkip's early-exit loss (framework/training/early_exit_loss.py): off by default.
+    """LayerSkip's early-exit loss (framework/early_exit_loss.py): off by default.
 
     ``scale`` is the exit losses' total weight beside the final layer's (0: off);
     ``exits`` "all" takes every ``every``-th exit below L, or a list of exits in 1..L-1

@@ -22,7 +22,7 @@ from framework.config import (
     PositiveInt,
     check,
 )
-from framework.training.early_exit_loss import CURRICULA, SCALE_FUNCTIONS
+from framework.early_exit_loss import CURRICULA, SCALE_FUNCTIONS
 from framework.layer_dropout import MASK_MODES
 from framework.training.lr_schedule import LRScheduleConfig
 from framework.model.decoder import Decoder

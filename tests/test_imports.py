@@ -5,7 +5,11 @@
   (an import moved into a function to dodge a circle is still one); the names under
   ``if TYPE_CHECKING:`` never run (annotations only) and do not;
 - framework/'s library code imports neither eval/ nor data_prep/ (only the CLI front
-  door, framework/cli.py, wires their commands in, by lazy class-path strings).
+  door, framework/cli.py, wires their commands in, by lazy class-path strings);
+- framework/ is in layers (docs/layers.md, ``LAYERS`` below): a module imports only
+  modules of its own layer or of a layer below. Here every import counts, names for
+  annotations under ``if TYPE_CHECKING:`` too: a lower layer knows nothing of a higher
+  one, not even its types.
 
 Importing a module also runs the ``__init__`` of every package above it, so an import
 of ``a.b.c`` depends on ``a`` and ``a.b`` too, except on the packages that hold the
@@ -34,24 +38,31 @@ def module_files(root: Path) -> dict[str, Path]:
     return modules
 
 
-def imported_names(path: Path, module: str) -> list[str]:
+def imported_names(path: Path, module: str, *, type_only_too: bool = False) -> list[str]:
     """Every dotted name an import statement anywhere in the file asks for; ``from m import
     x`` gives ``m.x`` (a submodule when there is one, else a name of m)."""
+    return [name for _, name in import_lines(path, module, type_only_too=type_only_too)]
+
+
+def import_lines(path: Path, module: str, *, type_only_too: bool = False) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import statement anywhere in the file (see
+    ``imported_names``); those under ``if TYPE_CHECKING:`` only with ``type_only_too``."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    type_only = {id(n) for block in ast.walk(tree) if _is_type_checking(block) for s in block.body for n in ast.walk(s)}
+    type_only = set() if type_only_too else {
+        id(n) for block in ast.walk(tree) if _is_type_checking(block) for s in block.body for n in ast.walk(s)}
     names = []
     for node in ast.walk(tree):
         if id(node) in type_only:
             continue
         if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
+            names += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
                 base = ".".join([*anchor, *([base] if base else [])])
-            names += [f"{base}.{alias.name}" for alias in node.names]
+            names += [(node.lineno, f"{base}.{alias.name}") for alias in node.names]
     return names
 
 
@@ -157,6 +168,89 @@ def test_framework_library_code_never_imports_eval_or_data_prep():
                        if module.split(".")[0] == "framework" and module != FRONT_DOOR
                        for target in targets if target.split(".")[0] in ("eval", "data_prep"))
     assert offenders == []
+
+
+# framework/'s layers, lowest first (docs/layers.md says why each part sits where it
+# does). A module is in the layer of the longest name here that is the module itself or
+# a package above it; "<package>.__init__" names only that package's own __init__.py
+# (framework/families/__init__.py: the family names and rules hook config.py reads).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("files", ("framework.__init__", "framework.files")),
+    ("console", ("framework.console",)),
+    ("config", ("framework.config", "framework.command_parser", "framework.schedules", "framework.layer_dropout",
+                "framework.early_exit_loss", "framework.families.__init__")),
+    ("model", ("framework.model",)),
+    ("families", ("framework.families",)),
+    ("flops", ("framework.flops",)),
+    ("checkpoint", ("framework.checkpoint",)),
+    ("tokenizer", ("framework.tokenizer",)),
+    ("strategies", ("framework.strategies",)),
+    ("training", ("framework.training",)),
+    ("recipes", ("framework.recipes",)),
+    ("cli", ("framework.cli",)),
+)
+
+
+def layer_of(module: str, path: Path) -> int | None:
+    """The index in LAYERS of the module at ``path``; None when LAYERS does not place it."""
+    key = f"{module}.__init__" if path.name == "__init__.py" else module
+    found = [(len(name), index) for index, (_, names) in enumerate(LAYERS) for name in names
+             if key == name or key.startswith(f"{name}.")]
+    return max(found)[1] if found else None
+
+
+def upward_imports(root: Path) -> list[str]:
+    """One line for every import in framework/ that reaches a higher layer, and for
+    every module of framework/ that LAYERS leaves out."""
+    modules = module_files(root)
+    found = []
+    for module, path in modules.items():
+        if module.split(".")[0] != "framework":
+            continue
+        where, own = path.relative_to(root).as_posix(), layer_of(module, path)
+        if own is None:
+            found.append(f"{where}: {module} is in no layer (add it to LAYERS and docs/layers.md)")
+            continue
+        for line, name in import_lines(path, module, type_only_too=True):
+            higher = sorted({(layer, target) for target in dependencies(name, module, modules)
+                             if target.split(".")[0] == "framework"
+                             for layer in [layer_of(target, modules[target])] if layer is not None and layer > own})
+            if higher:
+                layer, target = higher[-1]
+                found.append(f"{where}:{line}: {module} ({LAYERS[own][0]}) imports {target} ({LAYERS[layer][0]})")
+    return list(dict.fromkeys(found))  # ``from m import a, b``: one line
+
+
+def test_framework_imports_only_downward():
+    assert upward_imports(REPO) == [], "imports that go up a layer (docs/layers.md):\n" + "\n".join(
+        upward_imports(REPO))
+
+
+def test_the_layers_find_an_upward_import_wherever_it_hides(tmp_path):
+    _write(tmp_path, {
+        "framework/__init__.py": "", "framework/config.py": "", "framework/training/__init__.py": "",
+        "framework/training/nonfinite.py": "from framework import config\n",
+        "framework/checkpoint/__init__.py": "from framework.checkpoint.saving import save\n",
+        # at module level, hidden in a function, and for annotations only: all three go up
+        "framework/checkpoint/saving.py": "import framework.training.nonfinite\n"
+                                          "def save():\n    from framework.training import nonfinite\n",
+        "framework/checkpoint/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                         "    from framework.training.nonfinite import Guard\n",
+        "framework/families/__init__.py": "from framework.config import x\n",  # the front sits with config
+        "framework/families/registry.py": "from framework.checkpoint import y\n",
+        "framework/newcomer.py": "",
+    })
+    assert upward_imports(tmp_path) == [
+        "framework/checkpoint/saving.py:1: framework.checkpoint.saving (checkpoint) imports "
+        "framework.training.nonfinite (training)",
+        "framework/checkpoint/saving.py:3: framework.checkpoint.saving (checkpoint) imports "
+        "framework.training.nonfinite (training)",
+        "framework/checkpoint/typed.py:3: framework.checkpoint.typed (checkpoint) imports "
+        "framework.training.nonfinite (training)",
+        "framework/families/registry.py:1: framework.families.registry (families) imports "
+        "framework.checkpoint (checkpoint)",
+        "framework/newcomer.py: framework.newcomer is in no layer (add it to LAYERS and docs/layers.md)",
+    ]
 
 
 def _write(root: Path, files: dict[str, str]) -> None:

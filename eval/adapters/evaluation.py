@@ -99,7 +99,7 @@ def eval_parser() -> argparse.ArgumentParser:
 
 def eval_main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, ValidationData
-    from framework.training.loop_progress import shown
+    from framework.console.loop_progress import shown
 
     parser = eval_parser()
     args = parser.parse_args(argv)

@@ -26,13 +26,14 @@ from eval import options
 from eval.adapters.exit_adapters import (INITS, WEIGHTS_FILE, ExitAdapters, check_exits, default_exits, layer_list,
                                          load_backbone, save_adapters)
 from framework.command_parser import CommandParser
+from framework.strategies import STRATEGIES
 from framework.model.loss import chunked_sum
 from framework.training.lr_schedule import LRScheduleConfig, schedule_for
 from framework.model.decoder import Decoder
 
 # Strategies whose frozen, replicated backbone needs nothing special: the optimizer and
 # the gradient all-reduce only see the adapters. "auto": single on one device, else ddp.
-FIT_STRATEGIES = ("auto", "single", "ddp", "deepspeed_stage_2")
+FIT_STRATEGIES = ("auto", *(name for name, entry in STRATEGIES.items() if entry.replicates_parameters))
 
 
 def distillation_kl(student_logits: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:

@@ -214,7 +214,7 @@ class Streamer:
 def _run(decode, prompts, texts, codec, args, *, stream: bool):
     from eval.decoding.batch import generate_in_batches
     from eval.decoding.transcripts import StopStrings
-    from framework.training.loop_progress import progress
+    from framework.console.loop_progress import progress
 
     stop = StopStrings(args.stop, codec.decode)
     eos = None if args.ignore_eos else codec.stop_ids

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, check_vocabulary, load_prompts
     from framework.tokenizer import CodecLoader
     from framework.checkpoint import Checkpoint, CheckpointError
-    from framework.training.loop_progress import progress
+    from framework.console.loop_progress import progress
 
     parser = _parser()
     args = parser.parse_args(argv)

@@ -199,7 +199,7 @@ def _thresholds(text: str) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     from eval.inputs import ContextLimit, ValidationData, validation_prompts
     from framework.checkpoint import Checkpoint, CheckpointError
-    from framework.training.loop_progress import progress
+    from framework.console.loop_progress import progress
 
     parser = _parser()
     args = parser.parse_args(argv)

@@ -54,7 +54,7 @@ from eval.downstream.multiple_choice import score_continuations, score_exits
 from eval.skip_sets import parse_skip_set
 from framework.tokenizer import TextCodec
 from framework.checkpoint import load_decoder
-from framework.training.loop_progress import progress
+from framework.console.loop_progress import progress
 
 log = logging.getLogger(__name__)
 _SAMPLING_KEYS = ("do_sample", "temperature", "top_k", "top_p")

@@ -44,8 +44,8 @@ import yaml
 from eval.experiments.compute_matched import matched_configs
 from eval.experiments.dotted_keys import get_dotted  # noqa: F401  (re-exported: sweep, sweep_results, sweep_dry_run, hyperparameter_curves read it here)
 from framework.config import EarlyExitLossConfig, LayerDropoutConfig, ModelConfig
-from framework.training.early_exit_loss import mean_exit_heads
-from framework.model.flops import dense_step_flops
+from framework.early_exit_loss import mean_exit_heads
+from framework.flops import dense_step_flops
 from framework.schedules import mean_dropout
 
 DEFAULT_SEED_KEYS = ("seed_everything", "data.seed", "model.layer_dropout.seed")
@@ -347,7 +347,7 @@ class Prediction:
 
 
 def predict(recipe: dict) -> Prediction:
-    """P̄ and training FLOPs of a recipe (framework.schedules / framework.model.flops)."""
+    """P̄ and training FLOPs of a recipe (framework.schedules / framework.flops)."""
     decoder = dict(get_dotted(recipe, "model.decoder", {}))
     _known_fields(decoder, ModelConfig, "model.decoder", ("logit_multiplier", "residual_multiplier"))
     for section, config in (("model.layer_dropout", LayerDropoutConfig),

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 from typing import Callable
 
-from framework.training.progress_line import latest_progress
+from framework.console.progress_line import latest_progress
 
 TAIL_BYTES = 8192  # a progress line is ~60 bytes; a log's end holds the latest one
 

@@ -36,7 +36,7 @@ from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationCon
 from framework.layer_dropout import StepKey, plan
 from framework.model.decoder import Decoder
 from framework.training.parametrization import adamw, init_decoder_, model_multipliers
-from framework.training.loop_progress import progress
+from framework.console.loop_progress import progress
 
 R_TRAIN = ("one", "inverse_density")
 DEFAULT_DENSITIES = (0.25, 0.5, 0.75, 1.0)

@@ -38,7 +38,7 @@ from framework.checkpoint import Checkpoint, CheckpointError
 from framework.command_parser import CommandParser
 from framework.model.loss import counted_tokens, inference_chunk_tokens, summed_cross_entropy
 from framework.model.decoder import Decoder
-from framework.training.loop_progress import Advancing, progress
+from framework.console.loop_progress import Advancing, progress
 
 # `eval skip` without --sets/--sweep: the full model, the paper's "skip alternate layers"
 # (the odd ones, which ALD trains to be skippable) and the middle-out loss-vs-memory curve.

@@ -38,7 +38,7 @@ from framework.files.staging import is_url
 from framework.checkpoint import Checkpoint, CheckpointError
 from framework.command_parser import CommandParser
 from framework.model.decoder import Decoder
-from framework.training.loop_progress import Advancing, progress
+from framework.console.loop_progress import Advancing, progress
 
 
 def grouped(batches: Sequence[Batch] | Iterable[Batch], per_group: int) -> Iterator[list[Batch]]:

@@ -7,18 +7,19 @@ finds, resumes, proves harmless and exports them.
       hf_folder.py        a Hugging Face folder (any family with a transformers class; also
                           written by export --format hf), checked against its headers
       exported.py         model.safetensors + config.json (+ tokenizer.json)
-      dcp.py              an FSDP2 folder (torch.distributed.checkpoint)
-      zero.py             a DeepSpeed ZeRO-2/3 folder
+      sharded/dcp.py      an FSDP2 folder (torch.distributed.checkpoint; sharded/dcp_reader.py reads it)
+      sharded/zero.py     a DeepSpeed ZeRO-2/3 folder
     safety.py           weights-only reading of every pickled file; the proof
     loader.py           Checkpoint: opened, proven harmless and read once; load_decoder
     shape_check.py      a checkpoint's names and shapes against its config, before anything is built
     tokenizer_record.py the tokenizer a checkpoint records, finding it again
     folder.py           the checkpoint folder's crash-safe protocol (staging, publish, last.ckpt)
-    saving.py           PeriodicCheckpoint, AtomicCheckpointIO (Lightning)
-    keep_tokenizer.py   KeepTokenizer: the run's tokenizer beside its checkpoints (Lightning)
     resume.py           --resume: which checkpoint, and the recipe's optimizer settings
     safetensors_writer.py  a safetensors file written one tensor at a time
-    export.py           `layerdrop export`; final_export.py: the export every run ends with
+    export.py           `layerdrop export`
+
+The Lightning callbacks that write checkpoints during a run (and the export every run ends
+with) are the training loop's: framework/training/checkpointing/.
 
 This package's front (what is imported here) needs neither Lightning nor a process
 group: `layerdrop generate` and the eval commands load a checkpoint without either.

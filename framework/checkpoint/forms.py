@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 
 from framework.checkpoint.base import CheckpointError, Form
-from framework.checkpoint.dcp import DcpFolder
+from framework.checkpoint.sharded.dcp import DcpFolder
 from framework.checkpoint.exported import ExportedFolder
 from framework.checkpoint.hf_folder import HfFolder
 from framework.checkpoint.lightning_file import LightningFile
-from framework.checkpoint.zero import ZeroFolder
+from framework.checkpoint.sharded.zero import ZeroFolder
 
 # A file is a Lightning checkpoint; a folder is a Hugging Face one if its config.json
 # says so, an export if it holds the export's files, else a training folder of a

@@ -125,7 +125,7 @@ def world_of(trainer: Any) -> dict[str, Any]:
 # Strategies whose checkpoints are DCP folders: torch.distributed.checkpoint reshards
 # the model and optimizer state onto any number of processes when they are loaded.
 RESHARDABLE = ("FSDP2Strategy", "HSDPStrategy", "ModelParallelStrategy")
-# One process reads such a folder whole (framework/checkpoint/dcp_reader.py).
+# One process reads such a folder whole (framework/checkpoint/sharded/dcp_reader.py).
 ONE_PROCESS = ("SingleDeviceStrategy",)
 
 

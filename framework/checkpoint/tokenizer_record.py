@@ -10,7 +10,7 @@ checkpoint under ``checkpoint["layerdrop"]``, an export's config.json)::
     data_dir    (training checkpoints) the prepared data folder, absolute (or its URL)
 
 ``find_tokenizer_of`` looks, in order, in: an exported folder; the checkpoint's own
-folder (the copy framework/checkpoint/keep_tokenizer.py keeps there); the recorded
+folder (the copy framework/training/checkpointing/keep_tokenizer.py keeps there); the recorded
 absolute data folder; and, for checkpoints written before this record existed, the
 data folder as the run named it (relative to the working directory) and the folders
 above the checkpoint. A file whose sha256 differs from the recorded one is passed over

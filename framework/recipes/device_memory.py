@@ -8,6 +8,7 @@ V, micro-batch m of S tokens:
 
     state        16·N / shards       fp32 weights 4 + gradients 4 + AdamW moments 8 per parameter;
                                      shards: the strategy's Footprint
+                                     (framework/strategies/entry.py)
     working      2·N under bf16-mixed (autocast keeps a bf16 copy of each weight it casts until the
                  forward ends), + 4·N when the strategy buckets gradients (DDP's all-reduce copies
                  them into flat buckets), + 8·(N_root + 2·N_block) when it gathers blocks (the
@@ -34,15 +35,7 @@ import torch
 
 from framework.config import ModelConfig
 from framework.families.registry import build_decoder, family_spec
-
-
-@dataclass(frozen=True)
-class Footprint:
-    """What a strategy keeps on each device besides the activations."""
-
-    shards: int  # the 16 bytes per parameter of fp32 state are split this many ways
-    gathers_blocks: bool = False  # FSDP-style: the root and two blocks are gathered at a time
-    buckets_gradients: bool = False  # DDP: the all-reduce copies the gradients into flat buckets
+from framework.strategies.entry import Footprint
 
 
 @dataclass(frozen=True)
@@ -89,4 +82,4 @@ def activation_bytes_per_token(cfg: ModelConfig, mixed: bool) -> int:
     return family_spec(cfg.family).activation_bytes_per_token(cfg, mixed)
 
 
-__all__ = ["Footprint", "ModelSizes", "device_memory", "activation_bytes_per_token"]
+__all__ = ["ModelSizes", "device_memory", "activation_bytes_per_token"]

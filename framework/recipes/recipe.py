@@ -59,8 +59,8 @@ from framework.config import PAPER_SIZES, EarlyExitLossConfig, LayerDropoutConfi
 from framework.recipes.device_memory import ModelSizes, device_memory
 from framework.recipes.recipe_inputs import (EVIDENCE, BaseRun, RecipeError, byte_size, layer_dropout_config, model_config,
                                             read_base, token_count)
-from framework.training.early_exit_loss import check_exits, mean_exit_heads
-from framework.model.flops import expected_training_flops_per_token
+from framework.early_exit_loss import check_exits, mean_exit_heads
+from framework.flops import expected_training_flops_per_token
 from framework.files.atomic_write import write_text
 from framework.files.output_path import file_problem
 from framework.training.parametrization import (

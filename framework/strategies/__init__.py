@@ -5,6 +5,7 @@
     entry.py            what one registry entry says about its strategy (the defaults)
     deepspeed_zero.py   the DeepSpeed ZeRO-2/3 entries: what they do differently
     registry.py         STRATEGIES (name -> entry), build_strategy, entry_of
+    lightning_internals.py  the private Lightning APIs the strategies reach into, in one place
 
 The names below are the package's public ones; recipes name the Lightning classes as
 ``framework.strategies.FSDP2Strategy`` / ``framework.strategies.HSDPStrategy``.

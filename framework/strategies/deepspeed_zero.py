@@ -38,6 +38,7 @@ class DeepSpeedZero(NamedStrategy):
     def __init__(self, stage: int) -> None:
         self.stage = stage
         self.name = f"deepspeed_stage_{stage}"
+        self.replicates_parameters = stage < 3  # ZeRO-3 partitions the parameters too
         self.summary = f"DeepSpeedStrategy(stage={stage}): {SUMMARIES[stage]}"
 
     def build(self, layout: Layout, **kwargs: Any) -> "Strategy":

@@ -5,6 +5,8 @@ and everything the framework does differently under that strategy.
     footprint(dev, nodes)  what it keeps per device, for `layerdrop recipe`'s memory model
                            (None: the recipe does not propose it there)
     can_skip_step          whether an optimizer step can be skipped (framework/training/nonfinite.py)
+    replicates_parameters  whether every rank holds every parameter whole (a frozen model
+                           then runs as it is, with nothing gathered)
     local_tensor(t)        this rank's part of a parameter or gradient (the non-finite checks)
     full_tensor(t)         its full value on every rank, a collective (the final export)
     full_shape(t), export_dtype(t)
@@ -24,7 +26,14 @@ import torch
 if TYPE_CHECKING:
     from lightning.pytorch.strategies import Strategy
 
-    from framework.recipes.device_memory import Footprint
+
+@dataclass(frozen=True)
+class Footprint:
+    """What a strategy keeps on each device besides the activations."""
+
+    shards: int  # the 16 bytes per parameter of fp32 state are split this many ways
+    gathers_blocks: bool = False  # FSDP-style: the root and two blocks are gathered at a time
+    buckets_gradients: bool = False  # DDP: the all-reduce copies the gradients into flat buckets
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,7 @@ class NamedStrategy:
     # communication first); None: never proposed.
     recipe_preference: int | None = None
     can_skip_step = True
+    replicates_parameters = False
 
     def build(self, layout: Layout, **kwargs: Any) -> "Strategy":
         raise ValueError(f"strategy={self.name!r} is not one the framework builds")
@@ -55,7 +65,7 @@ class NamedStrategy:
         """The Lightning class this entry builds: how a running strategy finds its entry."""
         return None
 
-    def footprint(self, devices: int, nodes: int) -> "Footprint | None":
+    def footprint(self, devices: int, nodes: int) -> Footprint | None:
         return None
 
     def describe(self, devices: int, nodes: int) -> str:
@@ -85,4 +95,4 @@ class NamedStrategy:
 
 OTHER = NamedStrategy()
 
-__all__ = ["Layout", "NamedStrategy", "OTHER"]
+__all__ = ["Footprint", "Layout", "NamedStrategy", "OTHER"]

@@ -119,7 +119,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         ModelParallelStrategy.precision_plugin.fset(self, plugin)
 
     def setup_environment(self) -> None:
-        from framework.training.lightning_internals import install_device_mesh, start_process_group
+        from framework.strategies.lightning_internals import install_device_mesh, start_process_group
 
         start_process_group(self)
         install_device_mesh(self, self.build_mesh())

@@ -108,7 +108,22 @@ def shard(decoder: nn.Module, mesh: "DeviceMesh", mp_policy: "MixedPrecisionPoli
     for block in _blocks_of(decoder):
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(decoder, mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    register_extra_forward_methods(decoder)
     return decoder
+
+
+def register_extra_forward_methods(decoder: nn.Module) -> None:
+    """FSDP2 unshards the root's parameters in a pre-forward hook of ``forward``; the
+    training step calls ``hidden`` instead, so it gets the hook too. Not ``logits``: it
+    runs right after ``hidden`` on the root's still-gathered weights (the root is not
+    resharded after forward), and as an FSDP forward of its own each loss chunk would
+    all-gather the embedding and head again in backward."""
+    try:
+        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+    except ImportError:
+        return
+    if isinstance(decoder, FSDPModule):
+        register_fsdp_forward_method(decoder, "hidden")
 
 
 def fsdp_mesh(mesh: "DeviceMesh") -> "DeviceMesh":

@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from framework.config import PositiveInt, check
-from framework.recipes.device_memory import Footprint
 from framework.strategies.deepspeed_zero import DeepSpeedZero
-from framework.strategies.entry import OTHER, Layout, NamedStrategy
+from framework.strategies.entry import OTHER, Footprint, Layout, NamedStrategy
 from framework.strategies.fsdp2 import FSDP2Strategy, HSDPStrategy
 
 if TYPE_CHECKING:
@@ -35,6 +34,7 @@ ACCELERATORS = ("cpu", "gpu", "cuda", "auto")
 
 class Single(NamedStrategy):
     name, summary, recipe_preference = "single", "one device", 0
+    replicates_parameters = True
 
     def build(self, layout: Layout, **_: Any) -> "Strategy":
         from lightning.pytorch.strategies import SingleDeviceStrategy
@@ -56,6 +56,7 @@ class Single(NamedStrategy):
 
 class DDP(NamedStrategy):
     name, summary, recipe_preference = "ddp", "full replicas, gradients all-reduced", 1
+    replicates_parameters = True
 
     def build(self, layout: Layout, **kwargs: Any) -> "Strategy":
         from lightning.pytorch.strategies import DDPStrategy

@@ -1,5 +1,5 @@
 """Callbacks of a pretraining run: the layer-dropout schedule and its FLOP accounting,
-throughput/MFU, and the end-of-run summary (checkpoints: framework/checkpoint/saving.py;
+throughput/MFU, and the end-of-run summary (checkpoints: framework/training/checkpointing/saving.py;
 the non-finite guard: framework/training/nonfinite.py).
 
 Metrics they log (TensorBoard by default; `layer_dropout/*` and `flops/*` once per
@@ -16,7 +16,7 @@ optimizer step, `throughput/*` every ``trainer.log_every_n_steps`` steps):
     early_exit/loss_K              cross-entropy at exit K this step (the exits the early-exit
                                    loss's curriculum ran; mean over micro-batches, this device)
 
-FLOPs are counted as framework/model/flops.py describes (matmuls, causal attention, 3× the
+FLOPs are counted as framework/flops.py describes (matmuls, causal attention, 3× the
 forward for training) from the rows each block actually ran on.
 """
 

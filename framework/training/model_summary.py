@@ -4,7 +4,7 @@ Lightning fills the summary's FLOPs column and its ``Total FLOPs`` line by runni
 module's ``example_input_array`` under torch's FLOP counter. LayerDropModule has none
 (a forward at start-up would cost a step of a large model and, sharded, a collective), so
 Lightning printed ``Total FLOPs: 0`` in a tool whose headline is FLOPs saved. Here the
-decoder's row and the total are framework/model/flops.py's count of one dense forward
+decoder's row and the total are framework/flops.py's count of one dense forward
 over a micro-batch (``data.batch_size`` × ``data.seq_len`` tokens), the count the
 FLOPs-saved figures are made of; a training step runs 3× that, less what layer dropout
 skips.
@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
-from framework.model.flops import dense_step_flops
+from framework.flops import dense_step_flops
 
 # Lightning's own choice of table (callback_connector): rich when it is installed.
 _TABLE = RichModelSummary if find_spec("rich") is not None else ModelSummary
@@ -35,7 +35,7 @@ def micro_batch_shape(trainer: pl.Trainer, pl_module: pl.LightningModule) -> tup
 
 class FlopCountedSummary(_TABLE):
     """Lightning's summary table (rich or plain, as Lightning would pick) whose FLOPs are
-    one dense forward of a micro-batch, counted by framework/model/flops.py.
+    one dense forward of a micro-batch, counted by framework/flops.py.
 
     Args:
         max_depth: nesting depth of the table, as Lightning's (0: no table).
@@ -63,7 +63,7 @@ class FlopCountedSummary(_TABLE):
                           total_flops=self._flops, **summarize_kwargs)
         batch, seq = self._shape
         rank_zero_info(f"FLOPs above: one dense forward of a micro-batch ({batch} × {seq} tokens, "
-                       "framework/model/flops.py); a training step runs 3× that, less what layer dropout skips")
+                       "framework/flops.py); a training step runs 3× that, less what layer dropout skips")
 
 
 __all__ = ["FlopCountedSummary", "micro_batch_shape"]

@@ -6,7 +6,7 @@ One optimizer step, as the paper describes it (§3, Table A.2):
     plan   = plan(cfg, rates, B, StepKey(seed, rank, t, micro-batch))   masks, r_train = 1/ρ
     h      = decoder.hidden(inputs, plan=plan)   each block runs on its kept rows only
     loss   = chunked cross-entropy of decoder.logits(h) against the targets
-             (+ the early-exit loss at the step's exits, framework/training/early_exit_loss.py)
+             (+ the early-exit loss at the step's exits, framework/early_exit_loss.py)
 
 ``training_step`` returns ``{"loss": loss, "stats": MicroBatchStats}``: what the
 micro-batch ran (its step, rates, drop plan and FLOPs). The callbacks
@@ -35,8 +35,8 @@ from torchmetrics.aggregation import MeanMetric
 from framework.checkpoint import CKPT_KEY
 from framework.config import (EarlyExitLossConfig, LayerDropoutConfig, ModelConfig, ParametrizationConfig,
                               PositiveInt, check)
-from framework.training.early_exit_loss import check_exits, configured_exits, exit_weights
-from framework.model.flops import Flops, dense_step_flops, executed_step_flops
+from framework.early_exit_loss import check_exits, configured_exits, exit_weights
+from framework.flops import Flops, dense_step_flops, executed_step_flops
 from framework.layer_dropout import DropPlan, StepKey, plan
 from framework.model.loss import LogitWatch, chunked_cross_entropy, exit_cross_entropies
 from framework.training.lr_schedule import LRScheduleConfig, schedule_for
@@ -169,7 +169,6 @@ class LayerDropModule(pl.LightningModule):
                                  mp_policy=mixed_precision_of(self),
                                  activation_checkpointing=self.activation_checkpointing,
                                  compile=self.compile_blocks)
-        register_extra_forward_methods(self.model)
 
     def on_fit_start(self) -> None:
         if self._init_after_materialize:
@@ -395,20 +394,6 @@ def check_same_model(saved: dict[str, Any], configured: dict[str, Any]) -> None:
     if different:
         raise ValueError("cannot resume: the checkpoint's model differs from the configured one ("
                          + "; ".join(different) + ")")
-
-
-def register_extra_forward_methods(decoder: torch.nn.Module) -> None:
-    """FSDP2 unshards the root's parameters in a pre-forward hook of ``forward``; the
-    training step calls ``hidden`` instead, so it gets the hook too. Not ``logits``: it
-    runs right after ``hidden`` on the root's still-gathered weights (the root is not
-    resharded after forward), and as an FSDP forward of its own each loss chunk would
-    all-gather the embedding and head again in backward."""
-    try:
-        from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
-    except ImportError:
-        return
-    if isinstance(decoder, FSDPModule):
-        register_fsdp_forward_method(decoder, "hidden")
 
 
 __all__ = ["LayerDropModule", "MicroBatchStats", "with_parametrization", "check_same_model"]

@@ -10,7 +10,7 @@ decoder, layer_dropout, parametrization, lr_schedule), ``data`` (TokenDataModule
 ``summary`` (RunSummary), ``guard`` (NonFiniteLossGuard) and ``resume``. A run lives in
 ``trainer.default_root_dir``:
 
-    <root>/checkpoints/step-XXXXXXXX.ckpt, last.ckpt -> the newest (framework/checkpoint/saving.py)
+    <root>/checkpoints/step-XXXXXXXX.ckpt, last.ckpt -> the newest (framework/training/checkpointing/saving.py)
     <root>/lightning_logs/version_N/      TensorBoard events + config.yaml (resolved config)
     <root>/summary.json                   what the run did (also printed at the end)
 
@@ -46,10 +46,10 @@ from framework.files.run_lock import RunFolderInUse, RunLock
 from framework.files.staging import is_url
 from framework.training.callbacks import RunSummary, Throughput
 from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
-from framework.checkpoint.final_export import export_callbacks
+from framework.training.checkpointing.final_export import export_callbacks
 from framework.checkpoint.resume import check_form_fits, choose_checkpoint
-from framework.checkpoint.saving import (PeriodicCheckpoint, refuse_earlier_checkpoints, refuse_earlier_run,
-                                         use_atomic_checkpoint_io)
+from framework.training.checkpointing.saving import (PeriodicCheckpoint, refuse_earlier_checkpoints,
+                                                     refuse_earlier_run, use_atomic_checkpoint_io)
 from framework.training.module import LayerDropModule, check_same_model, with_parametrization
 from framework.training.model_summary import FlopCountedSummary
 from framework.training.nonfinite import NonFiniteLossError, NonFiniteLossGuard

@@ -1,5 +1,5 @@
 """A pretraining run's progress: on a terminal a bar in optimizer steps, in a log a line
-every N seconds (the line's format and parser: framework/training/progress_line.py).
+every N seconds (the line's format and parser: framework/console/progress_line.py).
 
 A run bounded by ``max_steps`` (``max_epochs`` left at -1) makes Lightning's own bar
 read "Epoch 0/-2" with an epoch of batches as its total, which a streamed data set may
@@ -19,7 +19,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import RichProgressBar
 
 from framework.training.callbacks import micro_batch_stats
-from framework.training.progress_line import ProgressLine, format_progress_line
+from framework.console.progress_line import ProgressLine, format_progress_line
 from framework.training.source_tokens import SourceTokens
 
 

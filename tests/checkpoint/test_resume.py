@@ -101,7 +101,7 @@ def saved_steps(tmp_path_factory):
     """Real single-file checkpoints of steps 1..4 (and last.ckpt -> step 4)."""
     import torch
 
-    from framework.checkpoint.saving import PeriodicCheckpoint
+    from framework.training.checkpointing.saving import PeriodicCheckpoint
     from tests.helpers.tiny_training import RandomTokens, quiet_trainer, tiny_module
 
     folder = tmp_path_factory.mktemp("saved") / "checkpoints"

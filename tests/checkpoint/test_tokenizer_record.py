@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from framework.checkpoint import CKPT_KEY, Checkpoint, CheckpointError, read_metadata
-from framework.checkpoint.keep_tokenizer import KeepTokenizer
+from framework.training.checkpointing.keep_tokenizer import KeepTokenizer
 from framework.tokenizer import TextCodec
 from framework.checkpoint.tokenizer_record import sha256_of
 from tests.helpers.checkpoint_run import moved_copy, pretrained_run

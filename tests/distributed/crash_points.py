@@ -55,7 +55,7 @@ class KillAt(pl.Callback):
         if trainer.global_rank != self.rank:
             return
         import framework.checkpoint.folder as folder
-        import framework.checkpoint.saving as checkpointing
+        import framework.training.checkpointing.saving as checkpointing
 
         if self.point == "during_save":
             torch.save = self._half_then_kill(torch.save)

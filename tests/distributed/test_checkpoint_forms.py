@@ -143,7 +143,7 @@ def test_layerdrop_export_of_every_form(runs, name, tmp_path):
 
 
 def test_the_sharded_loader_reads_model_entries_only(runs, monkeypatch):
-    from framework.checkpoint.dcp_reader import SafeFileSystemReader
+    from framework.checkpoint.sharded.dcp_reader import SafeFileSystemReader
 
     requested: list[str] = []
     original = SafeFileSystemReader.read_data
@@ -162,7 +162,8 @@ PEAK_SCRIPT = """
 import gc, json, re, sys
 from pathlib import Path
 import torch
-import framework.checkpoint, framework.checkpoint.safety, framework.checkpoint.zero, framework.checkpoint.dcp_reader
+import framework.checkpoint, framework.checkpoint.safety
+import framework.checkpoint.sharded.zero, framework.checkpoint.sharded.dcp_reader
 from framework.checkpoint import load_decoder
 from framework.checkpoint.safety import load_torch_file
 

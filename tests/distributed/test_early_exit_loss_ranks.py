@@ -19,7 +19,7 @@ import math
 import pytest
 
 from framework.config import EarlyExitLossConfig
-from framework.training.early_exit_loss import active_exits
+from framework.early_exit_loss import active_exits
 from pretrain_launch import EXITS, LAYERS, STEPS, read_ranks
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]

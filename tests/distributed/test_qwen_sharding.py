@@ -134,7 +134,7 @@ def test_a_sharded_qwen_step_is_the_single_process_step_and_its_checkpoint_reads
     project's own readers: DCP into a decoder of other weights, the ZeRO folder by
     ``load_decoder`` (its config from the folder)."""
     from framework.checkpoint import load_decoder
-    from framework.checkpoint.dcp_reader import load_into
+    from framework.checkpoint.sharded.dcp_reader import load_into
 
     # fork: the ranks inherit this process's imports (a spawn re-imports torch in each).
     mp.start_processes(_rank, args=(free_port(), kind, strategy, str(tmp_path)), nprocs=2, join=True,

@@ -15,7 +15,7 @@ from framework.checkpoint import load_decoder
 from framework.config import ModelConfig
 from framework.families import FAMILY_NAMES
 from framework.families.registry import build_decoder, new_block
-from framework.model.flops import dense_step_flops, executed_step_flops
+from framework.flops import dense_step_flops, executed_step_flops
 from framework.layer_dropout import DropPlan
 from framework.model.decoder import Decoder
 from tests.helpers import family_checks as checks

@@ -20,7 +20,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import framework.families.llama.blocks as llama_blocks
 from framework.checkpoint import load_decoder
 from framework.layer_dropout import DropPlan
-from framework.model.flops import dense_step_flops, executed_step_flops
+from framework.flops import dense_step_flops, executed_step_flops
 from tests.helpers.hf_llama import VOCAB
 
 Maker = Callable[..., torch.nn.Module]

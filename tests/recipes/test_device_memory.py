@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from framework.config import ModelConfig
-from framework.recipes.device_memory import Footprint, ModelSizes, device_memory
+from framework.recipes.device_memory import ModelSizes, device_memory
 from framework.families.registry import build_decoder
 from framework.model.decoder import Decoder
 from framework.strategies import checkpoint_block
+from framework.strategies.entry import Footprint
 
 
 # One shape per family and attention form; each family counts its own block's bytes.

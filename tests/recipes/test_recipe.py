@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from framework.config import LayerDropoutConfig, ModelConfig
-from framework.model.flops import block_flops_per_token, head_flops_per_token
+from framework.flops import block_flops_per_token, head_flops_per_token
 from framework.recipes.recipe import build, main
 from framework.recipes.recipe_inputs import parameter_count, read_base
 from framework.schedules import mean_dropout

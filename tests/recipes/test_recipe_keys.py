@@ -22,11 +22,11 @@ import pytest
 import torch
 
 from framework.training.callbacks import RunSummary, Throughput
-from framework.checkpoint.saving import PeriodicCheckpoint
+from framework.training.checkpointing.saving import PeriodicCheckpoint
 from framework.training.nonfinite import NonFiniteLossGuard
 from framework.training.pretrain import PretrainCLI, build_cli, release_run_folders
 from framework.recipes.recipe_keys import recipe_keys
-from framework.training.early_exit_loss import exit_weights
+from framework.early_exit_loss import exit_weights
 from framework.schedules import dropout_rates
 from framework.training.progress import StepProgressLines
 from tests.helpers.tiny_training import tiny_cli_args

@@ -85,7 +85,7 @@ def test_the_policy_reaches_the_module_only_through_our_strategies():
 
 
 def test_the_private_lightning_names_we_use_still_exist():
-    """framework/training/lightning_internals.py reaches into these; a Lightning upgrade that
+    """framework/strategies/lightning_internals.py reaches into these; a Lightning upgrade that
     renames one must fail here, not inside a multi-process run."""
     import lightning.pytorch as pl
     from lightning.pytorch.strategies import ModelParallelStrategy

@@ -18,10 +18,9 @@ import pytest
 import torch
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, SingleDeviceStrategy
 
-from framework.recipes.device_memory import Footprint
 from framework.strategies import (STRATEGIES, FSDP2Strategy, HSDPStrategy, build_strategy, entry_of, precision_for,
                                   resolve_accelerator)
-from framework.strategies.entry import OTHER
+from framework.strategies.entry import OTHER, Footprint
 
 FRAMEWORK = Path(__file__).resolve().parents[2] / "framework"
 
@@ -46,6 +45,13 @@ def test_only_deepspeed_cannot_skip_a_step():
     assert {name for name, entry in STRATEGIES.items() if not entry.can_skip_step} == \
         {"deepspeed_stage_2", "deepspeed_stage_3"}
     assert OTHER.can_skip_step
+
+
+def test_the_strategies_that_keep_every_parameter_whole_on_every_rank():
+    # a frozen backbone runs unsharded under these (eval/adapters/fit.py offers only them)
+    assert [name for name, entry in STRATEGIES.items() if entry.replicates_parameters] == [
+        "single", "ddp", "deepspeed_stage_2"]
+    assert not OTHER.replicates_parameters
 
 
 @pytest.mark.parametrize("devices, nodes, proposed", [

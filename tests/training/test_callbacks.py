@@ -17,7 +17,7 @@ from framework.training.callbacks import (
     in_loop_evaluation_summary,
 )
 from framework.config import LayerDropoutConfig
-from framework.model.flops import Flops, dense_step_flops, executed_step_flops
+from framework.flops import Flops, dense_step_flops, executed_step_flops
 from framework.layer_dropout import StepKey, plan
 from framework.schedules import dropout_rates, effective_depth_of, mean_dropout
 from tests.helpers.tiny_training import SEQ, KeepingLogger, RandomTokens, quiet_trainer, tiny_module

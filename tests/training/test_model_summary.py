@@ -6,7 +6,7 @@ import re
 
 from lightning.pytorch.utilities.model_summary import get_human_readable_count
 
-from framework.model.flops import dense_step_flops
+from framework.flops import dense_step_flops
 from framework.training.model_summary import FlopCountedSummary
 from framework.training.pretrain import main
 from tests.helpers.tiny_training import SEQ, RandomTokens, quiet_trainer, tiny_cli_args, tiny_module

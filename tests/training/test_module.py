@@ -11,7 +11,7 @@ from lightning.fabric.utilities.init import _materialize_distributed_module
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig
-from framework.model.flops import dense_step_flops, executed_step_flops
+from framework.flops import dense_step_flops, executed_step_flops
 from framework.layer_dropout import StepKey, plan
 from framework.training.lr_schedule import LRScheduleConfig, lr_factor
 from framework.training.module import LayerDropModule, check_same_model

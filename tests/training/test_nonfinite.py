@@ -12,7 +12,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from framework.checkpoint.saving import PeriodicCheckpoint
+from framework.training.checkpointing.saving import PeriodicCheckpoint
 from framework.training.nonfinite import NonFiniteLossError, NonFiniteLossGuard
 from tests.helpers.step_records import callbacks_arg, records
 from tests.helpers.tiny_training import KeepingLogger, RandomTokens, quiet_trainer, tiny_module

@@ -186,7 +186,7 @@ def test_bad_model_config_is_one_line(data_dir, tmp_path, capsys):
 
 def test_a_run_logging_to_a_file_prints_progress_lines(data_dir, tmp_path, capsys):
     """stdout is not a terminal here (captured), as in SLURM, nohup or a sweep's log."""
-    from framework.training.progress_line import parse_progress_line
+    from framework.console.progress_line import parse_progress_line
 
     assert main([*tiny_cli_args(data_dir, tmp_path / "run", steps=4), "--progress_every", "0"]) == 0
     lines = [line for line in map(parse_progress_line, capsys.readouterr().out.splitlines()) if line]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from framework.training.progress_line import parse_progress_line
+from framework.console.progress_line import parse_progress_line
 from framework.training.progress import StepProgressBar, StepProgressLines
 from tests.helpers.tiny_training import RandomTokens, quiet_trainer, tiny_module
 

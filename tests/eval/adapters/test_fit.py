@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from eval.adapters.evaluation import eval_main
 from eval.adapters.fit import AdapterModule, chunked_distillation_kl, distillation_kl, fit_main
-from framework.training.progress_line import parse_progress_line
+from framework.console.progress_line import parse_progress_line
 from tests.eval.adapters.backbones import SEQ_LEN, random_backbone
 
 
@@ -83,7 +83,7 @@ def test_fit_then_eval_reduces_the_exit_loss(prepared, backbone_dir, tmp_path, c
     assert saved and all(k.startswith("blocks.1.") or k.startswith("blocks.2.") for k in saved)  # adapters only
 
     report_path = tmp_path / "report.json"
-    monkeypatch.setattr("framework.training.loop_progress.LOG_EVERY", 0.0)  # a line per batch
+    monkeypatch.setattr("framework.console.loop_progress.LOG_EVERY", 0.0)  # a line per batch
     assert eval_main(["--adapters", str(out), "--data", str(prepared), "--out", str(report_path),
                       "--seq-len", str(SEQ_LEN), "--batches", "6"]) == 0
     printed = capsys.readouterr()

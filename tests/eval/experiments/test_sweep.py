@@ -300,7 +300,7 @@ def test_a_moved_sweep_folder_resumes_with_its_paths_rewritten_and_a_changed_one
 def test_predictions_count_the_early_exit_heads():
     """Each early-exit head a step (on average over the curriculum) is one more head on every token."""
     from framework.config import ModelConfig
-    from framework.model.flops import dense_step_flops
+    from framework.flops import dense_step_flops
 
     recipe = {"model": {"decoder": {"vocab_size": 256, "d_model": 32, "n_layers": 4, "n_heads": 2},
                         "layer_dropout": {"p_max": 0.0}},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from eval.experiments.sweep_status import StatusPrinter, status_line
-from framework.training.progress_line import ProgressLine, format_progress_line
+from framework.console.progress_line import ProgressLine, format_progress_line
 
 
 def test_the_status_line_shows_each_running_runs_latest_step_and_eta(tmp_path):

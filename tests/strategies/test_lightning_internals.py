@@ -1,5 +1,5 @@
 """Private Lightning APIs: each one the project uses is listed in
-framework/training/lightning_internals.py and still exists, with the same parameters, in the
+framework/strategies/lightning_internals.py and still exists, with the same parameters, in the
 installed Lightning; no other private Lightning name is used anywhere in the code."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 import lightning
 import pytest
 
-from framework.training.lightning_internals import PRIVATE_API
+from framework.strategies.lightning_internals import PRIVATE_API
 
 REPO = Path(__file__).resolve().parents[2]
 CODE = [path for folder in ("framework", "eval", "data_prep", "benchmarks") for path in (REPO / folder).rglob("*.py")]
-HOME = REPO / "framework" / "training" / "lightning_internals.py"
+HOME = REPO / "framework" / "strategies" / "lightning_internals.py"
 # Uses that sit outside lightning_internals.py: PretrainCLI's override of
 # _instantiate_trainer (an override cannot move). PeriodicCheckpoint (#10) now builds on
 # Lightning's public Checkpoint base and uses no private name. Delete an entry when its
@@ -48,7 +48,7 @@ def test_each_private_lightning_api_still_exists_as_used(entry):
     owner, name = owner_and_name(entry)
     params = PRIVATE_API[entry]
     where = f"Lightning {lightning.__version__} changed {entry}, which this project uses (see " \
-            "framework/training/lightning_internals.py):"
+            "framework/strategies/lightning_internals.py):"
     if params is None:
         assert name in assigned_by(owner), f"{where} {owner.__name__} no longer sets self.{name}"
         return
@@ -126,7 +126,8 @@ def test_private_lightning_names_are_listed_and_live_in_lightning_internals():
     listed = {entry.split(".")[-1] for entry in PRIVATE_API}
     uses = set().union(*(private_lightning_uses(path.read_text(), str(path.relative_to(REPO))) for path in CODE))
     unlisted = sorted(use for use in uses if use[1] not in listed)
-    assert not unlisted, f"private Lightning names used but not in framework/training/lightning_internals.py: {unlisted}"
+    assert not unlisted, ("private Lightning names used but not in framework/strategies/lightning_internals.py: "
+                          f"{unlisted}")
     elsewhere = {use for use in uses if use[0] != str(HOME.relative_to(REPO))}
     assert elsewhere <= NOT_MOVED_YET, f"private Lightning calls outside lightning_internals.py: " \
                                        f"{sorted(elsewhere - NOT_MOVED_YET)}"

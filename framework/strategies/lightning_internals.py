@@ -5,7 +5,7 @@ change them without notice, and code that uses them then breaks in ways no type
 checker sees. So every such use is meant to sit here, in a small function named for
 what it does, and every private name the project touches is listed in
 ``PRIVATE_API`` with the parameters seen on the pinned Lightning (2.6.6).
-tests/training/test_lightning_internals.py checks each entry against the installed Lightning
+tests/strategies/test_lightning_internals.py checks each entry against the installed Lightning
 (and fails naming it when an upgrade changed it), and scans the code for private
 Lightning names that are not listed here.
 

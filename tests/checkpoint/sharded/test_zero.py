@@ -1,4 +1,4 @@
-"""framework.checkpoint.zero: the consolidation rules of DeepSpeed's flat fp32 partitions,
+"""framework.checkpoint.sharded.zero: the consolidation rules of DeepSpeed's flat fp32 partitions,
 at a world size (3) and parameter sizes that leave padding everywhere. The files are
 laid out here by hand following DeepSpeed's rules (ZeRO-2: each group's flat vector,
 parameters back to back with their alignment padding, cut into one slice per rank;

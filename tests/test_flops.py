@@ -6,7 +6,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import framework.model.decoder
 from framework.config import LayerDropoutConfig, ModelConfig
-from framework.model.flops import (
+from framework.flops import (
     Flops,
     block_flops_per_token,
     dense_step_flops,

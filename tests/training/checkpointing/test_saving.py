@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-import framework.checkpoint.saving as checkpointing_module
-from framework.checkpoint.saving import AtomicCheckpointIO, PeriodicCheckpoint
+import framework.training.checkpointing.saving as checkpointing_module
+from framework.training.checkpointing.saving import AtomicCheckpointIO, PeriodicCheckpoint
 from tests.helpers.battery import hashes, layerdrop, refusal
 from tests.helpers.tiny_training import RandomTokens, quiet_trainer, tiny_cli_args, tiny_module
 
@@ -62,7 +62,7 @@ def test_a_crash_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path, mo
 
 
 def test_the_trainer_saves_through_the_atomic_io(tmp_path):
-    from framework.checkpoint.saving import use_atomic_checkpoint_io
+    from framework.training.checkpointing.saving import use_atomic_checkpoint_io
 
     trainer = quiet_trainer(max_steps=1, default_root_dir=str(tmp_path))
     use_atomic_checkpoint_io(trainer)

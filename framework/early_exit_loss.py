@@ -123,7 +123,7 @@ def exit_weights(cfg: EarlyExitLossConfig, num_layers: int, step: int, total_ste
 
 def mean_exit_heads(cfg: EarlyExitLossConfig, num_layers: int, total_steps: int) -> float:
     """Exit heads a step runs, averaged over the run (summed exactly: O(T)); each one
-    costs a head forward and backward on every token (framework/model/flops.py)."""
+    costs a head forward and backward on every token (framework/flops.py)."""
     exits = configured_exits(cfg, num_layers)
     if cfg.curriculum == "none" or not exits:
         return float(len(exits))

@@ -1,4 +1,4 @@
-"""framework/checkpoint/dcp_reader.py: a DCP folder read whole in one process, as the
+"""framework/checkpoint/sharded/dcp_reader.py: a DCP folder read whole in one process, as the
 checkpoint dict a single file holds (the 2 -> 1 resume: an FSDP2 run continued under
 ``single``; end to end in tests/distributed/test_crash_resume.py)."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from framework.checkpoint.base import CheckpointError
-from framework.checkpoint.dcp import DcpFolder
+from framework.checkpoint.sharded.dcp import DcpFolder
 from framework.config import ModelConfig
 from framework.model.decoder import Decoder
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from framework.training.loop_progress import progress
+from framework.console.loop_progress import progress
 
 
 def test_a_log_gets_periodic_lines_with_the_total():
@@ -29,7 +29,7 @@ def test_a_short_run_or_a_disabled_display_stays_silent():
 
 def test_a_line_with_a_known_total_gives_the_time_left_and_the_last_none(monkeypatch):
     clock = iter([0.0, 10.0, 10.0, 20.0, 20.0])  # start; then (advance, line) twice
-    monkeypatch.setattr("framework.training.loop_progress.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("framework.console.loop_progress.time.perf_counter", lambda: next(clock))
     log = io.StringIO()
     with progress(4, "eval downstream: requests", every=5.0, stream=log) as bar:
         bar.advance(1)    # 1 of 4 in 10 s: 30 s left

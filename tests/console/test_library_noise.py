@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from framework.training.library_noise import LIGHTNING_INFO_LOGGERS, PROGRESS_BAR_SWITCHES, quiet_library_noise
+from framework.console.library_noise import LIGHTNING_INFO_LOGGERS, PROGRESS_BAR_SWITCHES, quiet_library_noise
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ def test_the_seed_and_unused_accelerator_lines_are_dropped():
 def test_library_progress_bars_stay_out_of_a_log():
     """lm-eval builds its requests under a plain tqdm bar (no switch of its own): in a log
     every redraw was left behind. A bar that passes `disable` itself keeps its own rule."""
-    script = ("from framework.training.library_noise import quiet_library_noise; quiet_library_noise()\n"
+    script = ("from framework.console.library_noise import quiet_library_noise; quiet_library_noise()\n"
               "from tqdm import tqdm\n"
               "for _ in tqdm(range(3), desc='building requests'): pass\n"
               "for _ in tqdm(range(3), desc='our own bar', disable=False): pass\n")

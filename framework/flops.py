@@ -23,7 +23,10 @@ two sublayers differently, though its expectation is 1 - mean(p) either way.
 
 A dropped layer runs on its kept rows only (framework/layer_dropout.py), so executed
 FLOPs are counted per layer and sublayer from the rows each one ran on. Each exit head
-of the early-exit loss (framework/training/early_exit_loss.py) is one more head on every token.
+of the early-exit loss (framework/early_exit_loss.py) is one more head on every token.
+
+A block's FFN is its family's (``ffn_matrices``: 2 for Celerity's, 3 for a gated one), so
+this module sits above framework/families/ in the layers (docs/layers.md), not in model/.
 """
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ from framework.files.staging import is_url
 from framework.checkpoint.base import TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
 from framework.checkpoint.export import EXPORT_FOLDER, mark_export, write_config
 from framework.checkpoint.folder import finish_replacement, publish, remove_path, staging_path
-from framework.checkpoint.keep_tokenizer import KeepTokenizer
+from framework.training.checkpointing.keep_tokenizer import KeepTokenizer
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
-from framework.checkpoint.saving import PeriodicCheckpoint
+from framework.training.checkpointing.saving import PeriodicCheckpoint
 from framework.strategies import entry_of
 
 

@@ -1,5 +1,5 @@
 """Reading an FSDP2 checkpoint folder (torch.distributed.checkpoint) in one process:
-the ``dcp`` form's loader (framework/checkpoint/dcp.py). Its own module because
+the ``dcp`` form's loader (framework/checkpoint/sharded/dcp.py). Its own module because
 importing torch.distributed.checkpoint costs seconds (it pulls in DTensor and dynamo):
 only a command that reads such a folder pays for it.
 

@@ -18,7 +18,7 @@ from framework.files.atomic_write import fsync_dir, replacing
 from framework.files.disk_space import DiskFull, check_room, free_bytes, is_disk_full, size_on_disk
 from framework.files.staging import is_url
 from framework.checkpoint.export import EXPORT_FOLDER
-from framework.checkpoint.dcp import DcpFolder
+from framework.checkpoint.sharded.dcp import DcpFolder
 from framework.checkpoint.safety import DCP_METADATA_FILE
 from framework.checkpoint.folder import (LAST, clean_leftovers, point_last, publish, remove_path, retire, staging_path,
                                          step_checkpoints)
@@ -298,7 +298,7 @@ def refuse_earlier_checkpoints(dirpath: str | os.PathLike, skipped: list[str] | 
 
 
 # What a finished run leaves in its root besides its checkpoints: the final export
-# (framework/checkpoint/final_export.py) and RunSummary's summary.json.
+# (framework/training/checkpointing/final_export.py) and RunSummary's summary.json.
 RUN_OUTPUTS = (EXPORT_FOLDER, "summary.json")
 
 

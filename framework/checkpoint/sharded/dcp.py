@@ -1,7 +1,7 @@
 """The ``dcp`` form: an FSDP2 checkpoint folder written by Lightning's
 ModelParallelStrategy through torch.distributed.checkpoint (``.metadata``, the
 ``__R_0.distcp`` shards, ``meta.pt`` holding the non-tensor entries); read in one
-process by framework/checkpoint/dcp_reader.py.
+process by framework/checkpoint/sharded/dcp_reader.py.
 
 A folder is complete when ``.metadata`` and ``meta.pt`` are there, ``meta.pt`` is a
 whole archive and every shard file is as long as ``.metadata`` says.
@@ -44,19 +44,19 @@ class DcpFolder:
         return training_model_config(path, metadata)
 
     def shapes(self, path: Path) -> dict[str, Any]:
-        from framework.checkpoint.dcp_reader import stored_shapes  # torch.distributed.checkpoint: seconds
+        from framework.checkpoint.sharded.dcp_reader import stored_shapes  # torch.distributed.checkpoint: seconds
 
         return stored_shapes(path)
 
     def load_into(self, decoder: Any, path: Path) -> None:
-        from framework.checkpoint.dcp_reader import load_into
+        from framework.checkpoint.sharded.dcp_reader import load_into
 
         load_into(decoder, path)
 
     def training_checkpoint(self, path: Path) -> dict[str, Any]:
         """The whole folder as the dict a single-file checkpoint holds: an FSDP2/HSDP run
-        resumed by one process (framework/checkpoint/saving.py's AtomicCheckpointIO)."""
-        from framework.checkpoint.dcp_reader import read_training_checkpoint
+        resumed by one process (framework/training/checkpointing/saving.py's AtomicCheckpointIO)."""
+        from framework.checkpoint.sharded.dcp_reader import read_training_checkpoint
 
         return read_training_checkpoint(path, load_torch_file(path / LIGHTNING_META, mmap=False))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from framework.training.progress_line import ProgressLine, format_progress_line, latest_progress, parse_progress_line
+from framework.console.progress_line import ProgressLine, format_progress_line, latest_progress, parse_progress_line
 
 
 def test_the_exact_form_and_its_round_trip():

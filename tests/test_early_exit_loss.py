@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from framework.config import EarlyExitLossConfig, LayerDropoutConfig
-from framework.training.early_exit_loss import active_exits, configured_exits, exit_weights, mean_exit_heads
+from framework.early_exit_loss import active_exits, configured_exits, exit_weights, mean_exit_heads
 from framework.layer_dropout import DropPlan
 from framework.training.pretrain import main
 from tests.helpers.reference_decoder import layer_norm, reference_hidden
