@@ -7,7 +7,7 @@ layer:
 
 (per token, not per sequence). The backbone never receives a gradient and is not in
 the optimizer. Training runs in a LightningModule under the pretraining stack's
-Trainer, strategies (framework/strategies/) and token data (framework/training/data.py).
+Trainer, strategies (framework/strategies/) and token data (framework/training/data/data_module.py).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from framework.files.atomic_write import write_json
 from framework.files.staging import is_url
 from eval import options
 from eval import skip_sets as sets
-from eval.measurements import sources
+from eval.measurements import per_source
 from eval.inputs import Batch, ContextLimit, ValidationData
 from framework.checkpoint import Checkpoint, CheckpointError
 from framework.command_parser import CommandParser
@@ -123,7 +123,7 @@ def _common_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--label", nargs="+", action="extend", default=None, metavar="NAME",
                         help="plot/report label per checkpoint (default: the run's name, runs/x/checkpoints/"
                              "last.ckpt -> x)")
-    sources.add_data(parser)
+    per_source.add_data(parser)
     parser.add_argument("--seq-len", type=int, default=None,
                         help="tokens per sequence (default and most: the models' max_seq_len)")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per batch (default 8)")
@@ -147,7 +147,7 @@ def _check_common(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error(f"--label {args.labels} is invalid: labels must be distinct")
     args.plot = args.plot or str(Path(args.out).with_suffix(".png"))
     options.refuse_existing(parser, [args.out, args.plot], args.overwrite)
-    args.sources = sources.resolve(parser, args.data, args.mixture)
+    args.sources = per_source.resolve(parser, args.data, args.mixture)
     for source in args.sources:
         if not is_url(source.dir) and not Path(source.dir).is_dir():  # URLs are litdata's to check
             parser.error(f"--data {source.dir!r} is not a folder: expected one made by `layerdrop prepare`")
@@ -202,7 +202,7 @@ def _evaluate_each(parser: argparse.ArgumentParser, args: argparse.Namespace, da
                 parser.error(str(err))
             measured = {name: evaluate(index, decoder, Advancing(batches, bar)) for name, batches in data.items()}
             single = len(args.sources) == 1 and args.mixture is None
-            report = measured[args.sources[0].name] if single else sources.combine(measured, args.sources, kind)
+            report = measured[args.sources[0].name] if single else per_source.combine(measured, args.sources, kind)
             reports.append({"label": label, "ckpt": str(path), **report,
                             "ln_vocab": math.log(decoder.config.vocab_size)})  # the uniform guess, for the plot
             del decoder
@@ -261,7 +261,7 @@ def exits_main(argv: list[str] | None = None) -> int:
     if "sources" in reports[0]:
         args.source_plot = str(Path(args.plot).with_name(Path(args.plot).stem + "-sources.png"))
         report["source_plot"] = args.source_plot
-        series, colour_of = sources.per_source_series(reports)
+        series, colour_of = per_source.per_source_series(reports)
         save_figure(exits_figure(series, title="Early exit per source", colour_of=colour_of), args.source_plot)
     write_json(args.out, report)
     plot_exits(reports, args.plot)

@@ -29,7 +29,7 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from eval.measurements import sources
+from eval.measurements import per_source
 from eval.measurements.exits import Batch, ValidationData, exit_losses
 from eval.options import (add_checkpoint, add_output, add_threads, apply_threads, check_positive, checkpoint_label,
                           refuse_existing)
@@ -125,7 +125,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Validation loss at every exit on many held-out tokens (default: the whole val split), "
                     "with its sampling noise from consecutive slices of the split.")
     add_checkpoint(parser)
-    sources.add_data(parser)
+    per_source.add_data(parser)
     parser.add_argument("--seq-len", type=int, default=None,
                         help="tokens per sequence (default: the model's max_seq_len)")
     parser.add_argument("--batch-size", type=int, default=16, help="sequences per batch (default 16)")
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.groups < 2:
         parser.error(f"--groups={args.groups} is invalid: the standard error needs at least 2 slices")
     refuse_existing(parser, [args.out], args.overwrite)
-    asked = sources.resolve(parser, args.data, args.mixture)
+    asked = per_source.resolve(parser, args.data, args.mixture)
     for source in asked:
         if not is_url(source.dir) and not Path(source.dir).is_dir():
             parser.error(f"--data {source.dir!r} is not a folder: expected one made by `layerdrop prepare`")

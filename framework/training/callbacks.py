@@ -391,8 +391,8 @@ def early_exit_summary(trainer: pl.Trainer) -> dict[str, Any]:
 
 def mixture_summary(trainer: pl.Trainer) -> dict[str, Any]:
     """A data mixture's part of the summary: tokens and last validation loss per source, the
-    phases of weights (framework/training/source_tokens.py; empty for one folder)."""
-    from framework.training.source_tokens import SourceTokens
+    phases of weights (framework/training/data/source_tokens.py; empty for one folder)."""
+    from framework.training.data.source_tokens import SourceTokens
 
     counter = next((cb for cb in trainer.callbacks if isinstance(cb, SourceTokens)), None)
     return counter.summary(trainer) if counter is not None else {}

@@ -183,7 +183,7 @@ class LayerDropModule(pl.LightningModule):
     def configure_callbacks(self) -> list[pl.Callback]:
         from framework.training.callbacks import EarlyExitLosses, LayerDropoutSchedule
         from framework.training.health import TrainingHealth
-        from framework.training.source_tokens import SourceTokens
+        from framework.training.data.source_tokens import SourceTokens
 
         return [LayerDropoutSchedule(), TrainingHealth(), SourceTokens(),
                 *([EarlyExitLosses()] if self.val_exit_loss else [])]

@@ -20,7 +20,7 @@ from lightning.pytorch.callbacks import RichProgressBar
 
 from framework.training.callbacks import micro_batch_stats
 from framework.console.progress_line import ProgressLine, format_progress_line
-from framework.training.source_tokens import SourceTokens
+from framework.training.data.source_tokens import SourceTokens
 
 
 class StepProgressBar(RichProgressBar):

@@ -1,5 +1,5 @@
 """framework/files/manifest.py: the one home of manifest.json (written by `layerdrop prepare`,
-read by the data module); remote reading is in tests/training/test_data.py (litdata's local:)."""
+read by the data module); remote reading is in tests/training/data/test_data_module.py (litdata's local:)."""
 
 from __future__ import annotations
 

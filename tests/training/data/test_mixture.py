@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from framework.training.mixture import MixturePhases, Source, check_same_language, parse_mixture
+from framework.training.data.mixture import MixturePhases, Source, check_same_language, parse_mixture
 
 
 def test_weights_become_shares_in_the_given_order():

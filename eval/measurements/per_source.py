@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from framework.training.mixture import parse_mixture
+from framework.training.data.mixture import parse_mixture
 
 LINESTYLES = ("-", "--", ":", "-.")
 

@@ -18,9 +18,9 @@ tokens; blocks follow each other without overlap and never straddle a chunk).
   ``gs://``, ``local:``...); ``manifest.json`` is read at ``setup`` and checked
   against the model (``model_vocab_size``) and ``seq_len`` before a batch is drawn.
 
-A mixture (``mixture={name: {dir, weight}}`` instead of ``data_dir``; framework/training/mixture.py)
+A mixture (``mixture={name: {dir, weight}}`` instead of ``data_dir``; framework/training/data/mixture.py)
 draws each training sequence's source with the weights and streams each source with its
-own loader (framework/training/mixture_loader.py): batches are then ``(inputs, targets,
+own loader (framework/training/data/mixture_loader.py): batches are then ``(inputs, targets,
 sources)``, ``sources`` the int64 source index of each row. Each source cycles on its own.
 Validation is one fixed, spread set per source (``val_dataloader`` returns one loader per
 source, in the mixture's order).
@@ -32,7 +32,7 @@ the next batch is then the one the uninterrupted run would have drawn. Lightning
 2.6's fit loop also saves and restores stateful train loaders on its own (the same
 state, restored twice, harmlessly); the DataModule's copy is what custom loops and
 tests use. Lightning does not prefetch from a loader with a length, so the saved
-state is that of the last batch trained on (tests/training/test_data.py checks this end to
+state is that of the last batch trained on (tests/training/data/test_data_module.py checks this end to
 end through a Trainer).
 """
 
@@ -48,8 +48,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from framework.config import NonNegativeInt, PositiveInt, check
 from framework.files.manifest import MANIFEST_FILE, MANIFEST_FORMAT, read_manifest
-from framework.training.mixture import MixturePhases, check_same_language, describe, parse_mixture
-from framework.training.mixture_loader import MixtureLoader, stack_collate
+from framework.training.data.mixture import MixturePhases, check_same_language, describe, parse_mixture
+from framework.training.data.mixture_loader import MixtureLoader, stack_collate
 
 
 def shift_collate(blocks: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,7 +86,7 @@ class TokenDataModule(L.LightningDataModule):
     Args:
         data_dir: the prepared folder (local path or object-store URL).
         mixture: instead of ``data_dir``, several prepared folders with weights,
-            ``{name: {dir: FOLDER, weight: W}}`` (framework/training/mixture.py).
+            ``{name: {dir: FOLDER, weight: W}}`` (framework/training/data/mixture.py).
         seq_len: tokens per training sequence (blocks of seq_len + 1 are read).
         batch_size: sequences per batch on each device (the micro-batch).
         num_workers: loader worker processes per device (0: in the main process).

@@ -1,7 +1,7 @@
 """Tokens trained on per source of a data mixture, summed over ranks.
 
 Each rank counts the rows of its batches by source (the batch's third tensor, see
-framework/training/data.py); every ``trainer.log_every_n_steps`` optimizer steps the counts
+framework/training/data/data_module.py); every ``trainer.log_every_n_steps`` optimizer steps the counts
 since the last sum are added up over ranks (one small all-reduce) and logged as
 ``train/tokens/<source>`` (TensorBoard) beside each source's share so far. The totals go
 into checkpoints (a resumed run goes on counting) and into ``summary.json``

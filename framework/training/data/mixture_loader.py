@@ -8,7 +8,7 @@ count as if the workers had taken a source's samples in turn, batch by batch. Th
 (each worker draws its own sources), so a resume with 2 workers served some blocks twice and
 skipped others (measured on the suite's data: 2 of 20 rows repeated after 5 batches). Here
 each source is a single-source loader, whose resume litdata gets right with any workers
-(tests/training/test_data.py), the draw of row sources is a pure function of (seed, rank,
+(tests/training/data/test_data_module.py), the draw of row sources is a pure function of (seed, rank,
 batch number), and the rows a source's loader served but no batch used yet are kept in the
 state. So the next batch after a resume is the one the uninterrupted run would have drawn.
 

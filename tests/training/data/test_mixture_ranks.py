@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pretrain_launch import MICRO_BATCH, SEQ_LEN, pretrain_command, run, tiny_recipe
+from tests.distributed.pretrain_launch import MICRO_BATCH, SEQ_LEN, pretrain_command, run, tiny_recipe
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(900)]
 STEPS = 12
