@@ -3,7 +3,7 @@ import os
 import pytest
 
 from data_prep.builtin_corpus import MAN_FAMILY_CAP, BuiltinSource, _man_family, man_files
-from data_prep.sources import SourceStats
+from data_prep.sources.document import SourceStats
 
 
 @pytest.fixture(scope="module")
