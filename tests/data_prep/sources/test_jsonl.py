@@ -38,3 +38,24 @@ def test_jsonl_bad_lines_name_the_line(tmp_path, line, message):
     path.write_text('{"text": "ok"}\n' + line + "\n")
     with pytest.raises(PrepareError, match=message):
         _read(JsonlSource(str(path), "text"))
+
+
+def test_jsonl_zst_reads_as_the_plain_file(tmp_path):
+    import zstandard
+
+    lines = [json.dumps({"text": f"document {i}\n" * (i % 5 + 1), "id": i}) for i in range(500)]
+    (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress((tmp_path / "a.jsonl").read_bytes()))
+    plain, _ = _read(JsonlSource(str(tmp_path / "a.jsonl"), "text"))
+    packed, _ = _read(JsonlSource(str(tmp_path / "a.jsonl.zst"), "text"))
+    assert [text for _, text in packed] == [text for _, text in plain] and len(plain) == 500
+    assert packed[3][0] == f"{tmp_path}/a.jsonl.zst:4"
+
+
+@pytest.mark.parametrize("opening", ["[", '{"a": '])
+def test_a_line_nested_thousands_deep_is_one_line_not_a_recursion_error(tmp_path, opening):
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"text": "ok"}\n' + opening * 50_000 + "\n")
+    source = JsonlSource(str(path), "text")
+    with pytest.raises(PrepareError, match="line 2 nests arrays or objects deeper than the JSON reader allows"):
+        source.check_records()
