@@ -189,3 +189,14 @@ def test_existing_output_is_kept(runs, tmp_path, capsys):
     (tmp_path / "out" / "mine.txt").write_text("keep")
     line = _refused_in_process([*[str(runs / f"part{i}") for i in range(1, 5)], "--out", str(tmp_path / "out")], capsys)
     assert "already holds data" in line and os.listdir(tmp_path / "out") == ["mine.txt"]
+
+
+def test_one_part_of_one_merges_to_one_machines_folder(corpus, prepared, runs, tmp_path, capsys):
+    """--shard 1/1 then merge (litdata merges two or more; one is copied): the same tokens."""
+    _prepare(*corpus, "--tokenizer", prepared, "--shard", "1/1", "--out", str(tmp_path / "only"))
+    code, printed = run_main(merge_main, [str(tmp_path / "only"), "--out", str(tmp_path / "merged")], capsys)
+    assert code == 0 and printed.out.startswith("merged 1 parts into")
+    for split in ("train", "val"):
+        assert np.array_equal(read_split_tokens(str(tmp_path / "merged" / split), "uint16"),
+                              read_split_tokens(str(runs / "one" / split), "uint16"))
+    assert sorted(os.listdir(tmp_path)) == ["merged", "only"]
