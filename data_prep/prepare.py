@@ -103,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     tokenizer.add_argument("--vocab-size", type=_count, metavar="N",
                            help=f"vocabulary of the trained tokenizer (default 8192; at least {MIN_TRAINED_VOCAB})")
     tokenizer.add_argument("--eos-token", metavar="TOKEN",
-                           help="the document separator (default: <|endoftext|> when training; "
-                                "for a loaded tokenizer, the first usual EOS name it holds)")
+                           help="the document separator (default: <|endoftext|> when training; the recorded "
+                                "one of a prepared folder; the eos_token of a Hugging Face folder's "
+                                "tokenizer_config.json; else the first usual EOS name the tokenizer holds)")
     tokenizer.add_argument("--document-start", choices=DOCUMENT_STARTS,
                            help="bos: each document is what the tokenizer's post-processor makes of it (BOS "
                                 "first, as Hugging Face's tok(text)), then EOS; eos: documents separated by EOS "
