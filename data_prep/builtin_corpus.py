@@ -9,6 +9,15 @@
   carry ~16,600 generated ``gcloud`` reference pages that would otherwise be most of
   the prose.
 
+Halves: ``--corpus builtin:code`` is the stdlib alone and ``builtin:prose`` the man pages
+alone, each in the order it has inside the whole corpus, so two sources of a mixture. A
+tokenizer trained for a half trains on the whole builtin corpus (``tokenizer_corpus``):
+the halves of a mixture must share one tokenizer, and one that saw both code and prose
+encodes each as well as the mixture's other half (a per-source loss in nats per token
+compares like with like); with the same ``--vocab-size`` and ``--max-tokens`` the two
+halves then get the same tokenizer, byte for byte, in whichever order or place they are
+prepared.
+
 Order: every document gets the key ``sha256("<kind>:<relative path>")`` and the
 corpus is read in key order, which interleaves code and prose. It depends only on
 the file names, so a ``--max-tokens`` cap takes the same representative sample on
@@ -26,11 +35,13 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from data_prep.man_page import render_man_page
-from data_prep.sources import Document, SourceStats, accept, decode_text
+from data_prep.sources.document import Document, SourceStats, accept, decode_text
 
 MAN_ROOT = "/usr/share/man"
 MAN_SECTIONS = tuple(f"man{section}" for section in range(1, 9))
 MAN_FAMILY_CAP = 200
+# --corpus value -> the kinds of file it reads
+CORPORA = {"builtin": ("stdlib", "man"), "builtin:code": ("stdlib",), "builtin:prose": ("man",)}
 _EXCLUDED_STDLIB_DIRS = {"site-packages", "dist-packages", "__pycache__"}
 
 
@@ -92,18 +103,35 @@ def _read_text(file: BuiltinFile, stats: SourceStats) -> str:
 
 @dataclass
 class BuiltinSource:
-    """Python standard library + rendered man pages, in a fixed interleaved order."""
+    """Python standard library + rendered man pages (or one of them), in a fixed interleaved order."""
 
     stdlib_root: str | None = None
     man_root: str = MAN_ROOT
+    corpus: str = "builtin"  # a key of CORPORA
+    flag = "--corpus"
     files: list[BuiltinFile] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.files = sorted(stdlib_files(self.stdlib_root) + man_files(self.man_root), key=lambda f: f.key)
+        kinds = CORPORA[self.corpus]
+        found = (stdlib_files(self.stdlib_root) if "stdlib" in kinds else []) + \
+            (man_files(self.man_root) if "man" in kinds else [])
+        self.files = sorted(found, key=lambda f: f.key)
+
+    @property
+    def paths(self) -> list[str]:
+        return [f.path for f in self.files]
+
+    def keep(self, positions: list[int]) -> None:
+        self.files = [self.files[i] for i in positions]
+
+    def tokenizer_corpus(self) -> "BuiltinSource":
+        """What a tokenizer trained for this corpus trains on: the whole builtin corpus."""
+        return BuiltinSource(self.stdlib_root, self.man_root)
 
     def describe(self) -> dict:
         counts = {kind: sum(f.kind == kind for f in self.files) for kind in ("stdlib", "man")}
-        return {"kind": "builtin", "stdlib_root": self.stdlib_root or sysconfig.get_paths()["stdlib"],
+        return {"kind": "builtin", "corpus": self.corpus,
+                "stdlib_root": self.stdlib_root or sysconfig.get_paths()["stdlib"],
                 "man_root": self.man_root, "stdlib_files": counts["stdlib"], "man_pages": counts["man"],
                 "man_family_cap": MAN_FAMILY_CAP}
 

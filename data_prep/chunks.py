@@ -94,11 +94,11 @@ def write_split_chunks(reader: SplitChunkReader, num_tokens: int, output_dir: st
             start_method="fork",  # spawn would re-import torch in every worker (~3 s each)
             verbose=False,
         )
-    _stamp_index_with_content_hash(output_dir)
+    stamp_index_with_content_hash(output_dir)
     return chunks
 
 
-def _stamp_index_with_content_hash(output_dir: str) -> None:
+def stamp_index_with_content_hash(output_dir: str) -> None:
     path = os.path.join(output_dir, INDEX_FILE)
     with open(path) as handle:
         index = json.load(handle)

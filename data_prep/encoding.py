@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from data_prep.errors import PrepareError
-from data_prep.sources import Document
+from data_prep.sources.document import Document
 from data_prep.split import SPLITS, TRAIN, VAL, split_key, split_of
 
 BATCH_DOCUMENTS = 256
@@ -45,28 +45,30 @@ class EncodedCorpus:
     def num_tokens(self) -> int:
         return int(self.doc_ends[-1]) if len(self.doc_ends) else 0
 
-    def doc_splits(self, val_fraction: float) -> np.ndarray:
-        """TRAIN/VAL per document; both splits get at least one document.
+    def doc_splits(self, val_fraction: float, both_splits: bool = True) -> np.ndarray:
+        """TRAIN/VAL per document, by its hash alone.
 
-        On a corpus so small that the hash puts nothing in one split, the document
-        with the smallest (largest) key moves to val (train), still a function of the
-        hashes alone.
+        ``both_splits``: each split gets at least one document: on a corpus so small that
+        the hash puts nothing in one split, the document with the smallest (largest) key
+        moves to val (train), still a function of the hashes alone. A part of a sharded
+        corpus (``prepare --shard``) takes the hash's word only, so that the merged parts
+        split exactly as one machine would; the merge checks that both splits are filled.
         """
-        if len(self.doc_keys) < 2:
+        if both_splits and len(self.doc_keys) < 2:
             raise PrepareError(f"the corpus has {len(self.doc_keys)} document(s); a train/val split needs "
                                "at least 2 (add data or raise --max-tokens)")
         splits = np.array([split_of(key, val_fraction) for key in self.doc_keys], dtype=np.uint8)
-        if not (splits == VAL).any():
+        if both_splits and not (splits == VAL).any():
             splits[int(np.argmin(self.doc_keys))] = VAL
-        if not (splits == TRAIN).any():
+        if both_splits and not (splits == TRAIN).any():
             splits[int(np.argmax(self.doc_keys))] = TRAIN
         return splits
 
-    def split_spans(self, val_fraction: float) -> dict[str, np.ndarray]:
+    def split_spans(self, val_fraction: float, both_splits: bool = True) -> dict[str, np.ndarray]:
         """For each split, the [start, end) token ranges of its documents, in corpus order."""
-        starts = np.concatenate([[0], self.doc_ends[:-1]]).astype(np.int64)
+        starts = np.concatenate([[0], self.doc_ends])[:-1].astype(np.int64)
         spans = np.stack([starts, self.doc_ends], axis=1)
-        splits = self.doc_splits(val_fraction)
+        splits = self.doc_splits(val_fraction, both_splits)
         return {name: spans[splits == index] for index, name in enumerate(SPLITS)}
 
 

@@ -16,6 +16,7 @@ from framework.console.library_noise import quiet_library_noise
 # command -> (module:function, one-line help). Two-word commands are groups.
 COMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("data_prep.prepare:main", "corpus -> tokenizer -> litdata token chunks (+ manifest.json)"),
+    "prepare merge": ("data_prep.merge:main", "join the parts of a prepare --shard I/N run into one folder"),
     "pretrain": ("framework.recipes.pretrain_front:main", "pretrain with layer dropout (LightningCLI fit)"),
     "recipe": ("framework.recipes.recipe:main", "write a recipe for a size, token budget and devices (Table A.2's rules)"),
     "export": ("framework.checkpoint.export:main", "any checkpoint -> model.safetensors + config.json + tokenizer.json"),
@@ -65,8 +66,9 @@ def _refuse(message: str, where: str = "layerdrop") -> int:
 
 
 def _groups() -> set[str]:
-    """Commands with subcommands (``eval``, ``adapters``, ``speculate``)."""
-    return {name.split()[0] for name in COMMANDS if " " in name}
+    """Commands with subcommands (``eval``, ``adapters``, ``speculate``); not ``prepare``,
+    a command itself that also has one (``prepare merge``)."""
+    return {name.split()[0] for name in COMMANDS if " " in name} - set(COMMANDS)
 
 
 def _resolve(argv: list[str]) -> tuple[str, list[str]] | None:

@@ -12,15 +12,25 @@ Keys::
     seed, val_fraction, max_tokens, chunk_tokens
     dtype               "uint16" | "uint32" (token storage in the chunks)
     tokenizer           {file, sha256, vocab_size, eos_token, eos_id, bos_token?, bos_id?,
-                         document_start ("bos" | "eos", framework/tokenizer.py), origin, trained_on?}
-    sources             one entry per source: its description + what was read from it
+                         document_start ("bos" | "eos", framework/tokenizer.py), origin (the given
+                         file or folder, or "trained"), trained_on? {documents, bytes, corpus?}}
+                        (sources of one mixture must agree on sha256, eos_id and document_start)
+    sources             one entry per source: its description (kind files | jsonl | parquet |
+                        hf_dataset | builtin, the last with corpus builtin | builtin:code |
+                        builtin:prose) + what was read from it
                         {documents, bytes, invalid_utf8, skipped_binary, skipped_empty}
                         (under --max-tokens the last encoding batch is read whole, so
-                        this can exceed the documents in the splits)
+                        this can exceed the documents in the splits; in a part of --shard,
+                        the description is the whole input's and "read" the part's)
     invalid_utf8_documents   documents decoded with U+FFFD replacements (all sources)
     truncated_last_document  the --max-tokens cap cut the last document
-    splits              {"train"|"val": {path, documents, tokens, chunks}}
+    shard?              a part of `prepare --shard I/N`: {index, count, files, corpus_files, bytes,
+                        corpus_sha256 (the whole input's and the options' fingerprint)}
+    merged?             made by `prepare merge`: {count, corpus_sha256, parts (their commands)}
+    splits              {"train"|"val": {path, documents, tokens, chunks}} (in a part, a split
+                        without documents has chunks 0 and no folder)
 
+Keys are only ever added: a manifest written before a key existed reads as it did.
 No timestamps or host names: the same inputs and seed give a byte-identical file.
 """
 

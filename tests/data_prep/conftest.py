@@ -40,3 +40,12 @@ class PrepareRun:
 def prepare(capsys) -> PrepareRun:
     return PrepareRun(capsys)
 
+
+
+@pytest.fixture(scope="session")
+def prepared(code_corpus, tmp_path_factory) -> str:
+    """A small prepared folder (trained vocab 300, 30k tokens): its tokenizer is the given one of other tests."""
+    out = str(tmp_path_factory.mktemp("prepared") / "data")
+    assert main(["--files", code_corpus, "--vocab-size", "300", "--max-tokens", "30k", "--out", out,
+                 "--no-progress"]) == 0
+    return out

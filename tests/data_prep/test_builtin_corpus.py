@@ -3,7 +3,7 @@ import os
 import pytest
 
 from data_prep.builtin_corpus import MAN_FAMILY_CAP, BuiltinSource, _man_family, man_files
-from data_prep.sources import SourceStats
+from data_prep.sources.document import SourceStats
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +56,26 @@ def test_documents_render_man_pages(tmp_path):
     assert texts == ["DEMO(1)\n\nNAME\ndemo - shows things\n", "x = '\ufffd'\n"]
     assert (stats.documents, stats.skipped_empty, stats.invalid_utf8) == (2, 1, 1)
     assert source.describe()["man_pages"] == 2 and source.describe()["stdlib_files"] == 1
+
+
+def test_the_halves_split_the_whole_corpus_without_changing_its_order(builtin):
+    """builtin:code and builtin:prose are the stdlib and man files of --corpus builtin, each
+    in the whole corpus's order, and --corpus builtin is their interleaving by key, as before."""
+    code, prose = BuiltinSource(corpus="builtin:code"), BuiltinSource(corpus="builtin:prose")
+    assert [f.path for f in code.files] == [f.path for f in builtin.files if f.kind == "stdlib"]
+    assert [f.path for f in prose.files] == [f.path for f in builtin.files if f.kind == "man"]
+    assert sorted(code.files + prose.files, key=lambda f: f.key) == builtin.files
+    assert code.describe()["corpus"] == "builtin:code" and code.describe()["man_pages"] == 0
+    assert code.tokenizer_corpus().files == builtin.files and code.paths == [f.path for f in code.files]
+
+
+def test_keep_narrows_the_files(tmp_path):
+    stdlib = tmp_path / "lib"
+    stdlib.mkdir()
+    for name in "abc":
+        (stdlib / f"{name}.py").write_text(f"{name} = 1\n")
+    source = BuiltinSource(stdlib_root=str(stdlib), man_root=str(tmp_path / "none"), corpus="builtin:code")
+    kept = source.files[1]
+    source.keep([1])
+    assert source.files == [kept] and [doc.text for doc in source.documents(SourceStats())] == [
+        open(kept.path).read()]

@@ -3,7 +3,7 @@ import pytest
 
 from data_prep.encoding import EncodedCorpus, encode_documents, token_dtype
 from data_prep.errors import PrepareError
-from data_prep.sources import Document
+from data_prep.sources.document import Document
 from data_prep.split import TRAIN, VAL
 from data_prep.trained_tokenizer import train_tokenizer
 

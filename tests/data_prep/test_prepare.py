@@ -167,11 +167,24 @@ def test_jsonl_and_parquet_sources_combine_in_order(tmp_path, prepare):
 
 
 def _bad_inputs(tmp_path, code_corpus):
+    import datasets
+    import zstandard
+
+    from tests.helpers.hf_tokenizer import no_bos_tokenizer
+
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "blank.txt").write_text("\n\n")
     (tmp_path / "empty" / "blob.bin").write_bytes(b"\x00\x01")
     (tmp_path / "rows.jsonl").write_text('{"text": "fine"}\n{"content": "no text field"}\n')
     (tmp_path / "broken.json").write_text("{ this is not a tokenizer")
+    whole = zstandard.ZstdCompressor().compress(("\n".join(json.dumps({"text": f"doc {i} " * 50}) for i in range(2000))
+                                                 ).encode())
+    (tmp_path / "cut.jsonl.zst").write_bytes(whole[:len(whole) // 2])
+    (tmp_path / "plain.jsonl.zst").write_text('{"text": "not compressed"}\n')
+    (tmp_path / "deep.jsonl").write_text('{"text": "fine"}\n' + "[" * 20_000 + "\n")
+    datasets.Dataset.from_dict({"body": ["a", "b"], "n": [1, 2]}).save_to_disk(str(tmp_path / "saved"))
+    no_bos_tokenizer(tmp_path / "tok.json")
+    tok = ["--tokenizer", str(tmp_path / "tok.json")]
     return {
         "missing path": (["--files", str(tmp_path / "nowhere")], "no such file or folder"),
         "empty glob": (["--files", str(tmp_path / "*.xyz")], "the glob matches no files"),
@@ -187,19 +200,45 @@ def _bad_inputs(tmp_path, code_corpus):
         "vocab size below bytes": (["--files", code_corpus, "--vocab-size", "100"], "at least 257"),
         "no corpus": ([], "no corpus given"),
         "val fraction": (["--files", code_corpus, "--val-fraction", "1.5"], "strictly between 0 and 1"),
+        "truncated zst": (["--jsonl", str(tmp_path / "cut.jsonl.zst")],
+                          "cut.jsonl.zst': not a complete zstandard stream (it ends inside a zstandard frame"),
+        "zst that is not zstd": (["--jsonl", str(tmp_path / "plain.jsonl.zst")],
+                                 "not a complete zstandard stream (zstd decompressor error: Unknown frame descriptor)"),
+        "nested thousands deep": (["--jsonl", str(tmp_path / "deep.jsonl")],
+                                  "deep.jsonl line 2 nests arrays or objects deeper than the JSON reader allows"),
+        "datasets folder without the column": (["--hf-dataset", str(tmp_path / "saved")],
+                                               "data-00000-of-00001.arrow has no column 'text' (it has: body, n)"),
+        "non-string column": (["--hf-dataset", str(tmp_path / "saved"), "--text-column", "n"],
+                              "column 'n' is int64, not a string column"),
+        "shard 3/2": (["--files", code_corpus, *tok, "--shard", "3/2"], "argument --shard: '3/2' is not I/N"),
+        "shard 0/0": (["--files", code_corpus, *tok, "--shard", "0/0"], "'0/0' is not I/N with 1 <= I <= N"),
+        "shard 1/0": (["--files", code_corpus, *tok, "--shard", "1/0"], "'1/0' is not I/N"),
+        "shard junk": (["--files", code_corpus, *tok, "--shard", "half"], "'half' is not I/N"),
+        "shard with more parts than files": (["--files", code_corpus, *tok, "--shard", "1/500"],
+                                             "use at most"),
+        "shard with a trained tokenizer": (["--files", code_corpus, "--shard", "1/2"],
+                                           "--shard 1/2 needs a given --tokenizer"),
+        "shard with a token cap": (["--files", code_corpus, *tok, "--shard", "1/2", "--max-tokens", "1M"],
+                                   "--max-tokens caps one prepare, not a corpus of --shard 1/2 parts"),
     }
 
 
 @pytest.mark.parametrize("case", ["missing path", "empty glob", "empty corpus", "jsonl without the field",
                                   "unreadable tokenizer", "missing tokenizer", "vocab size not a number",
                                   "vocab size zero", "vocab size negative", "vocab size below bytes",
-                                  "no corpus", "val fraction"])
+                                  "no corpus", "val fraction", "truncated zst", "zst that is not zstd",
+                                  "nested thousands deep", "datasets folder without the column", "non-string column",
+                                  "shard 3/2", "shard 0/0", "shard 1/0", "shard junk",
+                                  "shard with more parts than files", "shard with a trained tokenizer",
+                                  "shard with a token cap"])
 def test_bad_input_is_one_line_and_exit_2(case, tmp_path, code_corpus, prepare):
     argv, message = _bad_inputs(tmp_path, code_corpus)[case]
     out = tmp_path / "out"
     code, stderr = prepare(*argv, "--out", str(out))
     assert code == 2
     assert message in error_line(stderr)
+    assert "Traceback" not in stderr
+    assert case == "empty corpus" or "training" not in stderr  # found before the tokenizer is trained
     assert not out.exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".out")]
 
 
@@ -407,3 +446,93 @@ def test_the_trained_tokenizer_records_the_eos_start_and_refuses_bos(small, code
     code, stderr = prepare("--files", code_corpus, "--tokenizer", str(path), "--document-start", "bos",
                            "--out", str(tmp_path / "out"))
     assert code == 2 and "adds no BOS" in error_line(stderr)
+
+
+# -- the builtin corpus as two sources of one mixture ------------------------------------------
+
+
+HALF = ["--max-tokens", "60k", "--vocab-size", "300"]
+
+
+@pytest.fixture(scope="module")
+def halves(tmp_path_factory):
+    from data_prep.prepare import main
+
+    root = tmp_path_factory.mktemp("halves")
+    for corpus in ("builtin:code", "builtin:prose", "builtin"):
+        name = corpus.replace(":", "-")
+        assert main(["--corpus", corpus, *HALF, "--out", str(root / name), "--no-progress"]) == 0
+    return root
+
+
+def test_each_half_holds_its_own_documents_in_the_whole_corpus_order(halves):
+    from data_prep.builtin_corpus import BuiltinSource
+    from data_prep.sources.document import SourceStats
+
+    for half, kind in (("builtin-code", "stdlib"), ("builtin-prose", "man")):
+        (source,) = read_manifest(halves / half)["sources"]
+        assert source["corpus"] == half.replace("-", ":") and source["kind"] == "builtin"
+        assert (source["stdlib_files"] > 500) == (kind == "stdlib") and (source["man_pages"] > 0) == (kind == "man")
+        tokenizer = Tokenizer.from_file(str(halves / half / "tokenizer.json"))
+        docs = _docs_by_split(halves / half, "train")[0] + _docs_by_split(halves / half, "val")[0]
+        texts = {tokenizer.decode(doc.tolist()) for doc in docs[:-1]}  # the last one may be cut by the cap
+        whole = BuiltinSource()
+        wanted = [doc.text for doc, file in zip(whole.documents(SourceStats()), whole.files) if file.kind == kind]
+        assert texts <= set(wanted[:len(docs) + 5]) and len(texts) > 3
+
+
+def test_the_halves_share_the_whole_corpus_tokenizer(halves):
+    """Trained for a half, the tokenizer learns the whole builtin corpus: both halves (and
+    --corpus builtin with the same options) get the same file, so one mixture takes both."""
+    files = {half: (halves / half / "tokenizer.json").read_bytes() for half in ("builtin-code", "builtin-prose",
+                                                                                 "builtin")}
+    assert len(set(files.values())) == 1
+    entries = [read_manifest(halves / half)["tokenizer"] for half in ("builtin-code", "builtin-prose")]
+    assert entries[0] == entries[1] and entries[0]["trained_on"]["corpus"] == "builtin"
+    assert entries[0]["document_start"] == "eos" and entries[0]["eos_id"] == 0
+    assert "corpus" not in read_manifest(halves / "builtin")["tokenizer"]["trained_on"]
+
+
+def test_the_second_half_takes_the_first_halfs_folder_as_its_tokenizer(halves, tmp_path, prepare):
+    """Different caps train different tokenizers: --tokenizer FOLDER makes the second half
+    use the first's, with its recorded EOS and document start."""
+    out = tmp_path / "prose"
+    assert prepare("--corpus", "builtin:prose", "--max-tokens", "30k", "--tokenizer", str(halves / "builtin-code"),
+                   "--out", str(out))[0] == 0
+    mine, first = read_manifest(out)["tokenizer"], read_manifest(halves / "builtin-code")["tokenizer"]
+    assert {k: mine[k] for k in ("sha256", "eos_id", "document_start", "vocab_size")} == \
+        {k: first[k] for k in ("sha256", "eos_id", "document_start", "vocab_size")}
+    assert mine["origin"] == str(halves / "builtin-code")
+
+
+# -- the formats corpora ship in --------------------------------------------------------------
+
+
+def test_jsonl_zst_a_datasets_folder_and_a_hugging_face_tokenizer_folder(tmp_path, prepare):
+    import datasets
+    import zstandard
+
+    from tests.helpers.hf_tokenizer import llama3_tokenizer
+
+    web = [f"web page {i}: the sun rises in the east " * (i % 4 + 1) for i in range(80)]
+    code = [f"def f{i}(x):\n    return x * {i}\n" for i in range(80)]
+    (tmp_path / "web.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress("\n".join(json.dumps({"text": t}) for t in web).encode()))
+    datasets.Dataset.from_dict({"content": code}).save_to_disk(str(tmp_path / "code"), num_shards=2)
+    model = tmp_path / "model"
+    model.mkdir()
+    tokenizer = llama3_tokenizer(model / "tokenizer.json")
+    (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|eot_id|>"}))
+    out = str(tmp_path / "data")
+    assert prepare("--jsonl", str(tmp_path / "web.jsonl.zst"), "--hf-dataset", str(tmp_path / "code"),
+                   "--text-column", "content", "--tokenizer", str(model), "--out", out, "--val-fraction", "0.2")[0] == 0
+    manifest = read_manifest(out)
+    assert [s["kind"] for s in manifest["sources"]] == ["jsonl", "hf_dataset"]
+    entry = manifest["tokenizer"]
+    assert (entry["eos_token"], entry["eos_id"], entry["document_start"]) == ("<|eot_id|>", 3, "bos")
+    assert entry["origin"] == str(model) and entry["bos_id"] == 0
+    tokens = np.concatenate([read_split_tokens(os.path.join(out, s), "uint16") for s in ("train", "val")])
+    cuts = np.flatnonzero(tokens == 3)
+    docs = [tokens[a:b] for a, b in zip(np.concatenate([[0], cuts[:-1] + 1]), cuts)]
+    assert all(doc[0] == 0 for doc in docs)
+    assert sorted(tokenizer.decode(doc[1:].tolist()) for doc in docs) == sorted(web + code)

@@ -71,7 +71,7 @@ ALLOWED = {
     ("data_prep/encoding.py", 'open(tokens_path, "wb")'): "scratch token stream in the staging folder's _work/",
     ("data_prep/encoding.py", ".tofile(out)"): "the same scratch token stream",
     ("data_prep/prepare.py", "np.save(spans_path"): "scratch spans in the staging folder's _work/",
-    ("data_prep/prepare.py", "shutil.copyfile(args.tokenizer, path)"):
+    ("data_prep/prepare.py", "shutil.copyfile(given.path, path)"):
         "inside the staging folder, published whole by one rename (framework/files/staging.py)",
     ("data_prep/prepare.py", "tokenizer.save(path)"): "the same staging folder",
     ("eval/experiments/sweep.py", 'open(log, "a")'): "a run's log, appended while its child runs",
