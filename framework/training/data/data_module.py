@@ -48,7 +48,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from framework.config import NonNegativeInt, PositiveInt, check
 from framework.files.manifest import MANIFEST_FILE, MANIFEST_FORMAT, read_manifest
-from framework.training.data.mixture import MixturePhases, check_same_language, describe, parse_mixture
+from framework.training.data.mixture import MixturePhases, check_same_language, describe, parse_mixture, parse_schedule
 from framework.training.data.mixture_loader import MixtureLoader, stack_collate
 
 
@@ -87,6 +87,7 @@ class TokenDataModule(L.LightningDataModule):
         data_dir: the prepared folder (local path or object-store URL).
         mixture: instead of ``data_dir``, several prepared folders with weights,
             ``{name: {dir: FOLDER, weight: W}}`` (framework/training/data/mixture.py).
+        mixture_schedule: other weights from given steps on, ``[{from_step, weights}]``.
         seq_len: tokens per training sequence (blocks of seq_len + 1 are read).
         batch_size: sequences per batch on each device (the micro-batch).
         num_workers: loader worker processes per device (0: in the main process).
@@ -101,12 +102,18 @@ class TokenDataModule(L.LightningDataModule):
     def __init__(self, data_dir: str | None = None, seq_len: int = 256, batch_size: int = 16,
                  num_workers: int = 0, val_batches: int = 16, seed: int = 42, shuffle: bool = True,
                  model_vocab_size: int | None = None, storage_options: dict | None = None,
-                 mixture: dict[str, dict[str, Any]] | None = None) -> None:
+                 mixture: dict[str, dict[str, Any]] | None = None,
+                 mixture_schedule: list[dict[str, Any]] | None = None) -> None:
         super().__init__()
         if (data_dir is None) == (mixture is None):
             raise ValueError("give the data as data.data_dir (one prepared folder) or data.mixture "
-                             "({name: {dir, weight}}), exactly one of them")
+                             "({name: {dir, weight}}), exactly one of them (a recipe's data_dir is "
+                             "cleared with --data.data_dir null)")
+        if mixture_schedule is not None and mixture is None:
+            raise ValueError("data.mixture_schedule is invalid without data.mixture: it changes a mixture's weights")
         self.sources = parse_mixture(mixture) if mixture is not None else None
+        self.schedule = [] if self.sources is None else (
+            parse_schedule(mixture_schedule, self.sources) if mixture_schedule is not None else [(0, self.sources)])
         for name, value in (("seq_len", seq_len), ("batch_size", batch_size), ("val_batches", val_batches)):
             check(name, value, PositiveInt)
         check("num_workers", num_workers, NonNegativeInt)
@@ -225,10 +232,17 @@ class TokenDataModule(L.LightningDataModule):
                                        num_workers=self.num_workers, drop_last=True, collate_fn=stack_collate)
                    for index in range(len(self.folders))]
         rank = self.trainer.global_rank if self.trainer is not None else 0
-        note = self.phases.begin(self.sources, self.trainer.global_step if self.trainer is not None else 0)
-        if note is not None and rank == 0:
+        self._weights_now()  # the phase this run starts in (and its note, when the weights changed)
+        return MixtureLoader(loaders, self._weights_now, self.batch_size, self.seed, rank)
+
+    def _weights_now(self) -> list[float]:
+        """The shares of the current step's phase (mixture_schedule), entering it when new."""
+        step = self.trainer.global_step if self.trainer is not None else 0
+        sources = next(shares for start, shares in reversed(self.schedule) if start <= step)
+        note = self.phases.begin(sources, step)
+        if note is not None and (self.trainer is None or self.trainer.global_rank == 0):
             print(note, flush=True)
-        return MixtureLoader(loaders, [source.weight for source in self.sources], self.batch_size, self.seed, rank)
+        return [source.weight for source in sources]
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
         loaders = [self._val_loader(index) for index in range(len(self.folders))]

@@ -5,12 +5,16 @@
         code:  {dir: data/code,  weight: 0.3}
         prose: {dir: data/prose, weight: 0.7}
 
-Training draws every sequence from one source, chosen at random with these weights
-(litdata's ``CombinedStreamingDataset``); validation scores each source's own val split
-and the weighted total. The sources must speak one token language: the same tokenizer
-(its sha256 in each manifest) and the same document convention (EOS id, BOS first or
-not). A run resumed with other weights is a new *phase* (a final anneal on a better mix,
-as OLMo 2 and Llama 3 do); ``MixturePhases`` records each phase's weights and steps.
+      mixture_schedule:                  # optional: other weights from a step on (an anneal)
+        - {from_step: 900, weights: {code: 0.1, prose: 0.9}}
+
+Training draws every sequence's source at random with the weights (mixture_loader.py);
+validation scores each source's own val split and the weighted total. The sources must
+speak one token language: the same tokenizer (its sha256 in each manifest) and the same
+document convention (EOS and BOS ids, BOS first or not). Weights that change are a new
+*phase* (a final anneal on a better mix, as OLMo 2 and Llama 3 do): a run resumed with
+other weights, or a step of ``mixture_schedule``; ``MixturePhases`` records each phase's
+weights and steps.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def _refuse_duplicates(raw: list[tuple[str, str, float]]) -> None:
         seen[key] = name
 
 
-CONVENTION = ("sha256", "eos_id", "document_start")
+CONVENTION = ("sha256", "eos_id", "bos_id", "document_start")
 
 
 def check_same_language(sources: list[Source], manifests: list[dict]) -> None:
@@ -90,6 +94,31 @@ def check_same_language(sources: list[Source], manifests: list[dict]) -> None:
                                  f"{first.name} ({first.dir}): {tokenizer.get(key)!r} vs {reference.get(key)!r}; "
                                  f"prepare every source with one tokenizer (`layerdrop prepare --tokenizer "
                                  f"{first.dir}/{reference.get('file', 'tokenizer.json')}`)")
+
+
+def parse_schedule(schedule: Any, sources: list[Source]) -> list[tuple[int, list[Source]]]:
+    """``data.mixture_schedule``: ``[{from_step: S, weights: {name: W, ...}}, ...]``, steps
+    increasing, every source named -> [(from_step, the sources with those shares)], the
+    mixture's own weights from step 0. A one-line ValueError for a bad entry."""
+    if not isinstance(schedule, (list, tuple)) or not schedule:
+        raise ValueError(f"data.mixture_schedule={schedule!r} is invalid: give a list of "
+                         "{from_step: STEP, weights: {source: W, ...}}, at least one")
+    phases, last = [(0, sources)], 0
+    names = [source.name for source in sources]
+    for index, entry in enumerate(schedule):
+        where = f"data.mixture_schedule[{index}]"
+        if not isinstance(entry, Mapping) or set(entry) != {"from_step", "weights"}:
+            raise ValueError(f"{where}={entry!r} is invalid: give exactly {{from_step: STEP, weights: {{...}}}}")
+        step, weights = entry["from_step"], entry["weights"]
+        if isinstance(step, bool) or not isinstance(step, int) or step <= last:
+            raise ValueError(f"{where}.from_step={step!r} is invalid: steps must be integers, increasing, > {last}")
+        if not isinstance(weights, Mapping) or sorted(weights) != sorted(names):
+            raise ValueError(f"{where}.weights={weights!r} is invalid: give a weight for each source of "
+                             f"data.mixture ({', '.join(names)}) and no other")
+        shares = parse_mixture({source.name: {"dir": source.dir, "weight": weights[source.name]} for source in sources})
+        phases.append((step, shares))
+        last = step
+    return phases
 
 
 class MixturePhases:
@@ -122,4 +151,4 @@ def describe(sources: list[Source]) -> list[dict]:
     return [asdict(source) for source in sources]
 
 
-__all__ = ["Source", "parse_mixture", "check_same_language", "MixturePhases", "describe"]
+__all__ = ["Source", "parse_mixture", "parse_schedule", "check_same_language", "MixturePhases", "describe"]

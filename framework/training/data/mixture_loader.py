@@ -20,7 +20,7 @@ of the mixture never ends (the run's length is trainer.max_steps).
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -43,12 +43,14 @@ class MixtureLoader:
     """``(inputs, targets, sources)`` batches from several single-source loaders.
 
     ``loaders`` serve blocks of seq_len + 1 tokens (``stack_collate``) in batches of any size;
-    ``weights`` are the sources' shares; ``sources`` is the int64 source index of each row.
+    ``weights`` are the sources' shares, or a function giving them for the next batch (a
+    schedule of weights over the run's steps); ``sources`` is the int64 source index of each row.
     """
 
-    def __init__(self, loaders: list[StreamingDataLoader], weights: list[float], batch_size: int, seed: int,
-                 rank: int = 0) -> None:
-        self.loaders, self.weights = loaders, list(weights)
+    def __init__(self, loaders: list[StreamingDataLoader], weights: list[float] | Callable[[], list[float]],
+                 batch_size: int, seed: int, rank: int = 0) -> None:
+        self.loaders = loaders
+        self.weights_now = weights if callable(weights) else (lambda fixed=list(weights): fixed)
         self.batch_size, self.seed, self.rank = batch_size, seed, rank
         self.batches = 0  # batches served: the next draw's number
         self._iterators: list[Iterator | None] = [None] * len(loaders)
@@ -63,7 +65,7 @@ class MixtureLoader:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        sources = draw_sources(self.weights, self.batch_size, self.seed, self.rank, self.batches)
+        sources = draw_sources(self.weights_now(), self.batch_size, self.seed, self.rank, self.batches)
         rows = [self._take(int(source)) for source in sources]
         self.batches += 1
         blocks = torch.stack(rows)

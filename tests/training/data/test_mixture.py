@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from framework.training.data.mixture import MixturePhases, Source, check_same_language, parse_mixture
+from framework.training.data.mixture import MixturePhases, Source, check_same_language, parse_mixture, parse_schedule
 
 
 def test_weights_become_shares_in_the_given_order():
@@ -71,3 +71,25 @@ def test_phases_open_on_new_weights_and_close_the_last():
     assert MixturePhases(phases.state()).state() == [
         {"weights": {"code": 0.3, "prose": 0.7}, "start_step": 0, "end_step": 90},
         {"weights": {"code": 0.5, "prose": 0.5}, "start_step": 90, "end_step": None}]
+
+
+def test_a_schedule_gives_each_step_range_its_weights():
+    sources = [Source("code", "c", 0.3), Source("prose", "p", 0.7)]
+    phases = parse_schedule([{"from_step": 90, "weights": {"code": 1, "prose": 9}}], sources)
+    assert phases == [(0, sources), (90, [Source("code", "c", 0.1), Source("prose", "p", 0.9)])]
+
+
+@pytest.mark.parametrize("schedule, message", [
+    ([], "at least one"),
+    ([{"from_step": 0, "weights": {"code": 1, "prose": 1}}], r"from_step=0 is invalid: .* > 0"),
+    ([{"from_step": 5, "weights": {"code": 1, "prose": 1}}, {"from_step": 5, "weights": {"code": 1, "prose": 1}}],
+     r"\[1\]\.from_step=5 is invalid"),
+    ([{"from_step": 5, "weights": {"code": 1}}], "give a weight for each source of data.mixture"),
+    ([{"from_step": 5, "weights": {"code": 1, "prose": 0}}], r"data\.mixture\.prose\.weight=0 is invalid"),
+    ([{"from_step": 5}], "give exactly"),
+    ([{"from_step": 2.5, "weights": {"code": 1, "prose": 1}}], "from_step=2.5 is invalid"),
+])
+def test_a_bad_schedule_is_one_line(schedule, message):
+    with pytest.raises(ValueError, match=message) as error:
+        parse_schedule(schedule, [Source("code", "c", 0.3), Source("prose", "p", 0.7)])
+    assert "\n" not in str(error.value)
