@@ -1,9 +1,11 @@
 """Tokens trained on per source of a data mixture, summed over ranks.
 
 Each rank counts the rows of its batches by source (the batch's third tensor, see
-framework/training/data/data_module.py); every ``trainer.log_every_n_steps`` optimizer steps the counts
-since the last sum are added up over ranks (one small all-reduce) and logged as
-``train/tokens/<source>`` (TensorBoard) beside each source's share so far. The totals go
+framework/training/data/data_module.py); after every optimizer step the counts since the last
+sum are added up over ranks (one all-reduce of a few integers, next to the step's gradient
+all-reduce), so the progress line always shows the whole job's tokens, and every
+``trainer.log_every_n_steps`` steps they are logged as ``train/tokens/<source>`` (TensorBoard)
+beside each source's share so far. The totals go
 into checkpoints (a resumed run goes on counting) and into ``summary.json``
 (``data.sources.<name>.tokens``) with each source's last validation loss and the mixture's
 phases.
@@ -40,10 +42,10 @@ class SourceTokens(pl.Callback):
         inputs, _, sources = batch
         rows = torch.bincount(sources.detach().cpu(), minlength=len(self.totals))
         self._pending = rows if self._pending is None else self._pending + rows
-        last_micro_batch = (batch_idx + 1) % trainer.accumulate_grad_batches == 0
-        if last_micro_batch and trainer.global_step % trainer.log_every_n_steps == 0:
+        if (batch_idx + 1) % trainer.accumulate_grad_batches == 0:  # the step's last micro-batch
             self._sum(trainer, seq_len=inputs.shape[1])
-            self._log(trainer)
+            if trainer.global_step % trainer.log_every_n_steps == 0:
+                self._log(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.totals:
