@@ -19,6 +19,16 @@ from framework.model.kv_cache import KVCache
 from framework.layer_dropout import DropPlan, LayerDrop, residual_update
 
 
+# Table A.2's parameter groups: a decoder says which group each of its parameters is in
+# (``Decoder.parameter_groups``); framework/training/parametrization.py gives each group its
+# init, learning rate, AdamW ε and weight decay.
+HIDDEN = "hidden"  # the blocks' weight matrices
+NORMS_AND_BIASES = "norms_and_biases"  # the blocks' norms and biases
+EMBEDDING = "embedding"
+FINAL_NORM = "final_norm"
+UNEMBEDDING = "unembedding"
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
         super().__init__()
@@ -92,6 +102,20 @@ class Block(nn.Module):
         d, a, f = cfg.d_model, cfg.attn_dim, cfg.ffn_dim
         return 8 * d + 2 * e * d + 5 * e * a + 2 * e * f
 
+    def parameter_groups(self) -> dict[str, str]:
+        """Parameter name (within the block) -> its Table A.2 group: a linear layer's weight is
+        hidden, its bias and every parameter of a norm (a module of the ``new_norm`` class,
+        wherever in the block) are norms and biases. A family whose block holds another kind
+        of parameter declares it here; one left out is refused by the parametrization."""
+        norm = type(self.attn_norm)
+        groups = {}
+        for prefix, module in self.named_modules():
+            for name, _ in module.named_parameters(recurse=False):
+                if isinstance(module, nn.Linear) or isinstance(module, norm):
+                    hidden = isinstance(module, nn.Linear) and name == "weight"
+                    groups[f"{prefix}.{name}" if prefix else name] = HIDDEN if hidden else NORMS_AND_BIASES
+        return groups
+
     def forward(self, h: torch.Tensor, bias: torch.Tensor | None, drop: LayerDrop | None = None,
                 cache: KVCache | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
         """``drop`` (training) runs each branch on its kept rows; ``rows`` (decoding with
@@ -145,25 +169,41 @@ class Decoder(nn.Module):
             raise ValueError(f"family={cfg.family!r} is invalid for {type(self).__name__}: "
                              "build the decoder with framework.families.build_decoder")
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed = self.new_embedding(cfg)
         self.blocks = nn.ModuleList(self.block_class(cfg, i) for i in range(cfg.n_layers))
         self.norm = self.block_class.new_norm(cfg)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.init_weights()
 
+    @staticmethod
+    def new_embedding(cfg: ModelConfig) -> nn.Embedding:
+        """The token embedding (a family may scale its output, as Gemma's does)."""
+        return nn.Embedding(cfg.vocab_size, cfg.d_model)
+
     @torch.no_grad()
     def init_weights(self, std: float | None = None) -> None:
-        """Plain N(0, std²) init; framework.training.parametrization re-initialises per Table A.2."""
+        """Plain N(0, std²) init, norms at their identity (their own ``reset_parameters``);
+        framework.training.parametrization re-initialises per Table A.2."""
         std = self.config.init_std if std is None else std
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+            elif isinstance(module, type(self.norm)):
+                module.reset_parameters()
         self.reset_buffers()
+
+    def parameter_groups(self) -> dict[str, str]:
+        """Parameter name -> its Table A.2 group, for every parameter (a tied head is the
+        embedding): the blocks' own (``Block.parameter_groups``), the embedding, the final
+        norm and the head."""
+        groups = {f"embed.{name}": EMBEDDING for name, _ in self.embed.named_parameters()}
+        for i, block in enumerate(self.blocks):
+            groups.update({f"blocks.{i}.{name}": group for name, group in block.parameter_groups().items()})
+        groups.update({f"norm.{name}": FINAL_NORM for name, _ in self.norm.named_parameters()})
+        groups.update({f"head.{name}": UNEMBEDDING for name, _ in self.head.named_parameters()})
+        return groups
 
     def reset_buffers(self) -> None:
         """Recompute the non-persistent buffers (ALiBi slopes): a decoder built on the
