@@ -172,7 +172,7 @@ def test_bad_llama_fields_are_refused_in_one_line(field, value, message):
 
 @pytest.mark.parametrize("field, value", [("rope_theta", 5e5), ("tie_embeddings", True), ("rope_type", "llama3")])
 def test_celerity_refuses_the_llama_fields_it_would_ignore(field, value):
-    with pytest.raises(ValueError, match=f"{field}=.* is invalid for family='celerity': it is a field of llama"):
+    with pytest.raises(ValueError, match=f"{field}=.* is invalid for family='celerity': it is a field of .*llama"):
         ModelConfig(n_heads=4, **{field: value})
 
 
