@@ -7,6 +7,7 @@ and compilation are applied from outside (framework/strategies/parallelize.py).
 from __future__ import annotations
 
 import numbers
+import re
 from typing import Callable, Iterable, Mapping, NamedTuple
 
 import torch
@@ -27,6 +28,15 @@ NORMS_AND_BIASES = "norms_and_biases"  # the blocks' norms and biases
 EMBEDDING = "embedding"
 FINAL_NORM = "final_norm"
 UNEMBEDDING = "unembedding"
+# Name segments that wrappers insert (torch.compile, activation checkpointing, FSDP1).
+_WRAPPER_SEGMENT = re.compile(r"(^|\.)(_orig_mod|_checkpoint_wrapped_module|_fsdp_wrapped_module)(?=\.)")
+
+
+def plain_name(name: str) -> str:
+    """A Decoder parameter or buffer name without the segments wrappers insert: the name
+    ``parameter_groups`` and every checkpoint use."""
+    plain = _WRAPPER_SEGMENT.sub("", name)
+    return plain[1:] if plain.startswith(".") else plain
 
 
 class Attention(nn.Module):

@@ -35,16 +35,12 @@ them with ``transfer_batch_size`` and ``transfer_tau_ema`` when it writes a reci
 from __future__ import annotations
 
 import math
-import re
+
 import torch
 import torch.nn as nn
 
 from framework.config import ModelConfig, ParametrizationConfig
-from framework.model.decoder import EMBEDDING, FINAL_NORM, HIDDEN, NORMS_AND_BIASES, UNEMBEDDING
-
-# Name segments that wrappers insert (torch.compile, activation checkpointing).
-_WRAPPER_SEGMENT = re.compile(
-    r"(^|\.)(_orig_mod|_checkpoint_wrapped_module|_fsdp_wrapped_module)(?=\.)")
+from framework.model.decoder import EMBEDDING, FINAL_NORM, HIDDEN, NORMS_AND_BIASES, UNEMBEDDING, plain_name
 
 
 def width_depth_multipliers(pcfg: ParametrizationConfig, d_model: int,
@@ -59,12 +55,6 @@ def model_multipliers(pcfg: ParametrizationConfig, model_cfg: ModelConfig) -> di
     """The forward multipliers to put into ModelConfig (µP's 1/m_d, CompleteP's 1/m_L)."""
     m_d, m_l = width_depth_multipliers(pcfg, model_cfg.d_model, model_cfg.n_layers)
     return {"logit_multiplier": 1.0 / m_d, "residual_multiplier": 1.0 / m_l}
-
-
-def plain_name(name: str) -> str:
-    """A Decoder parameter name without the segments wrappers insert."""
-    plain = _WRAPPER_SEGMENT.sub("", name)
-    return plain[1:] if plain.startswith(".") else plain
 
 
 def groups_of(decoder: nn.Module) -> dict[str, str]:
