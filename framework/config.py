@@ -20,7 +20,7 @@ import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Any, Callable, Literal, Union
 
-from framework.families import DEFAULT_FAMILY, FAMILY_NAMES, check_family_rules
+from framework.families import DEFAULT_FAMILY, FAMILY_NAMES, FamilyFields, check_family_rules
 from framework.early_exit_loss import CURRICULA, SCALE_FUNCTIONS
 from framework.layer_dropout import MASK_MODES
 from framework.schedules import DISTRIBUTIONS, TIME_SCHEDULES
@@ -155,8 +155,11 @@ def _describe(annotation: Any) -> str:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """Shape of the Celerity-style decoder (pre-LN, ALiBi, squared-ReLU FFN, untied head).
+class ModelConfig(FamilyFields):
+    """Shape of a decoder: the fields every family shares, then (keyword-only, from
+    ``FamilyFields``) each family's own, declared in its folder (``ARGS`` of
+    framework/families/<name>/rules.py, e.g. the Llama family's RoPE fields). The default
+    family is the paper's Celerity decoder (pre-LN, ALiBi, squared-ReLU FFN, untied head).
 
     ``init_std`` is σ: the standard init's std, which the parametrization turns into
     Table A.2's per-group stds (σ for embedding and unembedding, σ/√m_d for hidden
@@ -179,19 +182,10 @@ class ModelConfig:
     init_std: PositiveFloat = 0.02
     logit_multiplier: PositiveFloat = 1.0
     residual_multiplier: PositiveFloat = 1.0
-    # The block family (framework/families/<name>/, whose rules.py checks its fields);
-    # the fields below belong to the RoPE families (RMSNorm, RoPE, SwiGLU, grouped-query
-    # attention), not to the default Celerity decoder.
+    # The block family (framework/families/<name>/): its rules check the fields, its own included.
     family: FamilyName = DEFAULT_FAMILY
     n_kv_heads: PositiveInt | None = None  # None: n_heads (no grouping)
     ffn_hidden: PositiveInt | None = None  # None: ffn_mult · d_model (HF's intermediate_size)
-    tie_embeddings: bool = False
-    rope_theta: PositiveFloat = 10_000.0
-    rope_type: Literal["default", "llama3"] = "default"  # llama3: Llama-3.1's frequency scaling
-    rope_factor: PositiveFloat = 8.0
-    rope_low_freq_factor: PositiveFloat = 1.0
-    rope_high_freq_factor: PositiveFloat = 4.0
-    rope_original_max_seq_len: PositiveInt = 8192
 
     def __post_init__(self) -> None:
         validate(self)
@@ -226,7 +220,9 @@ class ModelConfig:
         return cls(**{"vocab_size": LLAMA3_VOCAB_SIZE, **PAPER_SIZES[name], **overrides})
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, the shared ones first (the order of the keyword arguments)."""
+        data = asdict(self)
+        return {f.name: data[f.name] for f in sorted(fields(self), key=lambda f: f.kw_only)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":

@@ -27,13 +27,16 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from tokenizers import Tokenizer
 
-from framework.checkpoint import Checkpoint, CheckpointError
-from framework.checkpoint.tokenizer_record import record_for
 from framework.files.manifest import MANIFEST_FILE, read_manifest, sha256_of
+
+if TYPE_CHECKING:  # the checkpoint package reads tokenizers through this module, never the other way round
+    from framework.checkpoint import Checkpoint
+
+TOKENIZER_FILE = "tokenizer.json"
 
 # The usual end-of-text names, in the order a tokenizer without a recorded EOS is
 # searched for one (GPT-2/our BPE, Llama 3, SentencePiece models, Gemma, ...).
@@ -46,6 +49,22 @@ class TokenizerError(ValueError):
     """A tokenizer that is missing, unreadable, or lacks a token asked of it (one line)."""
 
 
+# What a record may say of the tokens beyond the file, copied wherever a record travels
+# (framework/checkpoint/tokenizer_record.py: where records live and how a checkpoint's is found).
+CONVENTION_KEYS = ("bos_token", "bos_id", "document_start", "eos_ids")
+
+
+def record_for(*, sha256: str | None, vocab_size: Any, eos_token: Any, eos_id: Any, name: str = TOKENIZER_FILE,
+               **conventions: Any) -> dict[str, Any]:
+    """The record of a tokenizer stored under the file name ``name``; the BOS and the
+    document-start convention (CONVENTION_KEYS) only where known: older records lack them."""
+    unknown = sorted(set(conventions) - set(CONVENTION_KEYS))
+    if unknown:
+        raise TypeError(f"record_for: {unknown[0]!r} is not a tokenizer record key")
+    return {"file": name, "sha256": sha256, "vocab_size": vocab_size, "eos_token": eos_token, "eos_id": eos_id,
+            **{key: value for key, value in conventions.items() if value is not None}}
+
+
 def load_tokenizer(path: str | os.PathLike, flag: str = "--tokenizer") -> Tokenizer:
     """The tokenizer.json at ``path``; TokenizerError naming ``flag`` and the file otherwise."""
     if not os.path.isfile(path):
@@ -55,6 +74,18 @@ def load_tokenizer(path: str | os.PathLike, flag: str = "--tokenizer") -> Tokeni
     except Exception as error:  # the Rust side raises plain Exception with a parse message
         message = (str(error).splitlines() or [type(error).__name__])[0]
         raise TokenizerError(f"{flag} {str(path)!r}: not a readable tokenizer.json ({message})") from None
+
+
+def special_tokens(tokenizer: Tokenizer, **ids: int | list[int] | None) -> dict[str, str]:
+    """{key: the token of its id} for each ``key=id`` (an id list: its first) the vocabulary
+    holds, e.g. ``special_tokens(tok, eos_token=eos_id)`` for transformers' tokenizer_config.json."""
+    tokens = {}
+    for key, token_id in ids.items():
+        token_id = (token_id or [None])[0] if isinstance(token_id, list) else token_id
+        token = tokenizer.id_to_token(token_id) if isinstance(token_id, int) else None
+        if token is not None:
+            tokens[key] = token
+    return tokens
 
 
 def vocab_size_of(tokenizer: Tokenizer) -> int:
@@ -120,16 +151,24 @@ def folder_token_ids(folder: Path, config: dict[str, Any], key: str) -> list[int
     return list(dict.fromkeys(ids))
 
 
-def check_model_tokenizer(ckpt: str | os.PathLike | Checkpoint, data_file: str, data_record: dict[str, Any],
+def opened(ckpt: Any) -> Checkpoint:
+    """``ckpt`` when it is an opened checkpoint (this module reads checkpoints it is
+    handed, it opens none: the checkpoint package sits above the tokenizer)."""
+    if not hasattr(ckpt, "find_tokenizer"):
+        raise TypeError(f"{ckpt!r} is not an opened checkpoint: pass framework.checkpoint.Checkpoint.open(path)")
+    return ckpt
+
+
+def check_model_tokenizer(ckpt: Checkpoint, data_file: str, data_record: dict[str, Any],
                           *, flag: str = "model.init_from") -> None:
-    """Refuse data whose tokenizer is not the model's, in one line naming both: the same
-    file (sha256), else the same vocabulary. A model without a tokenizer file needs the
-    data's vocabulary to be its embedding's size."""
-    ckpt = Checkpoint.open(ckpt)
+    """Refuse data whose tokenizer is not the model's (an opened checkpoint), in one line
+    naming both: the same file (sha256), else the same vocabulary. A model without a
+    tokenizer file needs the data's vocabulary to be its embedding's size."""
+    ckpt = opened(ckpt)
     model_name = f"{flag}={str(ckpt.path)!r}"
     try:
         model_file: Path | None = ckpt.find_tokenizer()
-    except CheckpointError:
+    except ValueError:  # none found (CheckpointError)
         model_file = None
     if model_file is None:
         rows = ckpt.model_config.vocab_size
@@ -150,10 +189,10 @@ def check_model_tokenizer(ckpt: str | os.PathLike | Checkpoint, data_file: str, 
                              f"--tokenizer {model_file}")
 
 
-def model_stop_ids(ckpt: str | os.PathLike | Checkpoint, eos_id: int | None) -> list[int]:
-    """``eos_id`` and every id a checkpoint says ends a text (a folder's ``eos_token_id``
-    list, or its record's ``eos_ids``), in that order."""
-    ckpt = Checkpoint.open(ckpt)
+def model_stop_ids(ckpt: Checkpoint, eos_id: int | None) -> list[int]:
+    """``eos_id`` and every id an opened checkpoint says ends a text (a folder's
+    ``eos_token_id`` list, or its record's ``eos_ids``), in that order."""
+    ckpt = opened(ckpt)
     ids = folder_token_ids(ckpt.path, ckpt.metadata, "eos_token_id") if ckpt.form.self_contained else []
     ids += id_list(ckpt.tokenizer_record().get("eos_ids"))
     return list(dict.fromkeys(([eos_id] if isinstance(eos_id, int) else []) + ids))
@@ -173,13 +212,13 @@ class TextCodec:
         self.stop_ids = tuple(dict.fromkeys((self.eos_id, *self.stop_ids)))
 
     @classmethod
-    def for_checkpoint(cls, ckpt: str | os.PathLike | Checkpoint, tokenizer: str | os.PathLike | None = None,
+    def for_checkpoint(cls, ckpt: Checkpoint, tokenizer: str | os.PathLike | None = None,
                        eos_token: str | None = None) -> "TextCodec":
-        """The codec of a checkpoint of any form (a path, or a Checkpoint already opened):
-        its tokenizer, or ``tokenizer``. The EOS is ``eos_token``, else the recorded one (checkpoint, else
+        """The codec of an opened checkpoint of any form (``Checkpoint.open(path)``): its
+        tokenizer, or ``tokenizer``. The EOS is ``eos_token``, else the recorded one (checkpoint, else
         the manifest beside the tokenizer), else the folder config's first
         ``eos_token_id``, else the first usual EOS name in the vocabulary."""
-        ckpt = Checkpoint.open(ckpt)
+        ckpt = opened(ckpt)
         path = Path(tokenizer) if tokenizer is not None else ckpt.find_tokenizer()
         loaded = load_tokenizer(path, "tokenizer")
         record = {} if tokenizer is not None else recorded_conventions(ckpt, path)
@@ -219,9 +258,9 @@ class TextCodec:
 
 
 class CodecLoader:
-    """Loads a checkpoint's ``TextCodec`` on first use (prompts that are token ids need none)."""
+    """Loads an opened checkpoint's ``TextCodec`` on first use (prompts that are token ids need none)."""
 
-    def __init__(self, ckpt: str | os.PathLike | Checkpoint, tokenizer: str | os.PathLike | None = None,
+    def __init__(self, ckpt: Checkpoint, tokenizer: str | os.PathLike | None = None,
                  eos_token: str | None = None) -> None:
         self.ckpt, self.tokenizer, self.eos_token = ckpt, tokenizer, eos_token
         self.loaded: TextCodec | None = None
@@ -258,6 +297,7 @@ def recorded_conventions(ckpt: Checkpoint, path: Path) -> dict[str, Any]:
     return record
 
 
-__all__ = ["EOS_CANDIDATES", "DOCUMENT_STARTS", "TokenizerError", "load_tokenizer", "vocab_size_of", "find_eos",
-           "added_prefix", "find_bos", "default_document_start", "record_for", "id_list", "folder_token_ids",
+__all__ = ["EOS_CANDIDATES", "DOCUMENT_STARTS", "TOKENIZER_FILE", "CONVENTION_KEYS", "TokenizerError", "load_tokenizer",
+           "special_tokens", "vocab_size_of", "find_eos", "added_prefix", "find_bos", "default_document_start",
+           "record_for", "id_list", "folder_token_ids", "opened",
            "check_model_tokenizer", "model_stop_ids", "TextCodec", "CodecLoader", "recorded_conventions"]

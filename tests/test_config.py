@@ -88,6 +88,40 @@ def test_model_config_dict_round_trip_and_unknown_keys():
         ModelConfig.from_dict({**cfg.to_dict(), "dim": 3})
 
 
+# config.json / a checkpoint's hparams as the code before the families owned their fields
+# wrote them (every field flat, the Llama family's at their defaults on a Celerity model).
+SAVED_BEFORE = {"vocab_size": 2048, "d_model": 64, "n_layers": 12, "n_heads": 2, "head_dim": 32, "ffn_mult": 8,
+                "max_seq_len": 128, "attention": "sdpa", "norm_eps": 1e-05, "bias": True, "init_std": 0.05,
+                "logit_multiplier": 1.0, "residual_multiplier": 1.0, "family": "celerity", "n_kv_heads": 2,
+                "ffn_hidden": None, "tie_embeddings": False, "rope_theta": 10000.0, "rope_type": "default",
+                "rope_factor": 8.0, "rope_low_freq_factor": 1.0, "rope_high_freq_factor": 4.0,
+                "rope_original_max_seq_len": 8192}
+
+
+@pytest.mark.parametrize("saved", [SAVED_BEFORE, {**SAVED_BEFORE, "family": "llama", "bias": False, "n_kv_heads": 1,
+                                                  "tie_embeddings": True, "rope_theta": 5e5, "rope_type": "llama3"}],
+                         ids=["celerity", "llama"])
+def test_the_saved_form_of_a_model_config_loads_and_is_written_again(saved):
+    cfg = ModelConfig.from_dict(saved)
+    assert cfg.to_dict() == saved and list(cfg.to_dict()) == list(saved)  # the same keys, in the same order
+    assert ModelConfig(**saved) == cfg
+
+
+def test_a_family_field_is_the_familys_and_refused_elsewhere():
+    from framework.families import FIELD_OWNERS, FamilyFields
+    from framework.families.llama.args import LlamaArgs
+
+    assert set(FIELD_OWNERS) == {f.name for f in fields(FamilyFields)} >= {f.name for f in fields(LlamaArgs)}
+    owners = FIELD_OWNERS["rope_theta"]
+    assert {"llama", "qwen2", "qwen3"} <= set(owners) and "celerity" not in owners
+    with pytest.raises(ValueError, match=r"^rope_theta=500000.0 is invalid for family='celerity': it is a field of "):
+        ModelConfig(rope_theta=5e5)
+    with pytest.raises(ValueError, match=r"^rope_factor=0.0 is invalid: must be > 0"):
+        ModelConfig(family="llama", bias=False, rope_factor=0.0)
+    with pytest.raises(ValueError, match=r"^rope_type='yarn' is invalid: allowed: default, llama3"):
+        ModelConfig(family="llama", bias=False, rope_type="yarn")
+
+
 @pytest.mark.parametrize("config", [ModelConfig(), LayerDropoutConfig(), ParametrizationConfig(), LRScheduleConfig(),
                                     EarlyExitLossConfig()])
 def test_configs_are_frozen_once_validated(config):

@@ -11,7 +11,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from framework.checkpoint import export_decoder, load_decoder
+from framework.checkpoint import Checkpoint, export_decoder, load_decoder
 from framework.tokenizer import (TextCodec, TokenizerError, check_model_tokenizer, find_bos, find_eos,
                                  load_tokenizer, vocab_size_of)
 from tests.helpers.hf_llama import tiny_hf_llama
@@ -72,7 +72,7 @@ def llama3_folder(tmp_path_factory):
 
 def test_a_prompt_is_encoded_as_hugging_face_does(llama3_folder):
     """BOS first (<|begin_of_text|>), not the EOS that separates layerdrop's own documents."""
-    codec = TextCodec.for_checkpoint(llama3_folder)
+    codec = TextCodec.for_checkpoint(Checkpoint.open(llama3_folder))
     hf = PreTrainedTokenizerFast(tokenizer_file=str(llama3_folder / "tokenizer.json"))
     for text in (TEXT, "def main():\n    return 0", "x"):
         assert codec.encode_prompt(text) == hf(text)["input_ids"]
@@ -83,15 +83,15 @@ def test_a_hugging_face_folder_without_a_bos_adds_nothing(tmp_path):
     folder = tmp_path / "hf"
     tiny_hf_llama(folder, vocab=300, layers=2)
     no_bos_tokenizer(folder / "tokenizer.json")
-    codec = TextCodec.for_checkpoint(folder)
+    codec = TextCodec.for_checkpoint(Checkpoint.open(folder))
     hf = PreTrainedTokenizerFast(tokenizer_file=str(folder / "tokenizer.json"))
     assert codec.encode_prompt(TEXT) == hf(TEXT)["input_ids"] == codec.encode(TEXT)
 
 
 def test_generation_stops_at_every_id_of_an_eos_list(llama3_folder):
-    codec = TextCodec.for_checkpoint(llama3_folder)
+    codec = TextCodec.for_checkpoint(Checkpoint.open(llama3_folder))
     assert codec.eos_id == 1 and set(codec.stop_ids) == {1, 2, 3}
-    assert TextCodec.for_checkpoint(llama3_folder, eos_token="<|eot_id|>").stop_ids == (3,)
+    assert TextCodec.for_checkpoint(Checkpoint.open(llama3_folder), eos_token="<|eot_id|>").stop_ids == (3,)
 
 
 def test_layerdrop_models_keep_the_convention_they_were_trained_with(tmp_path):
@@ -101,7 +101,7 @@ def test_layerdrop_models_keep_the_convention_they_were_trained_with(tmp_path):
     plain = tmp_path / "plain"
     export_decoder(decoder, plain)
     no_bos_tokenizer(plain / "tokenizer.json")
-    codec = TextCodec.for_checkpoint(plain)
+    codec = TextCodec.for_checkpoint(Checkpoint.open(plain))
     assert codec.encode_prompt(TEXT) == [codec.eos_id] + codec.encode(TEXT)
 
     llama3 = tmp_path / "llama3.json"
@@ -110,7 +110,7 @@ def test_layerdrop_models_keep_the_convention_they_were_trained_with(tmp_path):
         recorded = tmp_path / start
         record = {"file": "tokenizer.json", "eos_id": 1, "bos_id": 0, "document_start": start}
         export_decoder(decoder, recorded, extra={"tokenizer": record}, tokenizer=llama3)
-        codec = TextCodec.for_checkpoint(recorded)
+        codec = TextCodec.for_checkpoint(Checkpoint.open(recorded))
         assert codec.encode_prompt(TEXT) == [first] + codec.encode(TEXT)
 
 
@@ -122,23 +122,23 @@ def tiny_hf_llama_folder(folder):
 def test_data_of_another_tokenizer_is_refused_naming_both(llama3_folder, tmp_path):
     model_file = llama3_folder / "tokenizer.json"
     same_bytes = {"sha256": None, "vocab_size": 300}
-    check_model_tokenizer(llama3_folder, str(model_file), same_bytes)  # the same vocabulary
+    check_model_tokenizer(Checkpoint.open(llama3_folder), str(model_file), same_bytes)  # the same vocabulary
     reformatted = tmp_path / "reformatted.json"
     reformatted.write_text(json.dumps(json.loads(model_file.read_text()), indent=4))
-    check_model_tokenizer(llama3_folder, str(reformatted), same_bytes)  # other bytes, same vocabulary
+    check_model_tokenizer(Checkpoint.open(llama3_folder), str(reformatted), same_bytes)  # other bytes, same vocabulary
     other = tmp_path / "other.json"
     no_bos_tokenizer(other)
     with pytest.raises(TokenizerError) as refused:
-        check_model_tokenizer(llama3_folder, str(other), {"sha256": "0" * 64, "vocab_size": 300})
+        check_model_tokenizer(Checkpoint.open(llama3_folder), str(other), {"sha256": "0" * 64, "vocab_size": 300})
     message = str(refused.value)
     assert str(other) in message and str(llama3_folder) in message and "\n" not in message
 
 
 def test_a_model_without_a_tokenizer_needs_the_data_vocabulary_to_match(tmp_path):
     folder = tiny_hf_llama_folder(tmp_path / "hf")
-    check_model_tokenizer(folder, "data/tokenizer.json", {"vocab_size": 300})
+    check_model_tokenizer(Checkpoint.open(folder), "data/tokenizer.json", {"vocab_size": 300})
     with pytest.raises(TokenizerError, match="vocabulary of 8192.*300 embedding rows and no tokenizer.json"):
-        check_model_tokenizer(folder, "data/tokenizer.json", {"vocab_size": 8192})
+        check_model_tokenizer(Checkpoint.open(folder), "data/tokenizer.json", {"vocab_size": 8192})
 
 
 def test_a_copied_tokenizer_is_the_same(llama3_folder, tmp_path):
@@ -146,11 +146,19 @@ def test_a_copied_tokenizer_is_the_same(llama3_folder, tmp_path):
     shutil.copy(llama3_folder / "tokenizer.json", copy)
     from framework.files.manifest import sha256_of
 
-    check_model_tokenizer(llama3_folder, str(copy), {"sha256": sha256_of(copy), "vocab_size": 300})
+    check_model_tokenizer(Checkpoint.open(llama3_folder), str(copy), {"sha256": sha256_of(copy), "vocab_size": 300})
 
 
 def test_the_start_id_is_the_bos_or_the_eos(llama3_folder, tmp_path):
-    assert TextCodec.for_checkpoint(llama3_folder).start_id == 0
+    assert TextCodec.for_checkpoint(Checkpoint.open(llama3_folder)).start_id == 0
     folder = tiny_hf_llama_folder(tmp_path / "hf")
     no_bos_tokenizer(folder / "tokenizer.json")
-    assert TextCodec.for_checkpoint(folder).start_id == 0  # <|endoftext|>: the only special token
+    assert TextCodec.for_checkpoint(Checkpoint.open(folder)).start_id == 0  # <|endoftext|>: the only special token
+
+
+def test_the_tokenizer_home_reads_checkpoints_it_is_handed_and_opens_none(llama3_folder):
+    """framework/tokenizer.py sits below the checkpoint package: a path is refused, naming
+    the way to open it."""
+    with pytest.raises(TypeError, match=r"is not an opened checkpoint: pass framework.checkpoint.Checkpoint.open"):
+        TextCodec.for_checkpoint(llama3_folder)
+    assert TextCodec.for_checkpoint(Checkpoint.open(llama3_folder)).eos_id == 1

@@ -102,10 +102,9 @@ class ExitDraft:
         exits = {} if self.adapter is None else {self.exit_layer: self.adapter}
         return model.logits(model.step(tokens, cache, padding=padding, exits=exits).hidden[:, -1])
 
-    def _lower(self, model: Decoder, tokens: torch.Tensor, cache: KVCache, *, advance: bool = True):
+    def _lower(self, model: Decoder, tokens: torch.Tensor, cache: KVCache):
         """Layers 0..E-1 (and the adapter) on ``tokens`` at the cache's length."""
-        return model.step(tokens, cache, layers=range(self.exit_layer), exits={self.exit_layer: self.adapter},
-                          advance=advance)
+        return model.step(tokens, cache, layers=range(self.exit_layer), exits={self.exit_layer: self.adapter})
 
     def step(self, model: Decoder, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
         out = self._lower(model, token, cache)
@@ -114,8 +113,8 @@ class ExitDraft:
 
     def verify(self, model: Decoder, inputs: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
         # The draft already ran the lower layers on every input but the last one.
-        last = self._lower(model, inputs[:, -1:], cache, advance=False).hidden
-        cache.crop(start)
+        last = self._lower(model, inputs[:, -1:], cache).hidden
+        cache.crop(start)  # the upper layers write every position from ``start`` again
         upper = model.step(torch.cat(self.states + [last], dim=1), cache,
                            layers=range(self.exit_layer, len(model.blocks)))
         return model.logits(upper.hidden)

@@ -129,17 +129,20 @@ class DynamicExit:
                             dtype=torch.long)
         passed = {e: number for number, e in enumerate(self.candidates, start=1)}
 
-        def leave(exit_layer: int, running: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
-            head = model.logits(read[:, -1])
+        def leave(exit_layer: int, read: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
+            still = running[:, -1].nonzero().flatten()
+            head = model.logits(read[still, -1])
             leaving = self.leaves(head)
-            for row, row_logits in zip(running[leaving].tolist(), head[leaving]):
+            for row, row_logits in zip(still[leaving].tolist(), head[leaving]):
                 logits[row] = row_logits
                 blocks[row] = exit_layer + (passed[exit_layer] if self.adapters else 0)
-            return leaving
+            mask = torch.zeros_like(running)
+            mask[still[leaving], -1] = True
+            return mask
 
         out = model.step(tokens, cache, exits=self.exits(), leave=leave)
-        if out.running is None or out.running.numel():
-            still = torch.arange(rows, device=tokens.device) if out.running is None else out.running
+        still = torch.arange(rows, device=tokens.device) if out.running is None else out.running[:, -1].nonzero()[:, 0]
+        if still.numel():
             for row, row_logits in zip(still.tolist(), model.logits(out.hidden[still, -1])):
                 logits[row] = row_logits
         return torch.stack(logits), blocks  # type: ignore[arg-type]
@@ -158,18 +161,18 @@ def dynamic_forward(model: Decoder, route: DynamicExit, tokens: torch.Tensor
     out = torch.zeros(*tokens.shape, model.config.d_model, dtype=model.embed.weight.dtype, device=tokens.device)
     exits = torch.full(tokens.shape, route.num_layers, dtype=torch.long, device=tokens.device)
 
-    def leave(exit_layer: int, read: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-        picked = read[active]
-        leaving = torch.zeros_like(active)
-        leaving[active] = route.leaves(model.logits(picked))
+    def leave(exit_layer: int, read: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
+        picked = read[running]
+        leaving = torch.zeros_like(running)
+        leaving[running] = route.leaves(model.logits(picked))
         out[leaving] = read[leaving]
         exits[leaving] = exit_layer
         return leaving
 
     # an exited position keeps its state; its K/V for later positions come from it
-    result = model.step(tokens, exits=route.exits(), leave_positions=leave)
-    active = result.active if result.active is not None else torch.ones_like(exits, dtype=torch.bool)
-    out[active] = result.hidden[active]
+    result = model.step(tokens, exits=route.exits(), leave=leave)
+    running = result.running if result.running is not None else torch.ones_like(exits, dtype=torch.bool)
+    out[running] = result.hidden[running]
     return out, exits
 
 

@@ -53,6 +53,7 @@ from eval.decoding.transcripts import StopStrings
 from eval.downstream.multiple_choice import score_continuations, score_exits
 from eval.skip_sets import parse_skip_set
 from framework.tokenizer import TextCodec
+from framework.checkpoint import Checkpoint
 from framework.checkpoint import load_decoder
 from framework.console.loop_progress import progress
 
@@ -97,7 +98,8 @@ class LayerDropLM(TemplateLM):
         if max_batch_size is not None:
             self.batch_size = min(self.batch_size, _positive_int("max_batch_size", max_batch_size))
         self._device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.decoder, self.model_cfg = load_decoder(path, map_location=self._device)
+        opened = Checkpoint.open(path)  # one open for the weights and the tokenizer
+        self.decoder, self.model_cfg = load_decoder(opened, map_location=self._device)
         n = self.model_cfg.n_layers
         self.exit_layer = None if exit_layer in (None, "", "None") else _layer_number(exit_layer, n)
         self.skip_layers = () if skip_layers in (None, "", "None") else parse_skip_set(skip_layers, n)
@@ -107,7 +109,7 @@ class LayerDropLM(TemplateLM):
                              "a decoding mode is either an early exit or a skip set")
         self.mode = modes.parse(self._mode_spec(), n)
         self.adapter = self._adapter(adapters)
-        self.codec = TextCodec.for_checkpoint(path, tokenizer, eot_token)
+        self.codec = TextCodec.for_checkpoint(opened, tokenizer, eot_token)
         self.tokenizer = self.codec.tokenizer
         self._max_length = _positive_int("max_length", max_length) if max_length else self.model_cfg.max_seq_len
         self.max_gen_toks = (_positive_int("max_gen_toks", max_gen_toks) if max_gen_toks is not None

@@ -2,8 +2,8 @@
 the small protocol each on-disk form implements (one module per form, listed in
 framework/checkpoint/forms.py).
 
-This module imports nothing of the package (it is the bottom of it), and neither
-Lightning nor the model: a command that only reads a checkpoint stays light.
+This module imports nothing of the package (it is the bottom of it), and no Lightning:
+a command that only reads a checkpoint stays light.
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+import torch.nn as nn
 
 from framework.config import ModelConfig
+from framework.model.decoder import plain_name
+from framework.tokenizer import TOKENIZER_FILE
 
 if TYPE_CHECKING:  # annotations only: a form fills a Decoder, it never builds one
     from framework.model.decoder import Decoder
@@ -26,7 +29,6 @@ CKPT_KEY = "layerdrop"  # checkpoint["layerdrop"]: model_config, tokenizer, data
 MODEL_PREFIX = "model."  # the LightningModule keeps the decoder as ``self.model``
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-TOKENIZER_FILE = "tokenizer.json"
 # What is not metadata in a Lightning or DeepSpeed checkpoint dict.
 TENSOR_ENTRIES = ("state_dict", "optimizer_states", "module", "optimizer")
 
@@ -62,6 +64,12 @@ class Form(Protocol):
     def prove_harmless(self, path: Path) -> None:
         """Raise CheckpointError naming the first file a library would unpickle that
         could run code."""
+
+    def open(self, path: Path) -> Form:
+        """This form bound to the checkpoint at ``path``, proven harmless: what the proof
+        read (a .ckpt file: its one weights-only, memory-mapped load) serves the questions
+        after it, so an opened ``Checkpoint`` reads each file once. A form that keeps
+        nothing proves and returns itself."""
 
     def metadata(self, path: Path) -> dict[str, Any]:
         """The non-tensor entries (Lightning's checkpoint dict without the weights and
@@ -141,11 +149,16 @@ def first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def copy_into(decoder: Decoder, tensors: Iterable[tuple[str, torch.Tensor | Pieces]], path: Path) -> None:
-    """Copy (name, tensor or Pieces) pairs into the decoder's own tensors, one at a
-    time, and refuse a checkpoint whose names or shapes differ from its config."""
-    targets = decoder.state_dict()
-    found, unexpected = set(), []
+def copy_into(decoder: nn.Module, tensors: Iterable[tuple[str, torch.Tensor | Pieces]], path: Path) -> None:
+    """Copy (name, tensor or Pieces) pairs into the decoder's own tensors, one at a time,
+    and refuse a checkpoint whose names or shapes differ from the decoder's, or whose
+    weights are not finite. The one way weights enter a decoder, whether it was built to
+    read the checkpoint (``Checkpoint.load_decoder``) or is a training run's, compiled,
+    checkpoint-wrapped or sharded by FSDP2 (``model.init_from``): names are compared
+    without the wrappers' segments, and a sharded tensor keeps its own shard of the full
+    value every rank reads (no communication)."""
+    targets = {plain_name(name): tensor for name, tensor in decoder.state_dict().items()}
+    found, unexpected, non_finite = set(), [], []
     with torch.no_grad():
         for name, value in tensors:
             target = targets.get(name)
@@ -154,15 +167,51 @@ def copy_into(decoder: Decoder, tensors: Iterable[tuple[str, torch.Tensor | Piec
                 continue
             shape = value.shape if isinstance(value, Pieces) else tuple(value.shape)
             check_shape(path, name, shape, target.shape)
-            if isinstance(value, Pieces):
-                flat, offset = target.view(-1), 0
-                for part in value.parts:
-                    flat[offset:offset + part.numel()].copy_(part)
-                    offset += part.numel()
-            else:
-                target.copy_(value)
+            parts = value.parts if isinstance(value, Pieces) else [value]
+            if any(part.is_floating_point() and not bool(torch.isfinite(part).all()) for part in parts):
+                non_finite.append(name)
+            _write(target, value)
             found.add(name)
     check_names(path, [n for n in targets if n not in found], unexpected)
+    if non_finite:  # eval on NaN/Inf weights prints NaN for every metric and exits 0
+        raise _non_finite(path, non_finite)
+
+
+def _write(target: torch.Tensor, value: torch.Tensor | Pieces) -> None:
+    if type(target) is not torch.Tensor and _is_dtensor(target):  # FSDP2: this rank's shard of the full value
+        from torch.distributed.tensor import distribute_tensor
+
+        if isinstance(value, Pieces):
+            value = torch.cat([part.reshape(-1) for part in value.parts]).view(value.shape)
+        full = value.to(target.device, target.dtype)
+        target.copy_(distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None))
+    elif isinstance(value, Pieces):  # copied into place piece by piece, never assembled
+        flat, offset = target.view(-1), 0
+        for part in value.parts:
+            flat[offset:offset + part.numel()].copy_(part)
+            offset += part.numel()
+    else:
+        target.copy_(value)
+
+
+def _is_dtensor(tensor: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor  # only for a tensor that is not a plain one
+
+    return isinstance(tensor, DTensor)
+
+
+def refuse_non_finite(decoder: nn.Module, path: Path) -> None:
+    """The non-finite check of ``copy_into``, for a form whose library fills the decoder
+    itself (DCP)."""
+    bad = [name for name, tensor in decoder.state_dict().items()
+           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        raise _non_finite(path, bad)
+
+
+def _non_finite(path: Path, names: list[str]) -> CheckpointError:
+    return CheckpointError(f"checkpoint {str(path)!r} holds non-finite weights ({len(names)} tensors, the first "
+                           f"{names[0]}): the run diverged before it was saved; use an earlier checkpoint")
 
 
 def check_shape(path: Path, name: str, stored: Any, wanted: Any) -> None:
@@ -180,4 +229,4 @@ def check_names(path: Path, missing: list[str], unexpected: list[str]) -> None:
 
 __all__ = ["CKPT_KEY", "MODEL_PREFIX", "WEIGHTS_FILE", "CONFIG_FILE", "TOKENIZER_FILE", "CheckpointError", "Pieces",
            "Form", "TENSOR_ENTRIES", "metadata_of", "archive_reason", "training_model_config", "model_config_from",
-           "read_json", "first_line", "copy_into", "check_shape", "check_names"]
+           "read_json", "first_line", "copy_into", "refuse_non_finite", "check_shape", "check_names"]

@@ -45,6 +45,7 @@ from framework.checkpoint.tokenizer_record import sha256_of
 from framework.command_parser import CommandParser
 from framework.files.output_path import folder_problem
 from framework.files.run_lock import in_use
+from framework.tokenizer import TokenizerError, load_tokenizer, vocab_size_of
 
 EXPORT_FOLDER = "export"
 EXPORT_FILES = (WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE)
@@ -139,14 +140,11 @@ def mark_export(folder: Path) -> None:
 
 def check_tokenizer(path: Path, vocab_size: int) -> None:
     """A tokenizer.json that loads and fits the model's vocabulary, before it is copied."""
-    from tokenizers import Tokenizer
-
     try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception as error:  # the Rust side raises plain Exception with a parse message
-        message = (str(error).splitlines() or [type(error).__name__])[0]
-        raise CheckpointError(f"tokenizer {str(path)!r} is not a readable tokenizer.json ({message})") from None
-    size = max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        tokenizer = load_tokenizer(path, "tokenizer")
+    except TokenizerError as error:
+        raise CheckpointError(str(error)) from None
+    size = vocab_size_of(tokenizer)
     if size > vocab_size:
         raise CheckpointError(f"tokenizer {str(path)!r} has ids up to {size - 1}, beyond the model's vocabulary of "
                               f"{vocab_size}: it belongs to another model")

@@ -36,6 +36,10 @@ class ExportedFolder:
     def prove_harmless(self, path: Path) -> None:
         prove_checkpoint_harmless(path)  # a stray .pt someone put beside the weights
 
+    def open(self, path: Path) -> ExportedFolder:
+        self.prove_harmless(path)
+        return self
+
     def metadata(self, path: Path) -> dict[str, Any]:
         return read_json(path / CONFIG_FILE)
 

@@ -32,6 +32,7 @@ from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.config import ModelConfig
 from framework.families.family_spec import HFConfigError, HFMapping, shown
 from framework.families.registry import family_spec, hf_families, hf_model_types
+from framework.tokenizer import load_tokenizer, special_tokens
 
 INDEX_FILE = "model.safetensors.index.json"
 PICKLED_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -57,6 +58,10 @@ class HfFolder:
 
     def prove_harmless(self, path: Path) -> None:
         weight_files(path)  # safetensors only: nothing is unpickled (a pickle-only folder is refused)
+
+    def open(self, path: Path) -> HfFolder:
+        self.prove_harmless(path)
+        return self
 
     def metadata(self, path: Path) -> dict[str, Any]:
         return read_json(path / CONFIG_FILE)
@@ -274,16 +279,7 @@ def _writer(cfg: ModelConfig) -> HFMapping:
 def _special_tokens(tokenizer: Path, eos_id: int | list[int] | None, bos_id: int | None) -> dict[str, str]:
     """The eos/bos token strings of the ids (an eos_token_id list: its first), for
     transformers' tokenizer_config.json."""
-    from tokenizers import Tokenizer
-
-    loaded = Tokenizer.from_file(str(tokenizer))
-    tokens = {}
-    for key, token_id in (("eos_token", eos_id), ("bos_token", bos_id)):
-        token_id = (token_id or [None])[0] if isinstance(token_id, list) else token_id
-        token = loaded.id_to_token(token_id) if isinstance(token_id, int) else None
-        if token is not None:
-            tokens[key] = token
-    return tokens
+    return special_tokens(load_tokenizer(tokenizer, "tokenizer"), eos_token=eos_id, bos_token=bos_id)
 
 
 __all__ = ["HfFolder", "is_hf_folder", "read_tensors", "weight_files", "write_hf_folder",

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import os
 from functools import cached_property
-from collections.abc import Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from framework.checkpoint.base import CheckpointError, Form
+from framework.checkpoint.base import Form, refuse_non_finite
 from framework.checkpoint.forms import form_of
 from framework.checkpoint.tokenizer_record import find_tokenizer_of, record_of
 from framework.config import ModelConfig
@@ -49,8 +49,7 @@ class Checkpoint:
         if isinstance(path, Checkpoint):
             return path
         path = Path(path)
-        form = form_of(path)
-        form.prove_harmless(path)
+        form = form_of(path).open(path)
         return cls(path, form, form.metadata(path))
 
     @cached_property
@@ -80,18 +79,14 @@ class Checkpoint:
         cfg = self.checked_config()
         decoder = meta_decoder(cfg).to_empty(device=map_location)
         decoder.reset_buffers()  # every weight is then read from the checkpoint (names checked)
-        self.form.load_into(decoder, self.path)
-        refuse_non_finite(decoder, self.path)
+        self.form.load_into(decoder, self.path)  # framework.checkpoint.base.copy_into: names, shapes, finite
         return decoder.eval(), cfg
 
-
-def refuse_non_finite(decoder: Decoder, path: Path) -> None:
-    """Eval on NaN/Inf weights prints NaN for every metric and exits 0: refuse instead."""
-    bad = [name for name, tensor in decoder.state_dict().items()
-           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
-    if bad:
-        raise CheckpointError(f"checkpoint {str(path)!r} holds non-finite weights ({len(bad)} tensors, the first "
-                              f"{bad[0]}): the run diverged before it was saved; use an earlier checkpoint")
+    def tensors(self) -> Iterable[tuple[str, Any]]:
+        """(name, tensor or Pieces) of the decoder, one at a time, after the checks
+        ``load_decoder`` makes (every form but FSDP2's DCP folders, which torch's reader
+        loads into a model directly): what ``copy_into`` takes."""
+        return self.form.tensors(self.path, self.checked_config())
 
 
 # ------------------------------------------------------------------ by path or opened
@@ -127,12 +122,9 @@ def read_metadata(path: str | os.PathLike | Checkpoint) -> dict[str, Any]:
     return form.metadata(Path(path))
 
 
-def checkpoint_tensors(path: str | os.PathLike | Checkpoint) -> Iterator[tuple[str, Any]]:
-    """(name, tensor or Pieces) of a checkpoint's decoder, one at a time, after the
-    checks ``load_decoder`` makes (every form but FSDP2's DCP folders, which torch's
-    reader loads into a model directly)."""
-    ckpt = Checkpoint.open(path)
-    return ckpt.form.tensors(ckpt.path, ckpt.checked_config())
+def checkpoint_tensors(path: str | os.PathLike | Checkpoint) -> Iterable[tuple[str, Any]]:
+    """``Checkpoint.tensors`` of a path or an opened Checkpoint."""
+    return Checkpoint.open(path).tensors()
 
 
 __all__ = ["Checkpoint", "check_config_against", "meta_decoder", "refuse_non_finite", "checkpoint_form", "load_decoder",

@@ -65,31 +65,33 @@ def choose_checkpoint(resume: str | None, folder: Path, *, clean: bool = True) -
         return ResumeChoice(str(path), _step_of(opened, path.resolve()), checkpoint=opened)
     removed = clean_leftovers(folder) if clean else []
     skipped: list[str] = []
-    for step, path in _candidates(folder, skipped):
+    for step, path, opened in _candidates(folder, skipped):
         reason = incomplete_reason(path)
         if reason:
             skipped.append(f"{path.name} ({reason})")
             continue
-        return ResumeChoice(str(path), step, skipped, removed, Checkpoint.open(path))
+        return ResumeChoice(str(path), step, skipped, removed, opened or Checkpoint.open(path))
     return ResumeChoice(None, None, skipped, removed)
 
 
-def _candidates(folder: Path, skipped: list[str]) -> list[tuple[int, Path]]:
-    """(step, path), newest first; last.ckpt only where it is not a link to a step-N."""
-    found = step_checkpoints(folder)
+def _candidates(folder: Path, skipped: list[str]) -> list[tuple[int, Path, Checkpoint | None]]:
+    """(step, path, the checkpoint if it was opened to find its step), newest first;
+    last.ckpt only where it is not a link to a step-N."""
+    found: list[tuple[int, Path, Checkpoint | None]] = [(step, path, None) for step, path in step_checkpoints(folder)]
     last = folder / LAST
     if last.is_symlink():
         target = last.resolve()
         match = STEP_NAME.match(target.name)
         if target.exists() and match and target.parent != folder.resolve():
-            found.append((int(match[1]), target))  # a link into another folder
+            found.append((int(match[1]), target, None))  # a link into another folder
     elif last.exists():  # a real last.ckpt (an earlier layout): its step is in its metadata
         reason = incomplete_reason(last)
         if reason:
             skipped.append(f"{LAST} ({reason})")
         else:
-            step = _step_of(Checkpoint.open(last), last)
-            found.append((step if step is not None else -1, last))
+            opened = Checkpoint.open(last)
+            step = _step_of(opened, last)
+            found.append((step if step is not None else -1, last, opened))
     # Newest step first; a step-N name before a last.ckpt of the same step.
     return sorted(found, key=lambda item: (item[0], item[1].name != LAST), reverse=True)
 

@@ -24,20 +24,7 @@ from typing import Any
 from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE, CheckpointError
 from framework.files.manifest import read_manifest, sha256_of
 from framework.files.staging import is_url
-
-# What a record may say of the tokens beyond the file, copied wherever a record travels.
-CONVENTION_KEYS = ("bos_token", "bos_id", "document_start", "eos_ids")
-
-
-def record_for(*, sha256: str | None, vocab_size: Any, eos_token: Any, eos_id: Any, name: str = TOKENIZER_FILE,
-               **conventions: Any) -> dict[str, Any]:
-    """The record of a tokenizer stored under the file name ``name``; the BOS and the
-    document-start convention (CONVENTION_KEYS) only where known: older records lack them."""
-    unknown = sorted(set(conventions) - set(CONVENTION_KEYS))
-    if unknown:
-        raise TypeError(f"record_for: {unknown[0]!r} is not a tokenizer record key")
-    return {"file": name, "sha256": sha256, "vocab_size": vocab_size, "eos_token": eos_token, "eos_id": eos_id,
-            **{key: value for key, value in conventions.items() if value is not None}}
+from framework.tokenizer import CONVENTION_KEYS, record_for  # the record's shape is the tokenizer home's
 
 
 # ------------------------------------------------------------------ finding it again

@@ -7,6 +7,7 @@ and compilation are applied from outside (framework/strategies/parallelize.py).
 from __future__ import annotations
 
 import numbers
+import re
 from typing import Callable, Iterable, Mapping, NamedTuple
 
 import torch
@@ -17,6 +18,25 @@ from framework.model.attention import alibi_causal_bias, alibi_slopes, flex_atte
 from framework.config import ModelConfig
 from framework.model.kv_cache import KVCache
 from framework.layer_dropout import DropPlan, LayerDrop, residual_update
+
+
+# Table A.2's parameter groups: a decoder says which group each of its parameters is in
+# (``Decoder.parameter_groups``); framework/training/parametrization.py gives each group its
+# init, learning rate, AdamW ε and weight decay.
+HIDDEN = "hidden"  # the blocks' weight matrices
+NORMS_AND_BIASES = "norms_and_biases"  # the blocks' norms and biases
+EMBEDDING = "embedding"
+FINAL_NORM = "final_norm"
+UNEMBEDDING = "unembedding"
+# Name segments that wrappers insert (torch.compile, activation checkpointing, FSDP1).
+_WRAPPER_SEGMENT = re.compile(r"(^|\.)(_orig_mod|_checkpoint_wrapped_module|_fsdp_wrapped_module)(?=\.)")
+
+
+def plain_name(name: str) -> str:
+    """A Decoder parameter or buffer name without the segments wrappers insert: the name
+    ``parameter_groups`` and every checkpoint use."""
+    plain = _WRAPPER_SEGMENT.sub("", name)
+    return plain[1:] if plain.startswith(".") else plain
 
 
 class Attention(nn.Module):
@@ -92,45 +112,52 @@ class Block(nn.Module):
         d, a, f = cfg.d_model, cfg.attn_dim, cfg.ffn_dim
         return 8 * d + 2 * e * d + 5 * e * a + 2 * e * f
 
+    def parameter_groups(self) -> dict[str, str]:
+        """Parameter name (within the block) -> its Table A.2 group: a linear layer's weight is
+        hidden, its bias and every parameter of a norm (a module of the ``new_norm`` class,
+        wherever in the block) are norms and biases. A family whose block holds another kind
+        of parameter declares it here; one left out is refused by the parametrization."""
+        norm = type(self.attn_norm)
+        groups = {}
+        for prefix, module in self.named_modules():
+            for name, _ in module.named_parameters(recurse=False):
+                if isinstance(module, nn.Linear) or isinstance(module, norm):
+                    hidden = isinstance(module, nn.Linear) and name == "weight"
+                    groups[f"{prefix}.{name}" if prefix else name] = HIDDEN if hidden else NORMS_AND_BIASES
+        return groups
+
     def forward(self, h: torch.Tensor, bias: torch.Tensor | None, drop: LayerDrop | None = None,
-                cache: KVCache | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """``drop`` (training) runs each branch on its kept rows; ``rows`` (decoding with
-        per-row early exit) updates only those rows, while every row still writes this
-        layer's K/V from its current state (see ``Decoder.step``)."""
-        if rows is not None:
-            return self._update_rows(h, bias, cache, rows)
+                cache: KVCache | None = None) -> torch.Tensor:
+        """h plus each branch on the rows ``drop`` keeps (every row without one), scaled by
+        CompleteP's 1/m_L times ``drop.scale``: training's layer dropout, and decoding's
+        rows that left at an early exit (``Decoder.step``). With a ``cache`` every row
+        writes this layer's K/V from its current state, kept or not (CALM's state
+        propagation), and the kept rows' queries alone run."""
         drop = drop or LayerDrop(None, None, 1.0)
         scale = self.residual_multiplier * drop.scale
-        h = residual_update(h, lambda x: self.attn(self.attn_norm(x), bias, cache), drop.attn_rows, scale)
+        if cache is not None and drop.attn_rows is not None:
+            rows = drop.attn_rows
+            h = h.index_add(0, rows, self.attn(self.attn_norm(h), bias, cache, rows).to(h.dtype), alpha=scale)
+        else:
+            h = residual_update(h, lambda x: self.attn(self.attn_norm(x), bias, cache), drop.attn_rows, scale)
         return residual_update(h, lambda x: self.ffn(self.ffn_norm(x)), drop.ffn_rows, scale)
 
-    def _update_rows(self, h: torch.Tensor, bias: torch.Tensor | None, cache: KVCache | None,
-                     rows: torch.Tensor) -> torch.Tensor:
-        scale = self.residual_multiplier
-        h = h.index_add(0, rows, self.attn(self.attn_norm(h), bias, cache, rows).to(h.dtype), alpha=scale)
-        return residual_update(h, lambda x: self.ffn(self.ffn_norm(x)), rows, scale)
 
-
-# leave(exit K, running rows [R], what their exit head reads [R, T, d]) -> [R] bool: stop at K
+# leave(exit K, what its head reads [B, T, d], the positions still running [B, T] bool)
+#   -> [B, T] bool: the running positions that stop at K
 LeaveRule = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-# leave_positions(exit K, what its head reads [B, T, d], positions still running [B, T]) -> [B, T] bool
-LeavePositions = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
 class StepOutput(NamedTuple):
-    """What ``Decoder.step`` computed: the stream after its last block [B, T, d] (rows or
-    positions that left early keep their exit state), what each requested exit's head
-    reads, the rows still running at the end (None: all of them), the stream after every
-    block that ran (``states=True``; else None) and the positions still running at the
-    end (``leave_positions``; else None)."""
+    """What ``Decoder.step`` computed: the stream after its last block [B, T, d] (a
+    position that left early keeps its exit state), what each requested exit's head
+    reads, the positions still running at the end ([B, T] bool; None: all of them) and
+    the stream after every block that ran (``states=True``; else None)."""
 
     hidden: torch.Tensor
     reads: dict[int, torch.Tensor]
-    running: torch.Tensor | None
+    running: torch.Tensor | None = None
     states: list[torch.Tensor] | None = None
-    active: torch.Tensor | None = None
 
 
 class Decoder(nn.Module):
@@ -145,25 +172,41 @@ class Decoder(nn.Module):
             raise ValueError(f"family={cfg.family!r} is invalid for {type(self).__name__}: "
                              "build the decoder with framework.families.build_decoder")
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.embed = self.new_embedding(cfg)
         self.blocks = nn.ModuleList(self.block_class(cfg, i) for i in range(cfg.n_layers))
         self.norm = self.block_class.new_norm(cfg)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.init_weights()
 
+    @staticmethod
+    def new_embedding(cfg: ModelConfig) -> nn.Embedding:
+        """The token embedding (a family may scale its output, as Gemma's does)."""
+        return nn.Embedding(cfg.vocab_size, cfg.d_model)
+
     @torch.no_grad()
     def init_weights(self, std: float | None = None) -> None:
-        """Plain N(0, std²) init; framework.training.parametrization re-initialises per Table A.2."""
+        """Plain N(0, std²) init, norms at their identity (their own ``reset_parameters``);
+        framework.training.parametrization re-initialises per Table A.2."""
         std = self.config.init_std if std is None else std
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.LayerNorm):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+            elif isinstance(module, type(self.norm)):
+                module.reset_parameters()
         self.reset_buffers()
+
+    def parameter_groups(self) -> dict[str, str]:
+        """Parameter name -> its Table A.2 group, for every parameter (a tied head is the
+        embedding): the blocks' own (``Block.parameter_groups``), the embedding, the final
+        norm and the head."""
+        groups = {f"embed.{name}": EMBEDDING for name, _ in self.embed.named_parameters()}
+        for i, block in enumerate(self.blocks):
+            groups.update({f"blocks.{i}.{name}": group for name, group in block.parameter_groups().items()})
+        groups.update({f"norm.{name}": FINAL_NORM for name, _ in self.norm.named_parameters()})
+        groups.update({f"head.{name}": UNEMBEDDING for name, _ in self.head.named_parameters()})
+        return groups
 
     def reset_buffers(self) -> None:
         """Recompute the non-persistent buffers (ALiBi slopes): a decoder built on the
@@ -191,34 +234,10 @@ class Decoder(nn.Module):
                         states=all_layers)
         return out.states if all_layers else out.hidden
 
-    def _run_blocks(self, h: torch.Tensor, layers: Iterable[int], *, bias: torch.Tensor | None,
-                   cache: KVCache | None = None, plan: DropPlan | None = None, rows: torch.Tensor | None = None,
-                   positions: torch.Tensor | None = None, states: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """Run the blocks ``layers`` once each, in the order given, on the residual stream
-        ``h`` [B, T, d]: the one loop of ``step``.
-
-        K/V are written to ``cache`` at its current length (``step`` advances it).
-        ``rows`` (decoding with per-row early exit): only those rows are updated; the
-        others keep their state and still write every layer's K/V from it, so later
-        tokens attend to the state a row exited with (CALM's state propagation).
-        ``positions`` [B, T] bool (the same, teacher-forced, per position): positions
-        outside it keep their state. ``states`` collects the stream after each block.
-        """
-        for index in layers:
-            drop = plan.layers[index] if plan is not None else None
-            block = self.blocks[index]
-            # rows only when given: a compiled block (framework/strategies/parallelize.py) takes the training arguments
-            updated = block(h, bias, drop, cache) if rows is None else block(h, bias, drop, cache, rows)
-            h = updated if positions is None else torch.where(positions[..., None], updated, h)
-            if states is not None:
-                states.append(h)
-        return h
-
     def step(self, inputs: torch.Tensor, cache: KVCache | None = None, *, layers: Iterable[int] | None = None,
              padding: torch.Tensor | None = None, plan: DropPlan | None = None,
              exits: Mapping[int, nn.Module | None] | None = None, leave: LeaveRule | None = None,
-             leave_positions: LeavePositions | None = None, states: bool = False,
-             advance: bool = True) -> StepOutput:
+             states: bool = False) -> StepOutput:
         """The forward: every training step, measurement and decoding route is one call
         (mark padding -> attention bias -> embed -> blocks -> exit reads -> cache
         advance), whatever family the blocks belong to.
@@ -226,22 +245,21 @@ class Decoder(nn.Module):
         ``inputs``: token ids [B, T], or a residual stream [B, T, d] to resume from
         (verification above a draft's exit, a skip set above the blocks it shares with
         the full model; ``layers=[]`` returns the embedding). ``cache``: decoding through
-        a KV cache (None: the T positions alone). ``layers``: the blocks to run, in order
-        (default: all). ``padding`` [B, T] marks positions holding no token. ``plan``:
-        training's layer dropout (no cache). ``states``: keep the stream after every
-        block (the early-exit points) in ``StepOutput.states``.
-        ``exits`` {K: adapter or None}: after the blocks below K have run, the state
-        exit K's head reads (through its adapter block, which writes its own K/V) goes
-        to ``StepOutput.reads[K]``. ``leave(K, rows, read)`` may then return which of
-        the still-running ``rows`` stop there: later blocks update only the others,
-        while every row writes their K/V from its current state (CALM's state
-        propagation, see ``_run_blocks``). ``leave_positions(K, read, active)`` is the
-        same decision per position of a teacher-forced pass ([B, T] masks).
-        ``advance=False`` leaves the cache length alone (a forward whose positions are
-        rewritten next).
+        a KV cache, whose length the step advances by T (None: the T positions alone).
+        ``layers``: the blocks to run, in order (default: all). ``padding`` [B, T] marks
+        positions holding no token. ``plan``: training's layer dropout (no cache).
+        ``states``: keep the stream after every block (the early-exit points).
+
+        ``exits`` {K: adapter or None}: after the blocks below K have run, the state exit
+        K's head reads (through its adapter block, which writes its own K/V) goes to
+        ``StepOutput.reads[K]``. ``leave(K, read, running)``, the one exit rule, may then
+        return which running positions stop there: they keep their state, and later
+        blocks update only the others (see ``_update``).
         """
         if plan is not None:
             self.check_plan(plan, inputs.shape[0], cache)
+            if leave is not None:
+                raise ValueError("plan and leave are exclusive: a drop plan is training's, an exit rule decoding's")
         if cache is not None and padding is not None:
             cache.mark_padding(padding)
             padding = None
@@ -250,31 +268,47 @@ class Decoder(nn.Module):
         layers = list(range(len(self.blocks)) if layers is None else layers)
         collected: list[torch.Tensor] | None = [] if states else None
         reads: dict[int, torch.Tensor] = {}
-        running: torch.Tensor | None = None  # rows still updated (None: all)
-        active: torch.Tensor | None = None  # positions still updated (leave_positions; None: all)
+        running: torch.Tensor | None = None  # [B, T] bool: the positions blocks still update (None: all)
         done = 0
-        for exit_layer in sorted(exits or {}):
+        for exit_layer, adapter in sorted((exits or {}).items()):
             below = [i for i in layers[done:] if i < exit_layer]
-            h = self._run_blocks(h, below, bias=bias, cache=cache, plan=plan, rows=running, positions=active,
-                                states=collected)
+            h = self._run_blocks(below, h, bias, plan, cache, running, collected)
             done += len(below)
-            adapter = (exits or {})[exit_layer]
-            read = h if adapter is None else (adapter(h, bias, None, cache) if running is None
-                                              else adapter(h, bias, None, cache, running))
-            reads[exit_layer] = read
-            if leave is not None:
-                rows = torch.arange(h.shape[0], device=h.device) if running is None else running
-                if rows.numel():
-                    stays = ~leave(exit_layer, rows, read[rows])
-                    running = None if bool(stays.all()) and running is None else rows[stays]
-            if leave_positions is not None:
-                active = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device) if active is None else active
-                active = active & ~leave_positions(exit_layer, read, active)
-        h = self._run_blocks(h, layers[done:], bias=bias, cache=cache, plan=plan, rows=running, positions=active,
-                            states=collected)
-        if cache is not None and advance:
+            reads[exit_layer] = read = h if adapter is None else self._update(adapter, h, bias, None, cache, running)
+            if leave is not None and (running is None or bool(running.any())):
+                still = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device) if running is None else running
+                leaving = leave(exit_layer, read, still) & still
+                if bool(leaving.any()):
+                    running = still & ~leaving
+        h = self._run_blocks(layers[done:], h, bias, plan, cache, running, collected)
+        if cache is not None:
             cache.advance(h.shape[1])
-        return StepOutput(h, reads, running, collected, active)
+        return StepOutput(h, reads, running, collected)
+
+    def _run_blocks(self, indices: list[int], h: torch.Tensor, bias: torch.Tensor | None, plan: DropPlan | None,
+                    cache: KVCache | None, running: torch.Tensor | None,
+                    collected: list[torch.Tensor] | None) -> torch.Tensor:
+        """The blocks ``indices`` once each, in order (the one loop of ``step``)."""
+        for index in indices:
+            h = self._update(self.blocks[index], h, bias, plan.layers[index] if plan else None, cache, running)
+            if collected is not None:
+                collected.append(h)
+        return h
+
+    @staticmethod
+    def _update(block: nn.Module, h: torch.Tensor, bias: torch.Tensor | None, drop: LayerDrop | None,
+                cache: KVCache | None, running: torch.Tensor | None) -> torch.Tensor:
+        """``block`` on the stream ``h`` [B, T, d], K/V written to ``cache`` at its length.
+        Positions that are not ``running`` keep their state, and still give later tokens
+        their K/V from it (CALM's state propagation): with one position a row (decoding)
+        their rows are not computed at all (the saving early exit is for); with more, every
+        position is, and the others keep their state."""
+        if running is None:
+            return block(h, bias, drop, cache)
+        if h.shape[1] == 1:
+            rows = running[:, 0].nonzero().flatten()
+            return block(h, bias, LayerDrop(rows, rows, 1.0), cache)
+        return torch.where(running[..., None], block(h, bias, drop, cache), h)
 
     def check_plan(self, plan: DropPlan, batch_size: int, cache: KVCache | None) -> None:
         if len(plan) != len(self.blocks):

@@ -1,35 +1,65 @@
 """A run that starts from existing weights: ``model.init_from`` (continued pretraining,
-LayerSkip's recipe: a Hugging Face Llama folder, or any checkpoint layerdrop exports).
+LayerSkip's recipe: a Hugging Face folder of a family with a transformers class, or any
+checkpoint layerdrop writes but an FSDP2 folder, which is exported first).
 
     layerdrop pretrain --config recipes/llama-continued.yaml --model.init_from /models/Llama-3.2-1B
 
-The decoder's shape comes from the checkpoint (``pretrain`` fills ``model.decoder``
-from it before anything is built), and the imported model is its own parametrization
-base: d_base = d_model and n_layers_base = n_layers, so m_d = m_L = 1 and every
-forward multiplier is 1 — the function of the weights is the one they were trained
-for. The weights are copied in at fit start, after the (possibly sharded) model is
-materialised: each rank reads every tensor (memory-mapped) and keeps its own shard.
-A resumed run skips this: its checkpoint holds the trained weights.
+The checkpoint is opened once per command (``framework.checkpoint.Checkpoint``: proven
+harmless, its config read): `layerdrop pretrain` opens it to fill ``model.decoder``
+before anything is built and hands the opened checkpoint to the LightningModule it builds
+(``handed_over``), which checks its model against it, lets the tokenizer check read it,
+and copies its weights in at fit start with ``framework.checkpoint.base.copy_into``, the
+way every reader fills a decoder.
+
+The imported model is its own parametrization base: d_base = d_model and n_layers_base =
+n_layers, so m_d = m_L = 1 and every forward multiplier is 1 — the function of the
+weights is the one they were trained for. The weights are copied after the (possibly
+sharded) model is materialised: each rank reads every tensor (memory-mapped) and keeps
+its own shard. A resumed run skips this: its checkpoint holds the trained weights.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from framework.checkpoint import CheckpointError, Pieces, checkpoint_tensors, read_model_config
+from framework.checkpoint import Checkpoint
+from framework.checkpoint.base import copy_into
 from framework.config import ModelConfig, ParametrizationConfig
-from framework.training.parametrization import plain_name
+
+# The checkpoints a caller opened for the modules it is building (``handed_over``).
+_HANDED_OVER: list[Checkpoint] = []
 
 
-def initial_config(path: str | os.PathLike, decoder: dict[str, Any]) -> dict[str, Any]:
-    """``model.decoder`` for a run from the checkpoint at ``path``: its shape and
-    function; the kernel choice (``attention``) stays the recipe's."""
-    cfg = read_model_config(path)
+@contextmanager
+def handed_over(ckpt: Checkpoint | None) -> Iterator[None]:
+    """While it runs, ``initial_checkpoint`` of ``ckpt``'s path is ``ckpt`` itself (`layerdrop
+    pretrain` builds its LightningModule inside, from the config it filled from ``ckpt``)."""
+    if ckpt is None:
+        yield
+        return
+    _HANDED_OVER.append(ckpt)
+    try:
+        yield
+    finally:
+        _HANDED_OVER.remove(ckpt)
+
+
+def initial_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """The checkpoint at ``path``, opened: the one handed over, else opened here."""
+    return next((ckpt for ckpt in _HANDED_OVER if str(ckpt.path) == str(path)), None) or Checkpoint.open(path)
+
+
+def initial_config(ckpt: Checkpoint, decoder: dict[str, Any]) -> dict[str, Any]:
+    """``model.decoder`` for a run from ``ckpt``: its shape and function; the kernel choice
+    (``attention``) stays the recipe's."""
+    cfg = ckpt.model_config
     return {**cfg.to_dict(), "attention": decoder.get("attention", cfg.attention)}
 
 
@@ -39,36 +69,11 @@ def own_base(pcfg: ParametrizationConfig, cfg: ModelConfig) -> ParametrizationCo
 
 
 @torch.no_grad()
-def load_initial_weights(model: nn.Module, path: str | os.PathLike) -> None:
-    """Copy the checkpoint's tensors into ``model`` (plain, compiled, checkpoint-wrapped
-    or FSDP2-sharded); refuses a checkpoint whose names or shapes differ."""
-    targets = {plain_name(name): tensor for name, tensor in model.state_dict().items()}
-    found = set()
-    for name, value in checkpoint_tensors(path):
-        target = targets.get(name)
-        if target is None:
-            raise CheckpointError(f"{str(path)!r}: the tensor {name!r} is not in the model")
-        if isinstance(value, Pieces):
-            value = torch.cat([part.reshape(-1) for part in value.parts]).view(value.shape)
-        if tuple(value.shape) != tuple(target.shape):
-            raise CheckpointError(f"{str(path)!r}: {name} has shape {list(value.shape)}, the model's "
-                                  f"{list(target.shape)}")
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-            raise CheckpointError(f"{str(path)!r} holds non-finite weights (the first {name})")
-        _copy_into(target, value)
-        found.add(name)
-    missing = sorted(set(targets) - found)
-    if missing:
-        raise CheckpointError(f"{str(path)!r} does not hold every tensor of the model: missing {missing[:5]}")
+def load_initial_weights(model: nn.Module, ckpt: Checkpoint) -> None:
+    """Copy the checkpoint's tensors into ``model`` (plain, compiled, checkpoint-wrapped or
+    FSDP2-sharded); refuses a checkpoint whose names or shapes differ, or whose weights
+    are not finite."""
+    copy_into(model, ckpt.tensors(), ckpt.path)
 
 
-def _copy_into(target: torch.Tensor, value: torch.Tensor) -> None:
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    if isinstance(target, DTensor):  # every rank has the full value: keep the local shard, no communication
-        value = distribute_tensor(value.to(target.device, target.dtype), target.device_mesh, target.placements,
-                                  src_data_rank=None)
-    target.copy_(value)
-
-
-__all__ = ["initial_config", "own_base", "load_initial_weights"]
+__all__ = ["handed_over", "initial_checkpoint", "initial_config", "own_base", "load_initial_weights"]

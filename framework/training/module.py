@@ -32,7 +32,7 @@ import lightning.pytorch as pl
 import torch
 from torchmetrics.aggregation import MeanMetric
 
-from framework.checkpoint import CKPT_KEY
+from framework.checkpoint import CKPT_KEY, Checkpoint
 from framework.config import (EarlyExitLossConfig, LayerDropoutConfig, ModelConfig, ParametrizationConfig,
                               PositiveInt, check)
 from framework.early_exit_loss import check_exits, configured_exits, exit_weights
@@ -42,6 +42,7 @@ from framework.model.loss import LogitWatch, chunked_cross_entropy, exit_cross_e
 from framework.training.lr_schedule import LRScheduleConfig, schedule_for
 from framework.families.registry import build_decoder
 from framework.model.decoder import Decoder
+from framework.training.init_from import initial_checkpoint, load_initial_weights
 from framework.training.parametrization import init_decoder_, model_multipliers, param_groups
 from framework.schedules import dropout_rates
 from framework.training.health import is_health_step
@@ -99,9 +100,10 @@ class LayerDropModule(pl.LightningModule):
         loss_chunk_tokens: tokens per chunk of the cross-entropy (bounds logits memory).
         activation_checkpointing: recompute each block's activations in backward.
         compile: torch.compile each block.
-        init_from: a checkpoint whose weights start the run (a Hugging Face Llama folder or
-            a layerdrop export; framework/training/init_from.py): continued pretraining. The decoder
-            must be its shape, and its own parametrization base (m_d = m_L = 1).
+        init_from: a checkpoint whose weights start the run (a Hugging Face folder or a
+            layerdrop checkpoint; framework/training/init_from.py): continued pretraining. The
+            decoder must be its model, and its own parametrization base (m_d = m_L = 1).
+            ``self.init_from`` holds it opened (framework.checkpoint.Checkpoint).
     """
 
     def __init__(self, decoder: ModelConfig,
@@ -120,9 +122,10 @@ class LayerDropModule(pl.LightningModule):
         check_exits(early_exit_loss, decoder.n_layers)
         # The configs are frozen and were validated when built: kept as given.
         self.model_cfg = with_parametrization(decoder, parametrization)
-        self.init_from = init_from
-        if init_from is not None:
-            check_initial_model(init_from, self.model_cfg)
+        # The opened checkpoint (read once: the model check here, the tokenizer check, the weights at fit start).
+        self.init_from = initial_checkpoint(init_from) if init_from is not None else None
+        if self.init_from is not None:
+            check_initial_model(self.init_from, self.model_cfg)
         self.dropout_cfg = layer_dropout
         self.param_cfg = parametrization
         self.lr_cfg = lr_schedule
@@ -176,8 +179,6 @@ class LayerDropModule(pl.LightningModule):
             init_decoder_(self.model, self.param_cfg)
             self._init_after_materialize = False
         if self.init_from is not None and not self.trainer.ckpt_path:  # a resumed run restores its own weights
-            from framework.training.init_from import load_initial_weights
-
             load_initial_weights(self.model, self.init_from)
 
     def configure_callbacks(self) -> list[pl.Callback]:
@@ -366,16 +367,15 @@ def with_parametrization(decoder: ModelConfig, pcfg: ParametrizationConfig) -> M
     return dataclasses.replace(decoder, **derived)
 
 
-def check_initial_model(path: str, model_cfg: ModelConfig) -> None:
+def check_initial_model(ckpt: Checkpoint, model_cfg: ModelConfig) -> None:
     """``model.init_from``'s model must be the configured one, with multipliers 1."""
-    from framework.checkpoint import read_model_config
-
+    path = str(ckpt.path)
     for key in ("logit_multiplier", "residual_multiplier"):
         if getattr(model_cfg, key) != 1.0:
             raise ValueError(f"model.init_from={path!r} needs the imported model to be its own parametrization base "
                              f"(m_d = m_L = 1), but {key}={getattr(model_cfg, key)!r}: set "
                              f"parametrization.d_base={model_cfg.d_model} and n_layers_base={model_cfg.n_layers}")
-    saved = read_model_config(path).to_dict()
+    saved = ckpt.model_config.to_dict()
     different = [f"{k}: {saved[k]!r} there, {v!r} here" for k, v in model_cfg.to_dict().items()
                  if k not in RUNTIME_FIELDS and saved.get(k) != v]
     if different:

@@ -35,31 +35,12 @@ them with ``transfer_batch_size`` and ``transfer_tau_ema`` when it writes a reci
 from __future__ import annotations
 
 import math
-import re
+
 import torch
 import torch.nn as nn
 
 from framework.config import ModelConfig, ParametrizationConfig
-
-HIDDEN = "hidden"
-NORMS_AND_BIASES = "norms_and_biases"
-EMBEDDING = "embedding"
-FINAL_NORM = "final_norm"
-UNEMBEDDING = "unembedding"
-
-# Decoder parameter names -> group. Full matches only: a parameter that matches none
-# is an error, never a silent default group.
-_GROUP_PATTERNS = [
-    (re.compile(r"blocks\.\d+\.(attn\.qkv|attn\.proj|ffn\.up|ffn\.down)\.weight"), HIDDEN),
-    (re.compile(r"blocks\.\d+\.(attn\.qkv|attn\.proj|ffn\.up|ffn\.down)\.bias"), NORMS_AND_BIASES),
-    (re.compile(r"blocks\.\d+\.(attn_norm|ffn_norm|attn\.q_norm|attn\.k_norm)\.(weight|bias)"), NORMS_AND_BIASES),
-    (re.compile(r"embed\.weight"), EMBEDDING),
-    (re.compile(r"norm\.(weight|bias)"), FINAL_NORM),
-    (re.compile(r"head\.weight"), UNEMBEDDING),
-]
-# Name segments that wrappers insert (torch.compile, activation checkpointing).
-_WRAPPER_SEGMENT = re.compile(
-    r"(^|\.)(_orig_mod|_checkpoint_wrapped_module|_fsdp_wrapped_module)(?=\.)")
+from framework.model.decoder import EMBEDDING, FINAL_NORM, HIDDEN, NORMS_AND_BIASES, UNEMBEDDING, plain_name
 
 
 def width_depth_multipliers(pcfg: ParametrizationConfig, d_model: int,
@@ -76,21 +57,20 @@ def model_multipliers(pcfg: ParametrizationConfig, model_cfg: ModelConfig) -> di
     return {"logit_multiplier": 1.0 / m_d, "residual_multiplier": 1.0 / m_l}
 
 
-def plain_name(name: str) -> str:
-    """A Decoder parameter name without the segments wrappers insert."""
-    plain = _WRAPPER_SEGMENT.sub("", name)
-    return plain[1:] if plain.startswith(".") else plain
-
-
-def group_of(name: str) -> str:
-    """The parameter group of a Decoder parameter name; unknown names raise."""
-    plain = plain_name(name)
-    for pattern, group in _GROUP_PATTERNS:
-        if pattern.fullmatch(plain):
-            return group
-    raise ValueError(f"parameter {name!r} matches no parametrization group: expected a "
-                     "Decoder parameter (embed, blocks.<i>.{attn_norm,attn.qkv,attn.proj,"
-                     "ffn_norm,ffn.up,ffn.down}, norm, head)")
+def groups_of(decoder: nn.Module) -> dict[str, str]:
+    """Every parameter name of ``decoder`` (as ``named_parameters`` gives it, wrapper
+    segments and all) -> its group, as the decoder's family declares it
+    (``Decoder.parameter_groups``). A parameter the family does not declare raises: it
+    never lands in a default group."""
+    declared = decoder.parameter_groups()
+    groups = {}
+    for name, _ in decoder.named_parameters():
+        group = declared.get(plain_name(name))
+        if group is None:
+            raise ValueError(f"parameter {name!r} has no parametrization group: its family's Decoder."
+                             "parameter_groups (or its block's) does not declare it")
+        groups[name] = group
+    return groups
 
 
 def init_stds(pcfg: ParametrizationConfig, model_cfg: ModelConfig) -> dict[str, float | None]:
@@ -140,14 +120,20 @@ def init_decoder_(decoder: nn.Module, pcfg: ParametrizationConfig,
     """Re-initialise a Decoder in place per Table A.2 (LayerNorms 1/0, biases 0)."""
     model_cfg = _checked_config(decoder, pcfg)
     stds = init_stds(pcfg, model_cfg)
+    groups = groups_of(decoder)
+    owners = {f"{prefix}.{name}" if prefix else name: module for prefix, module in decoder.named_modules()
+              for name, _ in module.named_parameters(recurse=False)}
+    reset = set()
     for name, param in decoder.named_parameters():
-        std = stds[group_of(name)]
+        std = stds[groups[name]]
+        owner = owners[name]
         if std is not None:
             nn.init.normal_(param, mean=0.0, std=std, generator=generator)
-        elif _is_norm_weight(name):
-            nn.init.ones_(param)
-        else:
+        elif isinstance(owner, nn.Linear):  # a bias
             nn.init.zeros_(param)
+        elif id(owner) not in reset:  # a norm: its identity (weight 1 and bias 0 for a LayerNorm)
+            owner.reset_parameters()
+            reset.add(id(owner))
     return decoder
 
 
@@ -162,10 +148,10 @@ def param_groups(decoder: nn.Module, pcfg: ParametrizationConfig, *, total_token
     model_cfg = _checked_config(decoder, pcfg)
     hyper = optimizer_hyperparameters(pcfg, model_cfg, total_tokens=total_tokens, batch_tokens=batch_tokens)
     members: dict[str, list[nn.Parameter]] = {group: [] for group in hyper}
+    groups = groups_of(decoder)
     for name, param in decoder.named_parameters():
-        group = group_of(name)
         if param.requires_grad:
-            members[group].append(param)
+            members[groups[name]].append(param)
     return [dict(name=group, params=params, lr=hyper[group]["lr"], eps=hyper[group]["eps"],
                  weight_decay=hyper[group]["weight_decay"])
             for group, params in members.items() if params]
@@ -195,10 +181,6 @@ def _checked_config(decoder: nn.Module, pcfg: ParametrizationConfig) -> ModelCon
     return model_cfg
 
 
-def _is_norm_weight(name: str) -> bool:
-    return re.search(r"(^|\.)(attn_norm|ffn_norm|norm|q_norm|k_norm)\.weight$", name) is not None
-
-
 __all__ = [
     "HIDDEN",
     "NORMS_AND_BIASES",
@@ -207,7 +189,7 @@ __all__ = [
     "UNEMBEDDING",
     "width_depth_multipliers",
     "model_multipliers",
-    "group_of",
+    "groups_of",
     "plain_name",
     "init_stds",
     "optimizer_hyperparameters",

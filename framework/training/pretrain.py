@@ -92,10 +92,13 @@ class PretrainCLI(LightningCLI):
         if rank_zero_only.rank == 0:
             remove_at_exit_if_unused(self.config.trainer.default_root_dir or ".", checkpoint_dir(self.config))
 
+    # model.init_from, opened once by start_from and handed to the LightningModule built from it
+    initial_checkpoint: Any = None
+
     def before_instantiate_classes(self) -> None:
         config = self.config
         if config.model.init_from is not None:
-            start_from(config)
+            self.initial_checkpoint = start_from(config)
         check_trainer(config.trainer)
         check_seq_len(config)
         check_run(config)
@@ -113,6 +116,12 @@ class PretrainCLI(LightningCLI):
             check_form_fits(choice.checkpoint, config.trainer.strategy)  # a DCP folder under single: one line
         if choice is not None and rank_zero_only.rank == 0:
             print(choice.message(folder), flush=True)
+
+    def instantiate_classes(self) -> None:
+        from framework.training.init_from import handed_over
+
+        with handed_over(self.initial_checkpoint):
+            super().instantiate_classes()
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Any]) -> Trainer:
         config = dict(config)
@@ -271,14 +280,17 @@ def checkpoint_dir(config: Any) -> Path:
     return Path(config.trainer.default_root_dir or ".") / "checkpoints"
 
 
-def start_from(config: Any) -> None:
+def start_from(config: Any) -> Any:
     """``model.init_from``: the decoder section becomes the checkpoint's model, its own
-    parametrization base (framework/training/init_from.py); said in one line."""
+    parametrization base (framework/training/init_from.py); said in one line. Returns the
+    checkpoint, opened."""
+    from framework.checkpoint import Checkpoint
     from framework.config import ModelConfig, ParametrizationConfig
     from framework.training.init_from import initial_config, own_base
 
     path = config.model.init_from
-    decoder = initial_config(path, _as_dict(config.model.decoder))
+    ckpt = Checkpoint.open(path)
+    decoder = initial_config(ckpt, _as_dict(config.model.decoder))
     pcfg = own_base(ParametrizationConfig(**_as_dict(config.model.parametrization)), ModelConfig(**decoder))
     for key, value in decoder.items():
         setattr(config.model.decoder, key, value)
@@ -288,6 +300,7 @@ def start_from(config: Any) -> None:
         print(f"model.init_from={path}: a {decoder['family']} decoder (d = {decoder['d_model']}, L = "
               f"{decoder['n_layers']}, vocabulary {decoder['vocab_size']}), its own parametrization base "
               "(m_d = m_L = 1)", flush=True)
+    return ckpt
 
 
 def check_trainer(trainer: Any) -> None:

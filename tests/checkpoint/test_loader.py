@@ -158,6 +158,51 @@ def test_non_finite_weights_are_refused_in_one_line(tmp_path, value):
         load_decoder(export)
 
 
+def test_an_opened_ckpt_file_is_read_once_whatever_is_asked(tmp_path, monkeypatch):
+    """The proof, the metadata, the shapes checked against the config, the tokenizer
+    record and the weights all come from one weights-only load of the file."""
+    import framework.checkpoint.lightning_file as lightning_file
+    from framework.checkpoint import Checkpoint
+
+    decoder = make_decoder()
+    path = tmp_path / "last.ckpt"
+    torch.save(lightning_checkpoint(decoder), path)
+    loads = []
+    monkeypatch.setattr(lightning_file, "load_torch_file", lambda p: loads.append(p) or torch.load(
+        p, map_location="cpu", weights_only=True, mmap=True))
+    ckpt = Checkpoint.open(path)
+    assert ckpt.model_config == decoder.config and ckpt.tokenizer_record() == {}
+    loaded, _ = ckpt.load_decoder()
+    assert sorted(name for name, _ in ckpt.tensors()) == sorted(decoder.state_dict())
+    assert_same_function(loaded, decoder.eval())
+    assert loads == [path]
+
+
+def test_copy_into_fills_a_compiled_and_checkpoint_wrapped_decoder(tmp_path):
+    """The one way weights enter a decoder: a training run's (model.init_from), whose names
+    carry the wrappers' segments, gets the checkpoint's tensors by their plain names."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from framework.checkpoint import Checkpoint
+    from framework.checkpoint.base import copy_into
+
+    source = make_decoder()
+    path = tmp_path / "last.ckpt"
+    torch.save(lightning_checkpoint(source), path)
+    target = make_decoder(init_std=0.5)
+    target.blocks[0] = checkpoint_wrapper(target.blocks[0])
+    target.blocks[1] = torch.compile(target.blocks[1])  # compiles lazily: nothing runs here
+    copy_into(target, Checkpoint.open(path).tensors(), path)
+    assert "blocks.1._orig_mod.attn.qkv.weight" in target.state_dict()
+    assert torch.equal(target.blocks[1].attn.qkv.weight, source.blocks[1].attn.qkv.weight)
+    assert torch.equal(target.blocks[0].ffn.down.weight, source.blocks[0].ffn.down.weight)
+    with torch.no_grad():
+        source.blocks[0].attn_norm.weight[0] = float("nan")
+    torch.save(lightning_checkpoint(source), path)
+    with pytest.raises(CheckpointError, match="holds non-finite weights \\(1 tensors, the first blocks.0.attn_norm"):
+        copy_into(target, Checkpoint.open(path).tensors(), path)
+
+
 def test_loading_copies_into_the_decoder_one_tensor_at_a_time(tmp_path):
     """No second full copy of the weights: the file is memory-mapped and each tensor is
     copied into the decoder's own storage (the loaded tensors are not the file's)."""
@@ -200,7 +245,7 @@ def test_a_deeply_nested_config_is_one_line(tmp_path):
 def test_every_form_answers_every_question_of_the_protocol():
     """The loader asks each form for its shapes and tensors; a form that cannot says so
     itself (None, or a one-line refusal) instead of lacking the member."""
-    members = ("detect", "incomplete_reason", "prove_harmless", "metadata", "model_config", "load_into", "shapes",
-               "tensors")
+    members = ("detect", "incomplete_reason", "prove_harmless", "open", "metadata", "model_config", "load_into",
+               "shapes", "tensors")
     lacking = [f"{form.name}.{m}" for form in FORMS for m in members if not callable(getattr(type(form), m, None))]
     assert lacking == []

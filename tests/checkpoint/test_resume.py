@@ -140,15 +140,19 @@ def test_auto_skips_a_cut_short_checkpoint_and_removes_leftovers(folder):
     assert not (folder / ".step-00000005.ckpt.staging").exists()
 
 
-def test_auto_reads_the_step_of_a_real_last_ckpt(folder):
+def test_auto_reads_the_step_of_a_real_last_ckpt(folder, monkeypatch):
+    from tests.helpers.checkpoint_run import count_checkpoint_opens
+
     for path in folder.glob("step-*.ckpt"):
         if path.name != "step-00000002.ckpt":
             path.unlink()
     os.unlink(folder / "last.ckpt")
     (folder / "last.ckpt").write_bytes((folder / "step-00000002.ckpt").read_bytes())
     (folder / "step-00000002.ckpt").unlink()
+    opened = count_checkpoint_opens(monkeypatch)
     choice = choose_checkpoint("auto", folder)  # an earlier layout: last.ckpt a file of its own
     assert (choice.path, choice.step) == (str(folder / "last.ckpt"), 2)
+    assert opened == [folder / "last.ckpt"]  # opened once: to read its step, then handed on
 
 
 def test_auto_without_a_complete_checkpoint_starts_from_step_0(tmp_path):

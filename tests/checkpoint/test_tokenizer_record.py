@@ -38,7 +38,7 @@ def test_found_from_another_working_directory(run, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     checkpoint = run / "run" / "checkpoints" / "last.ckpt"
     assert Checkpoint.open(checkpoint).find_tokenizer() == (run / "run" / "checkpoints" / "tokenizer.json").resolve()
-    codec = TextCodec.for_checkpoint(checkpoint)
+    codec = TextCodec.for_checkpoint(Checkpoint.open(checkpoint))
     assert codec.path == Checkpoint.open(checkpoint).find_tokenizer() and codec.eos_id == Checkpoint.open(checkpoint).tokenizer_record()["eos_id"]
 
 

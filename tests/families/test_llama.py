@@ -170,11 +170,17 @@ def test_bad_llama_fields_are_refused_in_one_line(field, value, message):
         small_cfg(**{field: value})
 
 
-@pytest.mark.parametrize("field, value", [("rope_theta", 5e5), ("tie_embeddings", True), ("n_kv_heads", 1),
-                                          ("ffn_hidden", 100)])
+@pytest.mark.parametrize("field, value", [("rope_theta", 5e5), ("tie_embeddings", True), ("rope_type", "llama3")])
 def test_celerity_refuses_the_llama_fields_it_would_ignore(field, value):
-    with pytest.raises(ValueError, match=f"{field}=.* is invalid for family='celerity'"):
+    with pytest.raises(ValueError, match=f"{field}=.* is invalid for family='celerity': it is a field of .*llama"):
         ModelConfig(n_heads=4, **{field: value})
+
+
+def test_celerity_refuses_grouped_query_attention_and_honours_the_ffn_width():
+    with pytest.raises(ValueError, match="n_kv_heads=1 is invalid for family='celerity'"):
+        ModelConfig(n_heads=4, n_kv_heads=1)
+    decoder = build_decoder(ModelConfig(vocab_size=50, d_model=32, n_layers=1, n_heads=4, ffn_hidden=100))
+    assert decoder.blocks[0].ffn.up.weight.shape == (100, 32)
 
 
 @pytest.mark.slow

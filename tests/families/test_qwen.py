@@ -15,7 +15,7 @@ import torch
 from framework.checkpoint import CheckpointError, load_decoder, read_model_config
 from framework.config import ModelConfig, ParametrizationConfig
 from framework.families.registry import build_decoder
-from framework.training.parametrization import NORMS_AND_BIASES, group_of, init_decoder_, param_groups
+from framework.training.parametrization import NORMS_AND_BIASES, groups_of, init_decoder_, param_groups
 from tests.helpers import family_checks as checks
 from tests.helpers.hf_qwen import tiny_hf_qwen
 
@@ -139,7 +139,7 @@ def test_parametrization_groups_and_init_cover_the_family(kind):
                       head_dim=12, bias=False)
     decoder = build_decoder(cfg)
     own = [n for n, _ in decoder.named_parameters() if n.endswith(("qkv.bias", "q_norm.weight", "k_norm.weight"))]
-    assert own and {group_of(n) for n in own} == {NORMS_AND_BIASES}
+    assert own and {groups_of(decoder)[n] for n in own} == {NORMS_AND_BIASES}
     pcfg = ParametrizationConfig(d_base=32, n_layers_base=2)
     with torch.no_grad():
         for name, p in decoder.named_parameters():

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from framework.config import ModelConfig
-from framework.layer_dropout import DropPlan
+from framework.layer_dropout import DropPlan, LayerDrop
 from framework.model.decoder import Decoder
 
 VOCAB = 53
@@ -177,8 +177,8 @@ def test_step_is_the_forward():
 
 
 def test_positions_that_leave_keep_their_state():
-    """leave_positions: a teacher-forced position that leaves at exit K keeps the state
-    it had there; the others run on."""
+    """leave: a teacher-forced position that leaves at exit K keeps the state it had
+    there; the others run on."""
     torch.manual_seed(0)
     decoder = Decoder(ModelConfig(vocab_size=50, d_model=16, n_layers=4, n_heads=2, max_seq_len=16,
                                   attention="sdpa")).eval()
@@ -186,16 +186,17 @@ def test_positions_that_leave_keep_their_state():
     leaving = torch.zeros(2, 6, dtype=torch.bool)
     leaving[0, 2] = leaving[1, 5] = True
     with torch.no_grad():
-        out = decoder.step(tokens, exits={2: None}, leave_positions=lambda k, read, active: leaving)
+        out = decoder.step(tokens, exits={2: None}, leave=lambda k, read, running: leaving)
         at_exit, full = decoder.hidden(tokens, exit_layer=2), decoder.hidden(tokens)
-        assert torch.equal(out.hidden[leaving], at_exit[leaving]) and torch.equal(out.active, ~leaving)
+        assert torch.equal(out.hidden[leaving], at_exit[leaving]) and torch.equal(out.running, ~leaving)
         assert torch.allclose(out.hidden[0, :2], full[0, :2], atol=1e-6)  # causal: before the kept state
         assert (out.hidden[0, 3:] - full[0, 3:]).abs().max() > 1e-5  # after it: they attend to it
 
 
 def test_updating_some_rows_keeps_the_others_and_writes_every_rows_k_v():
-    """rows=R: rows in R take the block's update, the others keep their state; the cache
-    gets every row's K/V computed from the state it has (CALM's propagation)."""
+    """A LayerDrop keeping rows R, with a cache: rows in R take the block's update, the
+    others keep their state; the cache gets every row's K/V computed from the state it has
+    (CALM's propagation)."""
     torch.manual_seed(0)
     decoder = Decoder(ModelConfig(vocab_size=50, d_model=16, n_layers=2, n_heads=2, max_seq_len=16,
                                   attention="sdpa")).double().eval()
@@ -205,7 +206,7 @@ def test_updating_some_rows_keeps_the_others_and_writes_every_rows_k_v():
     with torch.no_grad():
         cache, reference_cache = decoder.new_cache(3, 4), decoder.new_cache(3, 4)
         bias = decoder.attention_bias(1, cache)
-        updated = block(h, bias, None, cache, rows)
+        updated = block(h, bias, LayerDrop(rows, rows, 1.0), cache)
         full = block(h, bias, None, reference_cache)
     torch.testing.assert_close(updated[rows], full[rows], rtol=0, atol=1e-12)
     assert torch.equal(updated[1], h[1])
@@ -237,15 +238,16 @@ def test_step_through_the_cache_is_the_forward():
 
 
 def test_step_resumes_from_a_stream_and_reads_exits():
-    """Blocks 0..1 then 2..3 resumed from their stream (advance=False in between) are
-    the whole step; exit 2 reads the stream after blocks 0..1."""
+    """Blocks 0..1 then 2..3 resumed from their stream (the cache cropped back in between)
+    are the whole step; exit 2 reads the stream after blocks 0..1."""
     decoder = step_decoder()
     tokens = torch.randint(0, 50, (2, 5))
     with torch.no_grad():
         full = decoder.step(tokens, decoder.new_cache(2, 8), exits={2: None})
         cache = decoder.new_cache(2, 8)
-        lower = decoder.step(tokens, cache, layers=range(2), advance=False)
-        assert cache.length == 0
+        lower = decoder.step(tokens, cache, layers=range(2))
+        assert cache.length == 5
+        cache.crop(0)
         upper = decoder.step(lower.hidden, cache, layers=range(2, 4))
         assert cache.length == 5 and full.running is None
     torch.testing.assert_close(upper.hidden, full.hidden, rtol=0, atol=1e-12)
@@ -257,8 +259,9 @@ def test_rows_that_leave_at_an_exit_keep_their_state_and_write_later_k_v_from_it
     tokens = torch.randint(0, 50, (3, 1))
     with torch.no_grad():
         cache = decoder.new_cache(3, 4)
-        out = decoder.step(tokens, cache, exits={1: None}, leave=lambda k, rows, read: rows == 1)
-        assert out.running.tolist() == [0, 2]
+        out = decoder.step(tokens, cache, exits={1: None}, leave=lambda k, read, running: running & (
+            torch.arange(3)[:, None] == 1))
+        assert out.running[:, 0].nonzero().flatten().tolist() == [0, 2]
         assert torch.equal(out.hidden[1], out.reads[1][1])  # row 1 left at exit 1
         full = decoder.step(tokens, decoder.new_cache(3, 4))
         torch.testing.assert_close(out.hidden[[0, 2]], full.hidden[[0, 2]], rtol=0, atol=1e-12)

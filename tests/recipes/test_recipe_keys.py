@@ -25,6 +25,7 @@ from framework.training.callbacks import RunSummary, Throughput
 from framework.training.checkpointing.saving import PeriodicCheckpoint
 from framework.training.nonfinite import NonFiniteLossGuard
 from framework.training.pretrain import PretrainCLI, build_cli, release_run_folders
+from framework.families import FIELD_OWNERS
 from framework.recipes.recipe_keys import recipe_keys
 from framework.early_exit_loss import exit_weights
 from framework.schedules import dropout_rates
@@ -62,11 +63,10 @@ SECOND: dict[str, Any] = {
 # Set from another key, not settable: the data's vocabulary check uses the model's.
 LINKED = {"data.model_vocab_size"}
 # Keys that must be refused: their second value would be meaningless with the rest.
-# (The curricula's knobs under the base's curriculum "none"; the Llama family's fields
-# on the base's Celerity decoder, and family llama with the base's biases.)
-LLAMA_FIELDS = {f"model.decoder.{name}" for name in (
-    "family", "n_kv_heads", "ffn_hidden", "tie_embeddings", "rope_theta", "rope_type", "rope_factor",
-    "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_seq_len")}
+# (The curricula's knobs under the base's curriculum "none"; the other families' fields
+# and grouped-query attention on the base's Celerity decoder, and family llama with the
+# base's biases.)
+LLAMA_FIELDS = {f"model.decoder.{name}" for name in ("family", "n_kv_heads", *FIELD_OWNERS)}
 REFUSED = {"model.decoder.logit_multiplier", "model.decoder.residual_multiplier", "model.lr_schedule.warmup_fraction",
            "model.early_exit_loss.rotation", "model.early_exit_loss.ramp", "model.init_from", "data.data_dir",
            "resume"} | LLAMA_FIELDS

@@ -8,7 +8,7 @@ from framework.config import ModelConfig, ParametrizationConfig
 from framework.model.decoder import Decoder
 from framework.training.parametrization import (
     adamw,
-    group_of,
+    groups_of,
     init_decoder_,
     model_multipliers,
     param_groups,
@@ -167,28 +167,43 @@ def test_frozen_parameters_are_left_out():
 
 
 def test_wrapper_prefixes_are_understood():
-    assert group_of("_orig_mod.blocks.3.ffn.up.weight") == "hidden"
-    assert group_of("blocks.0._checkpoint_wrapped_module.attn.qkv.bias") == "norms_and_biases"
-    assert group_of("_orig_mod.head.weight") == "unembedding"
-    compiled = torch.compile(decoder(32, 2, pcfg()))  # compiles lazily: nothing runs here
-    groups = groups_by_name(compiled, pcfg())
-    assert len(groups["hidden"]["params"]) == 8
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    model = decoder(32, 2, pcfg())
+    plain = groups_of(model)
+    model.blocks[0] = checkpoint_wrapper(model.blocks[0])
+    model.blocks[1] = torch.compile(model.blocks[1])  # compiles lazily: nothing runs here
+    compiled = torch.compile(model)
+    groups = groups_of(compiled)
+    assert "_orig_mod.blocks.1._orig_mod.ffn.up.weight" in groups
+    assert "_orig_mod.blocks.0._checkpoint_wrapped_module.attn.qkv.bias" in groups
+    assert sorted(groups.values()) == sorted(plain.values())
+    assert len(groups_by_name(compiled, pcfg())["hidden"]["params"]) == 8
 
 
-@pytest.mark.parametrize("name", ["blocks.0.attn.rotary.weight", "lm_head.weight", "head.bias",
-                                  "blocks.x.ffn.up.weight", "extra"])
-def test_unknown_parameter_names_raise(name):
-    with pytest.raises(ValueError, match=f"parameter '{name}' matches no parametrization group"):
-        group_of(name)
+def test_the_family_declares_the_groups_and_names_match_no_pattern():
+    """A block's parameters are grouped by what holds them (a linear layer's weight is
+    hidden; a norm's parameters and biases are not), whatever the names."""
+    model = decoder(32, 2, pcfg())
+    block = model.blocks[0]
+    block.extra_norm = torch.nn.LayerNorm(32)  # a norm the block's family adds, by another name
+    block.attn.gate = torch.nn.Linear(32, 32, bias=True)
+    groups = groups_of(model)
+    assert groups["blocks.0.extra_norm.weight"] == groups["blocks.0.extra_norm.bias"] == "norms_and_biases"
+    assert (groups["blocks.0.attn.gate.weight"], groups["blocks.0.attn.gate.bias"]) == ("hidden", "norms_and_biases")
 
 
 def test_an_unknown_parameter_in_the_model_raises_instead_of_landing_somewhere():
     model = decoder(32, 2, pcfg())
     model.register_parameter("gate", torch.nn.Parameter(torch.zeros(3)))
-    with pytest.raises(ValueError, match="'gate'"):
+    with pytest.raises(ValueError, match="parameter 'gate' has no parametrization group"):
         groups_by_name(model, pcfg())
     with pytest.raises(ValueError, match="'gate'"):
         init_decoder_(model, pcfg())
+    inside = decoder(32, 2, pcfg())
+    inside.blocks[1].ffn.register_parameter("scale", torch.nn.Parameter(torch.ones(3)))  # in no linear or norm
+    with pytest.raises(ValueError, match="parameter 'blocks.1.ffn.scale' has no parametrization group"):
+        groups_by_name(inside, pcfg())
 
 
 def test_model_without_the_multipliers_is_rejected():

@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from framework.checkpoint.base import CheckpointError, archive_reason, metadata_of, training_model_config
+from framework.checkpoint.base import (CheckpointError, archive_reason, metadata_of, refuse_non_finite,
+                                       training_model_config)
 from framework.checkpoint.safety import (DCP_METADATA_FILE, load_dcp_metadata, load_torch_file,
                                          prove_checkpoint_harmless)
 
@@ -36,6 +37,10 @@ class DcpFolder:
     def prove_harmless(self, path: Path) -> None:
         prove_checkpoint_harmless(path)
 
+    def open(self, path: Path) -> DcpFolder:
+        self.prove_harmless(path)
+        return self
+
     def metadata(self, path: Path) -> dict[str, Any]:
         meta = path / LIGHTNING_META
         return metadata_of(load_torch_file(meta) if meta.is_file() else None, path)
@@ -52,6 +57,7 @@ class DcpFolder:
         from framework.checkpoint.sharded.dcp_reader import load_into
 
         load_into(decoder, path)
+        refuse_non_finite(decoder, path)  # torch's reader filled it, not copy_into
 
     def training_checkpoint(self, path: Path) -> dict[str, Any]:
         """The whole folder as the dict a single-file checkpoint holds: an FSDP2/HSDP run

@@ -69,6 +69,10 @@ class ZeroFolder:
     def prove_harmless(self, path: Path) -> None:
         prove_checkpoint_harmless(path)
 
+    def open(self, path: Path) -> ZeroFolder:
+        self.prove_harmless(path)
+        return self
+
     def metadata(self, path: Path) -> dict[str, Any]:
         return metadata_of(load_torch_file(model_states_file(path), deepspeed=True), path)
 

@@ -3,6 +3,7 @@
     blocks.py   LlamaDecoder and its parts (the RoPE families built on it reuse them)
     rotary.py   RoPE with Llama-3.1's frequency scaling
     hf.py       LlamaForCausalLM's config and tensor names, both ways
-    rules.py    its config rules
+    args.py     LlamaArgs: its own config fields (tying, RoPE), shared by the families built on it
+    rules.py    ARGS and its config rules
     spec.py     FAMILY
 """

@@ -5,8 +5,9 @@ block (layer dropout's gather -> branch -> scatter-add, per-row early exit), the
 block loop, exits, skip sets and the KV cache are the base classes'; this module only
 supplies the parts. Parameter names are Celerity's too (``attn.qkv`` holds the
 query, key and value projections one after the other, ``ffn.up`` the gate and up
-projections), so the parametrization groups, FSDP2 wrapping and FLOP accounting need
-no family of their own; framework/families/llama/hf.py maps them to Hugging Face's.
+projections), so FSDP2 wrapping and FLOP accounting need no family of their own, and
+the parametrization groups are the Block's (linear weights hidden, norms and biases
+not); framework/families/llama/hf.py maps the names to Hugging Face's.
 
 What a block's attention needs besides its input, one ``RotaryInputs`` per forward:
 the angles of every query's position and, where plain causality does not say it
@@ -51,6 +52,9 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
@@ -165,13 +169,6 @@ class LlamaDecoder(Decoder):
     def tie_weights(self) -> None:
         if self.config.tie_embeddings and self.head.weight is not self.embed.weight:
             self.head.weight = self.embed.weight
-
-    @torch.no_grad()
-    def init_weights(self, std: float | None = None) -> None:
-        super().init_weights(std)
-        for module in self.modules():
-            if isinstance(module, RMSNorm):
-                nn.init.ones_(module.weight)
 
     def reset_buffers(self) -> None:
         """The RoPE frequencies (not in checkpoints) and the tie, which moving a

@@ -1,11 +1,20 @@
-"""The config rules of the Llama family, which the families built on its blocks share."""
+"""The Llama family's config: its own fields (``ARGS``) and its rules, which the families
+built on its blocks share."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from framework.families.llama.args import LlamaArgs
+
+ARGS = LlamaArgs
+POSITIVE = ("rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_seq_len")
+
 
 def check(cfg: Any) -> None:
+    for name in POSITIVE:
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{name}={getattr(cfg, name)!r} is invalid: must be > 0")
     if cfg.bias:
         raise ValueError(f"bias=True is invalid for family={cfg.family!r}: its blocks have no biases beyond "
                          "the family's own; set bias: false")

@@ -1,7 +1,7 @@
-"""The Qwen3 family's config rules: Llama's."""
+"""The Qwen3 family's config: Llama's fields and rules."""
 
 from __future__ import annotations
 
-from framework.families.llama.rules import check
+from framework.families.llama.rules import ARGS, check
 
-__all__ = ["check"]
+__all__ = ["ARGS", "check"]

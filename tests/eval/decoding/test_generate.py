@@ -19,7 +19,7 @@ from eval.decoding.generate import Streamer, main
 from eval.decoding.batch import BatchGenerator
 from eval.decoding.static_route import StaticRoute
 from framework.tokenizer import TextCodec
-from framework.checkpoint import load_decoder
+from framework.checkpoint import Checkpoint, load_decoder
 from tests.helpers.in_process import run_main
 from tiny_lm import export_tiny_model
 
@@ -40,7 +40,7 @@ def model_dir(tmp_path_factory):
 def reference(model_dir):
     """Full greedy decoding of PROMPT (the prompt starts a document: EOS first)."""
     model, _ = load_decoder(model_dir)
-    codec = TextCodec.for_checkpoint(model_dir)
+    codec = TextCodec.for_checkpoint(Checkpoint.open(model_dir))
     items, _ = BatchGenerator(model).generate([codec.encode_prompt(PROMPT)], 12, eos_id=codec.eos_id)
     return codec, items[0]
 
@@ -110,7 +110,7 @@ def test_generation_ends_at_eos(model_dir, capsys, tmp_path):
     """Name as EOS (--eot-token) a token the model writes after the prompt: the text
     ends before it. The prompt starts with that EOS too, so the reference does."""
     model, _ = load_decoder(model_dir)
-    codec = TextCodec.for_checkpoint(model_dir)
+    codec = TextCodec.for_checkpoint(Checkpoint.open(model_dir))
     for candidate in range(codec.tokenizer.get_vocab_size()):
         free, _ = BatchGenerator(model).generate([[candidate] + codec.encode(PROMPT)], 12)
         if candidate in free[0].tokens[1:]:
@@ -133,7 +133,7 @@ def test_a_prompts_file_gives_jsonl_in_order(model_dir, capsys, tmp_path):
     rows = [json.loads(line) for line in out.out.splitlines()]
     assert [r["prompt"] for r in rows] == ["Snow is", "The sun rises in the", "Fish"]
     model, _ = load_decoder(model_dir)
-    codec = TextCodec.for_checkpoint(model_dir)
+    codec = TextCodec.for_checkpoint(Checkpoint.open(model_dir))
     for number, row in enumerate(rows):  # each row as its prompt decoded alone, with its own seed
         from eval.decoding.sampling import Sampling
 

@@ -22,7 +22,7 @@ from eval.decoding.speculative import AdaptiveThreshold, SelfSpeculativeDecoder,
 from eval.decoding.speedup import compare, main
 from eval.decoding.transcripts import StopStrings
 from framework.tokenizer import TextCodec
-from framework.checkpoint import export_decoder, load_decoder
+from framework.checkpoint import Checkpoint, export_decoder, load_decoder
 from framework.model.decoder import Decoder
 from tests.helpers.checkpoint_run import count_checkpoint_opens
 from tests.helpers.tiny_decoder import tiny_decoder
@@ -344,7 +344,7 @@ def test_cli_takes_text_prompts_and_adapters(tmp_path, capsys):
                  "--batch-size", "2", "--device", "cpu", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["draft"] == "adapter" and report["exit_layer"] == 1 and report["identical_to_greedy"] is True
-    codec = TextCodec.for_checkpoint(folder)
+    codec = TextCodec.for_checkpoint(Checkpoint.open(folder))
     for text, row in zip(["Snow is", "The sun rises in the"], report["outputs"]):
         items, _ = BatchGenerator(backbone).generate([codec.encode_prompt(text)], 8, eos_id=codec.eos_id)
         assert row["prompt"] == text and row["tokens"] == items[0].tokens and row["text"] == codec.decode(row["tokens"])

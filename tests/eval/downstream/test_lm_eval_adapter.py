@@ -16,7 +16,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 
 from eval.downstream.lm_eval_adapter import LayerDropLM  # noqa: E402
 from framework.tokenizer import TextCodec  # noqa: E402
-from framework.checkpoint import CheckpointError, load_decoder  # noqa: E402
+from framework.checkpoint import Checkpoint, CheckpointError, load_decoder  # noqa: E402
 from eval.downstream.multiple_choice import encode_pair, read_examples, score_examples  # noqa: E402
 from eval.decoding.sampling import Sampling  # noqa: E402
 from tests.eval.tiny_lm import FIXTURES, TASKS, export_tiny_model  # noqa: E402
@@ -254,7 +254,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 
 
 def test_tokenizer_is_found_beside_the_checkpoint_or_in_its_data_folder(model_dir, tmp_path):
-    codec = TextCodec.for_checkpoint(model_dir)
+    codec = TextCodec.for_checkpoint(Checkpoint.open(model_dir))
     assert codec.path == model_dir / "tokenizer.json"
     # A Lightning checkpoint in runs/x/checkpoints/ whose run read data/: the manifest's tokenizer.
     data = tmp_path / "data"
@@ -264,11 +264,11 @@ def test_tokenizer_is_found_beside_the_checkpoint_or_in_its_data_folder(model_di
     ckpt = tmp_path / "runs" / "x" / "checkpoints" / "last.ckpt"
     ckpt.parent.mkdir(parents=True)
     torch.save({"state_dict": {}, "datamodule_hyper_parameters": {"data_dir": str(data)}}, ckpt)
-    codec = TextCodec.for_checkpoint(ckpt)
+    codec = TextCodec.for_checkpoint(Checkpoint.open(ckpt))
     assert (codec.path, codec.eos_id) == (data / "tok.json", 0)
     (data / "tok.json").unlink()
     with pytest.raises(ValueError, match="no tokenizer found for checkpoint"):
-        TextCodec.for_checkpoint(ckpt)
+        TextCodec.for_checkpoint(Checkpoint.open(ckpt))
 
 
 def test_the_prefix_token_of_a_bos_model_is_its_bos(model_dir, tmp_path):
