@@ -27,14 +27,25 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable, Protocol
 
 from tokenizers import Tokenizer
 
 from framework.files.manifest import MANIFEST_FILE, read_manifest, sha256_of
 
-if TYPE_CHECKING:  # the checkpoint package reads tokenizers through this module, never the other way round
-    from framework.checkpoint import Checkpoint
+
+
+class OpenedCheckpoint(Protocol):
+    """What this module reads of a ``framework.checkpoint.Checkpoint`` (it is handed one, never
+    imports the package: checkpoints read tokenizers through this module, not the other way round)."""
+
+    path: Path
+    form: Any
+    metadata: dict[str, Any]
+    model_config: Any
+    tokenizer_record: dict[str, Any] | None
+
+    def find_tokenizer(self) -> Path: ...
 
 TOKENIZER_FILE = "tokenizer.json"
 
@@ -151,7 +162,7 @@ def folder_token_ids(folder: Path, config: dict[str, Any], key: str) -> list[int
     return list(dict.fromkeys(ids))
 
 
-def opened(ckpt: Any) -> Checkpoint:
+def opened(ckpt: Any) -> OpenedCheckpoint:
     """``ckpt`` when it is an opened checkpoint (this module reads checkpoints it is
     handed, it opens none: the checkpoint package sits above the tokenizer)."""
     if not hasattr(ckpt, "find_tokenizer"):
@@ -159,7 +170,7 @@ def opened(ckpt: Any) -> Checkpoint:
     return ckpt
 
 
-def check_model_tokenizer(ckpt: Checkpoint, data_file: str, data_record: dict[str, Any],
+def check_model_tokenizer(ckpt: OpenedCheckpoint, data_file: str, data_record: dict[str, Any],
                           *, flag: str = "model.init_from") -> None:
     """Refuse data whose tokenizer is not the model's (an opened checkpoint), in one line
     naming both: the same file (sha256), else the same vocabulary. A model without a
@@ -189,7 +200,7 @@ def check_model_tokenizer(ckpt: Checkpoint, data_file: str, data_record: dict[st
                              f"--tokenizer {model_file}")
 
 
-def model_stop_ids(ckpt: Checkpoint, eos_id: int | None) -> list[int]:
+def model_stop_ids(ckpt: OpenedCheckpoint, eos_id: int | None) -> list[int]:
     """``eos_id`` and every id an opened checkpoint says ends a text (a folder's
     ``eos_token_id`` list, or its record's ``eos_ids``), in that order."""
     ckpt = opened(ckpt)
@@ -212,7 +223,7 @@ class TextCodec:
         self.stop_ids = tuple(dict.fromkeys((self.eos_id, *self.stop_ids)))
 
     @classmethod
-    def for_checkpoint(cls, ckpt: Checkpoint, tokenizer: str | os.PathLike | None = None,
+    def for_checkpoint(cls, ckpt: OpenedCheckpoint, tokenizer: str | os.PathLike | None = None,
                        eos_token: str | None = None) -> "TextCodec":
         """The codec of an opened checkpoint of any form (``Checkpoint.open(path)``): its
         tokenizer, or ``tokenizer``. The EOS is ``eos_token``, else the recorded one (checkpoint, else
@@ -260,7 +271,7 @@ class TextCodec:
 class CodecLoader:
     """Loads an opened checkpoint's ``TextCodec`` on first use (prompts that are token ids need none)."""
 
-    def __init__(self, ckpt: Checkpoint, tokenizer: str | os.PathLike | None = None,
+    def __init__(self, ckpt: OpenedCheckpoint, tokenizer: str | os.PathLike | None = None,
                  eos_token: str | None = None) -> None:
         self.ckpt, self.tokenizer, self.eos_token = ckpt, tokenizer, eos_token
         self.loaded: TextCodec | None = None
@@ -282,7 +293,7 @@ class CodecLoader:
             return None
 
 
-def recorded_conventions(ckpt: Checkpoint, path: Path) -> dict[str, Any]:
+def recorded_conventions(ckpt: OpenedCheckpoint, path: Path) -> dict[str, Any]:
     """The checkpoint's tokenizer record, completed by the manifest of the prepared
     folder its tokenizer was found in (records older than a key lack it)."""
     record = ckpt.tokenizer_record()

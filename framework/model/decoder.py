@@ -78,7 +78,7 @@ class FeedForward(nn.Module):
 class Block(nn.Module):
     """Pre-LN block. With a ``LayerDrop`` each branch runs on its kept rows only."""
 
-    ffn_matrices = 2  # the FFN's d×f weight matrices (up, down), for framework/model/flops.py
+    ffn_matrices = 2  # the FFN's d×f weight matrices (up, down), for framework/flops.py
 
     def __init__(self, cfg: ModelConfig, layer_index: int) -> None:
         super().__init__()

@@ -2,7 +2,7 @@
 in the parametrization's norms-and-biases group).
 
 FLOPs and activation memory are Llama's: a bias adds O(d) work per token (not counted,
-as in framework/model/flops.py) and saves no tensor for backward.
+as in framework/flops.py) and saves no tensor for backward.
 """
 
 from __future__ import annotations
