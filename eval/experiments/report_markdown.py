@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from eval.experiments.choosing import markdown_table
+from eval.experiments.projection import judged_markdown
 
 
 def _f(value: Any, digits: int = 4) -> str:
@@ -158,6 +159,10 @@ def _budgets(report: dict) -> list[str]:
     if image:
         lines += ["", f"![budgets]({image})"]
     return lines + [""]
+
+
+def _projection(report: dict) -> list[str]:
+    return judged_markdown(report["projection"]) if report.get("projection") else []
 
 
 def _choosing(report: dict) -> list[str]:
@@ -390,8 +395,8 @@ def markdown(report: dict, *, title: str) -> str:
              "Written by `layerdrop report` from a `layerdrop sweep` folder; every number is in report.json "
              "beside this file, and runs/ holds each run's config, summary and evaluations, from which "
              "`layerdrop report` rebuilds this page.", ""]
-    for part in (_how_it_was_run, _findings, _budgets, _choosing, _configurations, _noise, _hyperparameters, _images,
-                 _speculative, _drafts, _downstream, _runs):
+    for part in (_how_it_was_run, _findings, _budgets, _projection, _choosing, _configurations, _noise,
+                 _hyperparameters, _images, _speculative, _drafts, _downstream, _runs):
         lines += part(report)
     return "\n".join(lines).rstrip() + "\n"
 
