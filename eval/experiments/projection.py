@@ -182,7 +182,9 @@ def _noise(report: dict) -> dict:
     noise = report.get("noise") or {}
     return {"seed_std": noise.get("seed_std"), "seed_dof": noise.get("seed_dof"),
             "residual_std": noise.get("residual_std"), "residual_dof": noise.get("residual_dof"),
-            "left_out": [u["configuration"] for u in noise.get("unstable") or [] if u.get("left_out", True)]}
+            # reports before docs/RULES.md left an "unstable" configuration out of the pool; now one is only flagged
+            "left_out": [u["configuration"] for u in noise.get("unstable") or []],
+            "flagged": [u["configuration"] for u in noise.get("flagged") or []]}
 
 
 def _inside(fit: dict, pct: float | None) -> bool | None:
@@ -266,6 +268,8 @@ def projection_markdown(projection: dict, *, command: str | None = None, commit_
             continue
         left_out = (f"; left out of the pool: {', '.join(noise['left_out'])} (judged on its own spread there)"
                     if noise["left_out"] else "; no configuration left out of the pool")
+        if noise.get("flagged"):
+            left_out += f" (flagged, kept in: {', '.join(noise['flagged'])})"
         lines.append(f"- {budget['tokens_per_parameter']:.1f} TPP ({budget['source']}): paired σ = "
                      f"{noise['residual_std']:.4f} nats ({noise['residual_dof']} dof), seed σ = "
                      f"{noise['seed_std']:.4f} ({noise['seed_dof']} dof){left_out}.")

@@ -31,10 +31,31 @@ def _comparison(c: dict) -> str:
     text += f" → {c['verdict']}"
     if c.get("verdict_holm") and c.get("p_holm") is not None and c["verdict_holm"] != c["verdict"]:
         text += f" (after Holm: {c['verdict_holm']})"
+    if c.get("seeds_beyond") and c.get("seed_sigma") is not None and (
+            (c.get("p_value") or 0) >= 0.05 or (c.get("p_holm") or 0) >= 0.05):
+        gaps = ", ".join(f"{g:+.4f}" for g in (c.get("seed_gaps") or {}).values())
+        text += f" [every seed {c['seeds_beyond']} by > 2σ = {2 * c['seed_sigma']:.4f}: {gaps}]"
+    other = c.get("alternative")
+    if other and other["verdict"] != c["verdict"]:
+        se = f" ± {other['se']:.4f}" if other.get("se") is not None else ""
+        p = f", p = {_p(other['p_value'])}" if other.get("p_value") is not None else ""
+        text += f" [other analysis, flagged spread out of the pool: {other['diff']:+.4f}{se}{p} → {other['verdict']}]"
     if c.get("paper_pct") is not None:
         text += f"; paper {c['paper_pct']:+.2f}% ({c['paper_source']})"
         text += f": {c['vs_paper']}" if c.get("vs_paper") else ""
     return f"*observation:* {text}" if c.get("observation") else text
+
+
+def _correlation(name: str, test: dict, achieved: dict | None) -> str:
+    """Finding 6's test: nominal P̄ (when the report has it), the achieved P̄'s beside."""
+    nominal = test.get("p_bar") == "mean_dropout_predicted"
+    text = (f"{name.replace('_', ' ')}{' vs nominal P̄' if nominal else ''}: ρ = {test['spearman']:+.2f}, "
+            f"p = {_p(test['p_value'])}" + (f" (Holm {_p(test['p_holm'])})" if test.get("p_holm") is not None else "")
+            + f", {test.get('configurations', '?')} configurations"
+            + (f" at {test['distinct_p_bar']} P̄ levels" if nominal else "") + f" ({test['runs']} runs)")
+    if achieved:
+        text += f"; *beside it, vs achieved P̄*: ρ = {achieved['spearman']:+.2f}, p = {_p(achieved['p_value'])}"
+    return text
 
 
 def _p(value: float) -> str:
@@ -92,8 +113,11 @@ def _findings(report: dict) -> list[str]:
     lines = ["## The paper's findings at this scale", "",
              "Each claim is tested at the paper's own setting, with the paper's figure beside ours (eval/experiments/"
              "findings/). A comparison a − b is paired over the seeds a and b share (the mean of "
-             "the per-seed differences), else unpaired; its noise is pooled over every configuration "
-             "(significance.py) and its verdict a two-sided Student-t test at α = 0.05. **reproduced**: every "
+             "the per-seed differences), else unpaired; its noise is pooled over every configuration, none left "
+             "out (docs/RULES.md, significance.py), and its verdict a two-sided Student-t test at α = 0.05; a "
+             "comparison whose every seed lies beyond the other side by more than 2 pooled σ is never "
+             "\"within noise\" (shown as [every seed …]), and where a configuration's spread is flagged the other "
+             "analysis (it out of the pool, on its own spread) is shown beside where it differs. **reproduced**: every "
              "comparison goes the paper's way; **not reproduced**: one goes the other way, beyond the paper's own "
              "figure where it reports one; **consistent with the paper's own figure**: those going the other way "
              "are within the noise of (or below) the loss the paper reports; **within noise**: neither. "
@@ -108,9 +132,7 @@ def _findings(report: dict) -> list[str]:
     for f in report["findings"]:
         numbers = [_comparison(c) for c in f["comparisons"]]
         if f.get("correlations"):
-            numbers = [f"{k.replace('_', ' ')}: ρ = {v['spearman']:+.2f}, p = {_p(v['p_value'])}"
-                       + (f" (Holm {_p(v['p_holm'])})" if v.get("p_holm") is not None else "")
-                       + f", {v.get('configurations', '?')} configurations ({v['runs']} runs)"
+            numbers = [_correlation(k, v, f.get("achieved_correlations", {}).get(k))
                        for k, v in f["correlations"].items()]
         for group in f.get("optima") or []:
             optima = ", ".join(f"{o['p_max']}: {o['optimum']:g}" for o in group["optima"])
@@ -151,8 +173,15 @@ def _budgets(report: dict) -> list[str]:
         name = f"{row['a']} vs {row['b']}{metric}"
         se = f" ± {row['change_se']:.4f}" if row["change_se"] is not None else ""
         p = f", p = {_p(row['p_value'])}" if row["p_value"] is not None else ""
+        verdict = f"**{row['verdict']}**"
+        if row.get("seeds_apart") and (row["p_value"] is None or row["p_value"] >= section["alpha"]):
+            verdict += " (every seed beyond the other budget's gap by > 2σ)"
+        other = row.get("alternative")
+        if other and other["verdict"] != row["verdict"]:
+            verdict += f"; other analysis (flagged spread out of the pool): {other['verdict']}" + (
+                f", p = {_p(other['p_value'])}" if other.get("p_value") is not None else "")
         rows.append([row["finding"], f"*{name}*" if row["points"][0]["observation"] else name, *at,
-                     f"{row['change']:+.4f}{se}{p}", f"**{row['verdict']}**"])
+                     f"{row['change']:+.4f}{se}{p}", verdict])
     lines += _table(["finding", "comparison", *(f"{b['tokens_per_parameter']:.1f} TPP" for b in budgets),
                      "change of a − b (nats)", "verdict"], rows)
     image = report.get("images", {}).get("budgets")
@@ -214,12 +243,17 @@ def _noise(report: dict) -> list[str]:
         lines.append(f"- Paired noise: σ = {noise['residual_std']:.4f} nats, the residual std of loss = configuration "
                      f"+ seed fitted over every run ({noise['residual_dof']} degrees of freedom): a per-seed "
                      "difference's noise is σ·√2.")
-    for u in noise.get("unstable") or []:
-        lines.append(f"- **Unstable across seeds**: {u['configuration']} spreads σ = {u['std']:.4f} nats over its "
-                     f"{u['seeds']} seeds against {u['others_std']:.4f} pooled over every other configuration (F test, "
-                     f"p = {_p(u['p_value'])}, beyond α divided by the configurations tested): it is left out of both "
-                     "pooled estimates above, and its comparisons are judged on its own spread (Welch), so one "
-                     "erratic configuration does not blur every other verdict (eval/experiments/significance.py).")
+    other = noise.get("without_flagged") or {}
+    for u in noise.get("flagged") or []:
+        seeds = " / ".join(f"{v:.4f}" for v in u.get("per_seed") or [])
+        without = (f" (without it: seed σ {other['seed_std']:.4f}, paired σ {other['residual_std']:.4f})"
+                   if other.get("seed_std") is not None and other.get("residual_std") is not None else "")
+        lines.append(f"- **Spread beyond the others (flagged)**: {u['configuration']} spreads σ = {u['std']:.4f} nats "
+                     f"over its {u['seeds']} seeds ({seeds}) against {u['others_std']:.4f} pooled over every other "
+                     f"configuration (F test, p = {_p(u['p_value'])}, beyond α divided by the configurations tested). "
+                     f"It stays in both pooled estimates above{without} and every verdict is the pooled one "
+                     "(docs/RULES.md); the other analysis, it out of the pool and its comparisons on its own spread "
+                     "(Welch), is shown beside each comparison where its verdict differs.")
     if runs:
         tokens = sorted({r["heldout_tokens"] for r in runs})
         errors = [r["heldout_standard_error"] for r in runs]
