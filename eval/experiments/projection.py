@@ -290,7 +290,30 @@ def projection_markdown(projection: dict, *, command: str | None = None, commit_
                       "- **Verdicts**: " + "; ".join(f"*{k}*: {v}" for k, v in rule["verdicts"].items()) + ".",
                       f"- **Level**: {rule['level']}.",
                       f"- **Beside it**: {rule['inside']}.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + _earlier(projection))
+
+
+def _earlier(projection: dict) -> list[str]:
+    """Every version this file replaced (``--project --overwrite``), newest first: what it was made from
+    and its judged rows at equal FLOPs, so a reader sees what moved and why."""
+    if not projection.get("earlier"):
+        return []
+    lines = ["## Earlier versions of this projection (replaced, kept on record)", ""]
+    for version in projection["earlier"]:
+        lines += [f"`{version.get('projection_command', '?')}`", ""]
+        for budget in version["budgets"]:
+            noise = budget.get("noise") or {}
+            if noise.get("residual_std") is not None:
+                left = f"; left out of the pool: {', '.join(noise['left_out'])}" if noise.get("left_out") else ""
+                lines.append(f"- {budget['tokens_per_parameter']:.1f} TPP: paired σ {noise['residual_std']:.4f} "
+                             f"({noise['residual_dof']} dof){left}")
+        for row in version["rows"]:
+            if row["kind"] == EQUAL_FLOPS and row["configuration"] in version["rule"]["judged"]:
+                lines.append(f"- {row['configuration']} at equal FLOPs: "
+                             + ", ".join(_pct(p["pct"], p["pct_se"]) for p in row["points"])
+                             + f" → line {_fit(row['log_line'])}, power law {_fit(row['power_law'])}")
+        lines.append("")
+    return lines
 
 
 def judged_markdown(judged: dict) -> list[str]:

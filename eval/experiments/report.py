@@ -283,6 +283,9 @@ def write_projection(args: argparse.Namespace, argv: list[str] | None, out: Path
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
     projection["projection_command"] = shlex.join(["layerdrop", "report", *(sys.argv[1:] if argv is None else argv)])
+    if (out / PROJECTION_FILE).is_file():  # --overwrite: the earlier versions stay on record, in the new file
+        earlier = json.loads((out / PROJECTION_FILE).read_text())
+        projection["earlier"] = [{k: v for k, v in earlier.items() if k != "earlier"}, *earlier.get("earlier", [])]
     out.mkdir(parents=True, exist_ok=True)
     write_text(out / PROJECTION_FILE, json.dumps(projection, indent=1) + "\n")
     write_text(out / "projection.md", projection_markdown(projection, command=projection["projection_command"]))

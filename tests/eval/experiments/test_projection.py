@@ -155,3 +155,17 @@ def test_project_then_report_the_new_budget_by_its_registered_rule(tmp_path, cap
     capsys.readouterr()
     assert main([str(tmp_path / "new"), "--out", str(tmp_path / "x"), "--projection", str(tmp_path / "nope.json")]) == 2
     assert "--projection" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_a_replaced_projection_stays_on_record_in_the_new_one(tmp_path):
+    _sweep(tmp_path / "short", 100, 0.0)
+    _sweep(tmp_path / "long", 300, 0.01)
+    assert main([str(tmp_path / "short"), "--out", str(tmp_path / "short-report")]) == 0
+    out = tmp_path / "new-budget"
+    args = [str(tmp_path / "long"), "--across", str(tmp_path / "short-report"), "--out", str(out), "--project", "50"]
+    assert main(args) == 0
+    first = json.loads((out / "projection.json").read_text())
+    assert main([*args, "--overwrite"]) == 0 and main([*args, "--overwrite"]) == 0
+    latest = json.loads((out / "projection.json").read_text())
+    assert len(latest["earlier"]) == 2 and latest["earlier"][1] == first and "earlier" not in latest["earlier"][0]
+    assert "## Earlier versions of this projection (replaced, kept on record)" in (out / "projection.md").read_text()
