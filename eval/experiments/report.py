@@ -44,7 +44,7 @@ from eval.experiments.report_folder import PROJECTION_FILE, check_out, clear_rep
 from eval.experiments.report_markdown import markdown
 from eval.experiments.report_tables import (configuration_table, correlation, downstream_table, draft_table,
                                             elasticity_points, group, speculative_table)
-from eval.experiments.sweep_results import RunResult, copy_results, load_results, with_aliases
+from eval.experiments.sweep_results import RunResult, copy_results, flop_conventions, load_results, with_aliases
 from eval.measurements import plots
 from framework.command_parser import CommandParser
 from framework.config import LayerDropoutConfig
@@ -198,7 +198,7 @@ def run_row(run: RunResult) -> dict:
             "end_of_training_val_loss": run.summary.get("val_loss"),
             "mean_dropout_predicted": run.summary["mean_dropout_predicted"],
             "mean_dropout_achieved": run.summary["flops_saved_pct"] / 100,
-            "training_flops": run.summary["training_flops"], "tokens": run.summary["tokens"],
+            "training_flops": run.summary["training_flops"], **flop_conventions(run), "tokens": run.summary["tokens"],
             "steps": run.summary["steps"], "cpu_seconds": run.cpu_seconds,
             "stages": {k: round(v.get("cpu_seconds", 0.0), 1) for k, v in run.status.get("stages", {}).items()}}
 

@@ -200,12 +200,16 @@ def _choosing(report: dict) -> list[str]:
         return []
     return ["## Choosing a configuration", "",
             "ILD+DTS (the paper's recommended form) at each p_max and budget, and beside it at the same P̄ the "
-            "schedule increasing (ILD+ITS) or constant (ILD) over time, read from the findings above (and "
-            "those of every `--across` report): %Δ of the held-out loss ± 1 SE in % of dense's, with the verdict "
-            "after Holm; equal FLOPs: against the dense run trained to the same executed FLOPs with its own "
-            "schedule; middle-exit gain: the exit loss at L/2 minus dense's (negative: better). Dense's row gives "
-            "its loss (mean ± std over seeds). README.md's \"Choosing a configuration\" table is this one "
-            "(eval/experiments/choosing.py).", "", *markdown_table(table), ""]
+            "schedule increasing (ILD+ITS) or constant (ILD) over time, ILD+DTS with r_train = 1 and with the "
+            "early-exit loss, read from the findings above (and those of every `--across` report): %Δ of the "
+            "held-out loss ± 1 SE in % of dense's, with the verdict after Holm where the comparison is one of the "
+            "page's tests, and its raw verdict marked \"raw\" where it is an observation; FLOPs saved against a "
+            "plain dense run, non-embedding (the blocks, the paper's) / total (blocks, unembedding, early-exit "
+            "heads; negative: it costs more); equal FLOPs: against the dense run trained to the same FLOPs with "
+            "its own schedule; middle-exit gain: the exit loss at L/2 minus dense's (minus its twin's without the "
+            "loss for the early-exit loss; negative: better). Dense's row gives its loss (mean ± std over seeds). "
+            "README.md's \"Choosing a configuration\" table is this one (eval/experiments/choosing.py).", "",
+            *markdown_table(table), ""]
 
 
 def _configurations(report: dict) -> list[str]:
@@ -214,20 +218,28 @@ def _configurations(report: dict) -> list[str]:
              "Validation loss: `eval heldout` on the held-out split (mean ± std over seeds); %Δ vs the dense "
              f"configuration with the same settings ({noise.get('baseline') or 'dense'} for most), at α = "
              f"{noise.get('alpha', 0.05)} (paired over shared seeds); a compute-matched dense run is trained to "
-             "the executed FLOPs of the configurations named.", ""]
+             "the FLOPs of the configurations named, in the convention named. Training FLOPs in both conventions, "
+             "each with the share it saves against a plain dense run of the same tokens: **non-embedding** (the "
+             "blocks only: the paper's FLOPs, the share P̄ saves) and **total** (blocks, unembedding and every "
+             "early-exit head: what the run costs; negative: it costs more). Totals marked † are rebuilt from "
+             "the recipe (a summary.json written before the conventions were named holds the blocks only).", ""]
     rows = []
     for row in report["configurations"]:
         vs = row.get("vs_dense")
         std = f" ± {row['val_loss_std']:.4f}" if row["val_loss_std"] is not None else ""
-        against = vs["verdict"] if vs else "FLOPs of " + "; ".join(row["compute_matched_to"]) \
+        on = f" ({', '.join(row['matched_on'])} FLOPs)" if row.get("matched_on") else ""
+        against = vs["verdict"] if vs else "FLOPs of " + "; ".join(row["compute_matched_to"]) + on \
             if row.get("compute_matched_to") else "baseline" if "dense" in row["configuration"] else "–"
+        rebuilt = "†" if row.get("total_flops_from") == ["recipe"] else ""
+        total = row.get("total_training_flops")
         rows.append([row["configuration"], str(row["seeds"]), _f(row.get("steps")),
                      _f(row["mean_dropout_predicted"], 3),
                      _f(row["mean_dropout_achieved"], 3), _flops(row["training_flops"]),
-                     f"{row['training_flops_saved_pct']:.1f}%", f"{_f(row['val_loss_mean'])}{std}",
-                     f"{vs['pct']:+.2f}%" if vs else "–", against])
-    lines += _table(["configuration", "seeds", "steps", "P̄ predicted", "P̄ achieved", "training FLOPs",
-                     "FLOPs saved", "val loss", "%Δ", "vs dense"], rows)
+                     f"{row['training_flops_saved_pct']:.1f}%", "missing" if total is None else _flops(total) + rebuilt,
+                     "–" if row.get("total_flops_saved_pct") is None else f"{row['total_flops_saved_pct']:.1f}%",
+                     f"{_f(row['val_loss_mean'])}{std}", f"{vs['pct']:+.2f}%" if vs else "–", against])
+    lines += _table(["configuration", "seeds", "steps", "P̄ predicted", "P̄ achieved", "non-embedding FLOPs",
+                     "saved", "total FLOPs", "saved", "val loss", "%Δ", "vs dense"], rows)
     return lines + [""]
 
 
@@ -418,10 +430,12 @@ def _downstream(report: dict) -> list[str]:
 
 def _runs(report: dict) -> list[str]:
     rows = [[r["run"], r["configuration"], str(r["seed"]), _f(r["val_loss"]), _f(r["end_of_training_val_loss"]),
-             _f(r["mean_dropout_achieved"], 3), _flops(r["training_flops"]), f"{r['cpu_seconds']:.0f}"]
-            for r in report["runs"]]
+             _f(r["mean_dropout_achieved"], 3), _flops(r["training_flops"]),
+             "missing" if r.get("total_training_flops") is None else
+             _flops(r["total_training_flops"]) + ("†" if r.get("total_from") == "recipe" else ""),
+             f"{r['cpu_seconds']:.0f}"] for r in report["runs"]]
     return ["## Every run", ""] + _table(["run", "configuration", "seed", "held-out loss", "end-of-training val",
-                                          "P̄ achieved", "training FLOPs", "CPU s"], rows) + [""]
+                                          "P̄ achieved", "non-embedding FLOPs", "total FLOPs", "CPU s"], rows) + [""]
 
 
 def markdown(report: dict, *, title: str) -> str:

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 from eval.experiments.significance import (ALPHA, Difference, difference, noise_of, pooled_std, seed_gaps, seeds_beyond,
                                           verdict_of, without_flagged)
 from eval.measurements.heldout import paired_standard_error
-from eval.experiments.sweep_results import RunResult, configuration_key
+from eval.experiments.sweep_results import FLOP_KEYS, RunResult, configuration_key, flop_conventions
 
 DROPOUT_PREFIX = "model.layer_dropout."
 
@@ -217,7 +217,10 @@ def configuration_table(configurations: list[Configuration]) -> tuple[list[dict]
             "end_of_training_val_loss": _mean_or_none([s.get("val_loss") for s in summaries]),
             "cpu_seconds": statistics.fmean(r.cpu_seconds for r in configuration.runs),
             "compute_matched_to": sorted({label_of[n] for n in configuration.first.matched_to}) or None,
+            "matched_on": configuration.first.matched_on or None,
+            **configuration_flops(configuration),
         }
+        # the non-embedding figures under the names reports used before the conventions were named
         row["training_flops_saved_pct"] = 100 * (1 - row["training_flops"] / row["dense_training_flops"])
         twin = None if configuration.dense else dense_twin(configuration, configurations, "model.early_exit_loss.")
         comparison = compare_configurations(configuration, twin, val_loss, configurations) if twin else None
@@ -238,6 +241,20 @@ def configuration_table(configurations: list[Configuration]) -> tuple[list[dict]
                                                 if r.get("vs_dense") and r["vs_dense"]["eval_se"] is not None]),
                "baseline": base.label if base else None, "alpha": ALPHA}
     return rows, summary
+
+
+def configuration_flops(configuration: Configuration) -> dict:
+    """Both FLOP conventions, executed and dense, mean over the seeds, and the share each saves
+    (negative: the run costs more than a plain dense one; sweep_results.flop_conventions)."""
+    per_run = [flop_conventions(r) for r in configuration.runs]
+    found: dict = {key: _mean_or_none([f[key] for f in per_run]) if all(f[key] is not None for f in per_run) else None
+                   for key in FLOP_KEYS}
+    for name in ("non_embedding", "total"):
+        executed, dense = f"{name}_training_flops", f"dense_{name}_training_flops"
+        found[f"{name}_flops_saved_pct"] = 100 * (1 - found[executed] / found[dense]) \
+            if found[executed] is not None and found[dense] else None
+    found["total_flops_from"] = sorted({str(f["total_from"]) for f in per_run})
+    return found
 
 
 def _mean_or_none(values: Sequence[float | None]) -> float | None:
