@@ -12,7 +12,11 @@ smallest beyond the noise of both:
     SE = √(SE_large² + SE_small²),   a two-sided t test on the smaller of the two dofs
 
 (the two budgets are independent runs, so their errors add). Verdicts: **stable**, or
-**moved** with the direction ("a − b rose": a lost ground against b with more tokens).
+**moved** with the direction ("a − b rose": a lost ground against b with more tokens). The seeds
+guard (docs/RULES.md): a row is never "stable" when every seed's gap at the largest budget lies
+beyond the smallest budget's gap, on one side, by more than 2 pooled seed σ of the largest. Where a
+budget flagged a configuration's spread, the change is also tested on that budget's other
+analysis (significance.without_flagged) and shown beside where its verdict differs.
 
 A comparison is the same one at two budgets when its finding, a, b and metric are, with a
 compute-matched baseline's step count dropped ("dense, 822 steps (compute-matched)" at one
@@ -68,18 +72,49 @@ def _point(tpp: float, source: str, comparison: dict) -> dict:
     return {"tokens_per_parameter": tpp, "source": source, "diff": comparison["diff"], "pct": comparison.get("pct"),
             "se": se, "pct_se": 100 * se / reference if se is not None and reference else None,
             "dof": comparison.get("dof"), "verdict": comparison.get("verdict_holm") or comparison.get("verdict"),
-            "observation": bool(comparison.get("observation"))}
+            "observation": bool(comparison.get("observation")),
+            "seed_gaps": list((comparison.get("seed_gaps") or {}).values()), "seed_sigma": comparison.get("seed_sigma"),
+            "alternative": comparison.get("alternative")}
+
+
+def _seeds_apart(small: dict, large: dict) -> str | None:
+    """"rose" / "fell" when every seed's gap at the larger budget lies beyond the smaller budget's
+    gap on one side by more than 2 pooled σ of the larger budget (the seeds guard); else None."""
+    gaps, sigma = large.get("seed_gaps") or [], large.get("seed_sigma")
+    if not gaps or sigma is None:
+        return None
+    if all(g - small["diff"] > 2 * sigma for g in gaps):
+        return "rose"
+    if all(g - small["diff"] < -2 * sigma for g in gaps):
+        return "fell"
+    return None
 
 
 def change(small: dict, large: dict, alpha: float = ALPHA) -> dict:
     """The change of a − b from the smallest budget's point to the largest's, and its test."""
     delta = large["diff"] - small["diff"]
+    apart = _seeds_apart(small, large)
     if small["se"] is None or large["se"] is None or not small["dof"] or not large["dof"]:
-        return {"change": delta, "change_se": None, "p_value": None, "verdict": "no noise estimate"}
+        return {"change": delta, "change_se": None, "p_value": None, "seeds_apart": apart,
+                "verdict": f"moved: a − b {apart}" if apart else "no noise estimate"}
     se = math.hypot(small["se"], large["se"])
     p_value = t_two_sided_p(delta / se, min(small["dof"], large["dof"])) if se > 0 else 0.0
-    verdict = "stable" if p_value >= alpha else f"moved: a − b {'rose' if delta > 0 else 'fell'}"
-    return {"change": delta, "change_se": se, "p_value": p_value, "verdict": verdict}
+    if p_value < alpha:
+        verdict = f"moved: a − b {'rose' if delta > 0 else 'fell'}"
+    else:
+        verdict = f"moved: a − b {apart}" if apart else "stable"
+    return {"change": delta, "change_se": se, "p_value": p_value, "seeds_apart": apart, "verdict": verdict}
+
+
+def other_analysis(small: dict, large: dict, alpha: float = ALPHA) -> dict | None:
+    """The change tested on each budget's other analysis (its flagged configurations out of the
+    pool), where either budget has one; None where neither does."""
+    if not small.get("alternative") and not large.get("alternative"):
+        return None
+    points = [{**p, **{k: (p["alternative"] or {}).get(k, p[k]) for k in ("diff", "se", "dof")},
+               "seed_gaps": None} if p.get("alternative") else {**p, "seed_gaps": None} for p in (small, large)]
+    found = change(*points, alpha=alpha)
+    return {k: found[k] for k in ("change", "change_se", "p_value", "verdict")}
 
 
 def trend(report: dict, source: str, others: Sequence[tuple[str, dict]]) -> dict:
@@ -94,7 +129,7 @@ def trend(report: dict, source: str, others: Sequence[tuple[str, dict]]) -> dict
             continue
         finding, a, b, metric = key
         rows.append({"finding": finding, "a": a, "b": b, "metric": metric, "points": points,
-                     **change(points[0], points[-1])})
+                     **change(points[0], points[-1]), "alternative": other_analysis(points[0], points[-1])})
     order = [f["id"] for f in report.get("findings") or []]
     rows.sort(key=lambda r: (order.index(r["finding"]) if r["finding"] in order else len(order), r["a"], r["b"]))
     return {"budgets": [{"tokens_per_parameter": tpp, "source": name} for tpp, name, _ in budgets],
@@ -133,5 +168,5 @@ def write_trend_figure(section: dict, path: Path) -> Path | None:
     return plots.save(trend_figure, path, section)
 
 
-__all__ = ["main_shape", "tokens_per_parameter", "comparison_key", "change", "trend", "trend_figure",
+__all__ = ["main_shape", "tokens_per_parameter", "comparison_key", "change", "other_analysis", "trend", "trend_figure",
            "write_trend_figure"]

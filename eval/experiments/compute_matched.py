@@ -13,12 +13,14 @@ schedule*. A sweep file asks for such runs with a block:
       seeds: [0, 1]                         # optional; default: the baseline's seeds
       count: non_embedding                  # optional: which FLOPs are equal (below)
 
-``count``: ``non_embedding`` (the default) counts the blocks' FLOPs, the paper's "FLOPs"
-(its footnote 11) and what summary.json and the report's tables call training FLOPs: P̄
-saves exactly that share, so ILD+DTS p_max 0.8 (P̄ 20%) gets a dense run of 80% of its
-steps. ``executed`` counts every FLOP a training step runs, the unembedding and early-exit
-heads too, which layer dropout does not save: the dense run is longer (82% of the steps
-for the CPU model, whose unembedding is a tenth of its compute) and the test stricter.
+``count`` names the convention the budgets are equal in (summary.json records both, named so):
+``non_embedding`` (the default) counts the blocks' FLOPs, the paper's "FLOPs" (its footnote 11,
+summary.json's ``non_embedding_training_flops``): P̄ saves exactly that share, so ILD+DTS p_max
+0.8 (P̄ 20%) gets a dense run of 80% of its steps. ``total`` counts every FLOP a training step
+runs, the unembedding and early-exit heads too, which layer dropout does not save
+(``total_training_flops``): the dense run is longer (82% of the steps for the CPU model, whose
+unembedding is a tenth of its compute) and the test stricter. ``executed`` is the older name of
+``total`` (the sweep files of docs/reproduction and docs/reproduction-6tpp use it).
 
 Each budget becomes a configuration named ``<baseline>-steps=<N>`` (runs
 ``dense-steps=900,seed=0``, …): the baseline's overrides with
@@ -53,7 +55,11 @@ from typing import Any, Callable
 from eval.experiments.dotted_keys import get_dotted
 
 BLOCK_KEYS = ("baseline", "to", "seeds", "count")
-COUNTS = {"non_embedding": "non_embedding_flops", "executed": "training_flops"}  # -> the Prediction's field
+COUNTS = {"non_embedding": "non_embedding_flops", "total": "training_flops",
+          "executed": "training_flops"}  # -> the Prediction's field; "executed": the older name of "total"
+COUNT_NAMES = {"non_embedding": "non-embedding FLOPs (the blocks)",
+               "total": "total FLOPs (blocks, unembedding, early-exit heads)",
+               "executed": "total FLOPs (blocks, unembedding, early-exit heads)"}
 MAX_STEPS, VAL_INTERVAL = "trainer.max_steps", "trainer.val_check_interval"
 CHECKPOINT_EVERY = "checkpoint.every_n_steps"
 ACCUMULATE = "trainer.accumulate_grad_batches"
@@ -165,4 +171,5 @@ def validation_interval(interval: int, batches: int) -> int:
     return min(divisors, key=lambda d: (abs(math.log(d / interval)), -d))
 
 
-__all__ = ["matched_configs", "matched_steps", "length_settings", "validation_interval", "BLOCK_KEYS", "COUNTS"]
+__all__ = ["matched_configs", "matched_steps", "length_settings", "validation_interval", "BLOCK_KEYS", "COUNTS",
+           "COUNT_NAMES"]

@@ -14,6 +14,11 @@ writes into ``--out``:
 ``--out`` is new, empty, or a report (replaced only with ``--overwrite``); any other
 folder is refused (eval/experiments/report_folder.py).
 
+``--project TPP`` writes no report but projection.md and projection.json: every gap of this
+report and its ``--across`` ones projected to TPP tokens per parameter, with the rule that will
+judge that budget; ``--projection FILE`` gives a report of that budget the registered file, whose
+rule it applies (eval/experiments/projection.py).
+
 Runs are labelled by configuration (eval/experiments/sweep_results.py), numbers come from
 eval/experiments/report_tables.py, verdicts from eval/experiments/findings/.
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import sys
@@ -33,11 +39,12 @@ from eval.experiments.budget_trend import trend, write_trend_figure
 from eval.experiments.choosing import choosing
 from eval.experiments.findings import all_findings, holm_adjust
 from eval.experiments.hyperparameter_curves import curves_figure, hyperparameter_report
-from eval.experiments.report_folder import check_out, clear_report
+from eval.experiments.projection import judge, judged_markdown, project, projection_markdown
+from eval.experiments.report_folder import PROJECTION_FILE, check_out, clear_report
 from eval.experiments.report_markdown import markdown
 from eval.experiments.report_tables import (configuration_table, correlation, downstream_table, draft_table,
                                             elasticity_points, group, speculative_table)
-from eval.experiments.sweep_results import RunResult, copy_results, load_results, with_aliases
+from eval.experiments.sweep_results import RunResult, copy_results, flop_conventions, load_results, with_aliases
 from eval.measurements import plots
 from framework.command_parser import CommandParser
 from framework.config import LayerDropoutConfig
@@ -191,7 +198,7 @@ def run_row(run: RunResult) -> dict:
             "end_of_training_val_loss": run.summary.get("val_loss"),
             "mean_dropout_predicted": run.summary["mean_dropout_predicted"],
             "mean_dropout_achieved": run.summary["flops_saved_pct"] / 100,
-            "training_flops": run.summary["training_flops"], "tokens": run.summary["tokens"],
+            "training_flops": run.summary["training_flops"], **flop_conventions(run), "tokens": run.summary["tokens"],
             "steps": run.summary["steps"], "cpu_seconds": run.cpu_seconds,
             "stages": {k: round(v.get("cpu_seconds", 0.0), 1) for k, v in run.status.get("stages", {}).items()}}
 
@@ -239,7 +246,52 @@ def _parser() -> argparse.ArgumentParser:
                         help="a report of the same grid at another budget (its report.json; repeatable): adds "
                              "the paper's Fig. 8 view, each finding's gap at every tokens-per-parameter budget "
                              "and whether it moved beyond the noise")
+    parser.add_argument("--project", type=float, default=None, metavar="TPP",
+                        help="write no report: project every gap found at the two largest budgets (this one and "
+                             "the --across ones) to TPP tokens per parameter, with the rule registered to judge it "
+                             "(projection.md and projection.json in --out)")
+    parser.add_argument("--projection", default=None, metavar="FILE",
+                        help="the projection.json registered before this budget's runs: the report sets its "
+                             "numbers beside the projection and applies the registered rule")
     return parser
+
+
+def read_projection(path: str | None) -> dict | None:
+    """A registered projection.json, checked before any work."""
+    if path is None:
+        return None
+    try:
+        found = json.loads(Path(path).read_text())
+    except OSError:
+        raise FileNotFoundError(f"--projection {path!r} cannot be read: expected a {PROJECTION_FILE} written by "
+                                "`layerdrop report --project`") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"--projection {path!r} is not JSON ({err.msg} at line {err.lineno})") from None
+    if not isinstance(found, dict) or not isinstance(found.get("rule"), dict) or not isinstance(found.get("rows"), list):
+        raise ValueError(f"--projection {path!r} holds no projection (no rule and rows): expected a file written by "
+                         "`layerdrop report --project`")
+    return found
+
+
+def write_projection(args: argparse.Namespace, argv: list[str] | None, out: Path) -> int:
+    """``--project``: the projection of this report and its --across ones, and no report."""
+    try:
+        across = read_across(args.across)
+        report, _ = build_report(Path(args.sweep_dir))
+        projection = project([(args.sweep_dir, report), *across], args.project)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
+    projection["projection_command"] = shlex.join(["layerdrop", "report", *(sys.argv[1:] if argv is None else argv)])
+    if (out / PROJECTION_FILE).is_file():  # --overwrite: the earlier versions stay on record, in the new file
+        earlier = json.loads((out / PROJECTION_FILE).read_text())
+        projection["earlier"] = [{k: v for k, v in earlier.items() if k != "earlier"}, *earlier.get("earlier", [])]
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / PROJECTION_FILE, json.dumps(projection, indent=1) + "\n")
+    write_text(out / "projection.md", projection_markdown(projection, command=projection["projection_command"]))
+    print(f"{len(projection['rows'])} gaps projected to {args.project:g} TPP; wrote {out / 'projection.md'} and "
+          f"{out / PROJECTION_FILE}")
+    return 0
 
 
 def read_across(folders: list[str]) -> list[tuple[str, dict]]:
@@ -272,8 +324,16 @@ def main(argv: list[str] | None = None) -> int:
         if not path or not alias:
             parser.error(f"--path-alias {item!r} is invalid: expected PATH=ALIAS")
         aliases[path] = alias
+    if args.project is not None and not (math.isfinite(args.project) and args.project > 0):
+        parser.error(f"--project {args.project!r} is invalid: expected tokens per parameter, a number > 0")
+    if args.project is not None and args.projection is not None:
+        parser.error("--project and --projection exclude each other: --project writes a projection, --projection "
+                     "judges a report by one")
     try:
-        check_out(out, args.overwrite)
+        check_out(out, args.overwrite, projection=args.project is not None)
+        if args.project is not None:
+            return write_projection(args, argv, out)
+        registered = read_projection(args.projection)
         across = read_across(args.across)
         report, results = build_report(root)
     except (FileNotFoundError, ValueError) as err:
@@ -281,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if across:
         report["budgets"] = trend(report, "this report", across)
+    if registered is not None:
+        report["projection"] = {"file": args.projection, **judge(report, registered)}
     report["choosing"] = choosing([report, *(other for _, other in across)])
     clear_report(out, root)
     out.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from eval.experiments.choosing import markdown_table
+from eval.experiments.projection import judged_markdown
 
 
 def _f(value: Any, digits: int = 4) -> str:
@@ -30,10 +31,31 @@ def _comparison(c: dict) -> str:
     text += f" → {c['verdict']}"
     if c.get("verdict_holm") and c.get("p_holm") is not None and c["verdict_holm"] != c["verdict"]:
         text += f" (after Holm: {c['verdict_holm']})"
+    if c.get("seeds_beyond") and c.get("seed_sigma") is not None and (
+            (c.get("p_value") or 0) >= 0.05 or (c.get("p_holm") or 0) >= 0.05):
+        gaps = ", ".join(f"{g:+.4f}" for g in (c.get("seed_gaps") or {}).values())
+        text += f" [every seed {c['seeds_beyond']} by > 2σ = {2 * c['seed_sigma']:.4f}: {gaps}]"
+    other = c.get("alternative")
+    if other and other["verdict"] != c["verdict"]:
+        se = f" ± {other['se']:.4f}" if other.get("se") is not None else ""
+        p = f", p = {_p(other['p_value'])}" if other.get("p_value") is not None else ""
+        text += f" [other analysis, flagged spread out of the pool: {other['diff']:+.4f}{se}{p} → {other['verdict']}]"
     if c.get("paper_pct") is not None:
         text += f"; paper {c['paper_pct']:+.2f}% ({c['paper_source']})"
         text += f": {c['vs_paper']}" if c.get("vs_paper") else ""
     return f"*observation:* {text}" if c.get("observation") else text
+
+
+def _correlation(name: str, test: dict, achieved: dict | None) -> str:
+    """Finding 6's test: nominal P̄ (when the report has it), the achieved P̄'s beside."""
+    nominal = test.get("p_bar") == "mean_dropout_predicted"
+    text = (f"{name.replace('_', ' ')}{' vs nominal P̄' if nominal else ''}: ρ = {test['spearman']:+.2f}, "
+            f"p = {_p(test['p_value'])}" + (f" (Holm {_p(test['p_holm'])})" if test.get("p_holm") is not None else "")
+            + f", {test.get('configurations', '?')} configurations"
+            + (f" at {test['distinct_p_bar']} P̄ levels" if nominal else "") + f" ({test['runs']} runs)")
+    if achieved:
+        text += f"; *beside it, vs achieved P̄*: ρ = {achieved['spearman']:+.2f}, p = {_p(achieved['p_value'])}"
+    return text
 
 
 def _p(value: float) -> str:
@@ -91,8 +113,11 @@ def _findings(report: dict) -> list[str]:
     lines = ["## The paper's findings at this scale", "",
              "Each claim is tested at the paper's own setting, with the paper's figure beside ours (eval/experiments/"
              "findings/). A comparison a − b is paired over the seeds a and b share (the mean of "
-             "the per-seed differences), else unpaired; its noise is pooled over every configuration "
-             "(significance.py) and its verdict a two-sided Student-t test at α = 0.05. **reproduced**: every "
+             "the per-seed differences), else unpaired; its noise is pooled over every configuration, none left "
+             "out (docs/RULES.md, significance.py), and its verdict a two-sided Student-t test at α = 0.05; a "
+             "comparison whose every seed lies beyond the other side by more than 2 pooled σ is never "
+             "\"within noise\" (shown as [every seed …]), and where a configuration's spread is flagged the other "
+             "analysis (it out of the pool, on its own spread) is shown beside where it differs. **reproduced**: every "
              "comparison goes the paper's way; **not reproduced**: one goes the other way, beyond the paper's own "
              "figure where it reports one; **consistent with the paper's own figure**: those going the other way "
              "are within the noise of (or below) the loss the paper reports; **within noise**: neither. "
@@ -107,9 +132,7 @@ def _findings(report: dict) -> list[str]:
     for f in report["findings"]:
         numbers = [_comparison(c) for c in f["comparisons"]]
         if f.get("correlations"):
-            numbers = [f"{k.replace('_', ' ')}: ρ = {v['spearman']:+.2f}, p = {_p(v['p_value'])}"
-                       + (f" (Holm {_p(v['p_holm'])})" if v.get("p_holm") is not None else "")
-                       + f", {v.get('configurations', '?')} configurations ({v['runs']} runs)"
+            numbers = [_correlation(k, v, f.get("achieved_correlations", {}).get(k))
                        for k, v in f["correlations"].items()]
         for group in f.get("optima") or []:
             optima = ", ".join(f"{o['p_max']}: {o['optimum']:g}" for o in group["optima"])
@@ -150,8 +173,15 @@ def _budgets(report: dict) -> list[str]:
         name = f"{row['a']} vs {row['b']}{metric}"
         se = f" ± {row['change_se']:.4f}" if row["change_se"] is not None else ""
         p = f", p = {_p(row['p_value'])}" if row["p_value"] is not None else ""
+        verdict = f"**{row['verdict']}**"
+        if row.get("seeds_apart") and (row["p_value"] is None or row["p_value"] >= section["alpha"]):
+            verdict += " (every seed beyond the other budget's gap by > 2σ)"
+        other = row.get("alternative")
+        if other and other["verdict"] != row["verdict"]:
+            verdict += f"; other analysis (flagged spread out of the pool): {other['verdict']}" + (
+                f", p = {_p(other['p_value'])}" if other.get("p_value") is not None else "")
         rows.append([row["finding"], f"*{name}*" if row["points"][0]["observation"] else name, *at,
-                     f"{row['change']:+.4f}{se}{p}", f"**{row['verdict']}**"])
+                     f"{row['change']:+.4f}{se}{p}", verdict])
     lines += _table(["finding", "comparison", *(f"{b['tokens_per_parameter']:.1f} TPP" for b in budgets),
                      "change of a − b (nats)", "verdict"], rows)
     image = report.get("images", {}).get("budgets")
@@ -160,18 +190,26 @@ def _budgets(report: dict) -> list[str]:
     return lines + [""]
 
 
+def _projection(report: dict) -> list[str]:
+    return judged_markdown(report["projection"]) if report.get("projection") else []
+
+
 def _choosing(report: dict) -> list[str]:
     table = report.get("choosing")
     if not any(row["p_max"] > 0 for row in table or []):
         return []
     return ["## Choosing a configuration", "",
             "ILD+DTS (the paper's recommended form) at each p_max and budget, and beside it at the same P̄ the "
-            "schedule increasing (ILD+ITS) or constant (ILD) over time, read from the findings above (and "
-            "those of every `--across` report): %Δ of the held-out loss ± 1 SE in % of dense's, with the verdict "
-            "after Holm; equal FLOPs: against the dense run trained to the same executed FLOPs with its own "
-            "schedule; middle-exit gain: the exit loss at L/2 minus dense's (negative: better). Dense's row gives "
-            "its loss (mean ± std over seeds). README.md's \"Choosing a configuration\" table is this one "
-            "(eval/experiments/choosing.py).", "", *markdown_table(table), ""]
+            "schedule increasing (ILD+ITS) or constant (ILD) over time, ILD+DTS with r_train = 1 and with the "
+            "early-exit loss, read from the findings above (and those of every `--across` report): %Δ of the "
+            "held-out loss ± 1 SE in % of dense's, with the verdict after Holm where the comparison is one of the "
+            "page's tests, and its raw verdict marked \"raw\" where it is an observation; FLOPs saved against a "
+            "plain dense run, non-embedding (the blocks, the paper's) / total (blocks, unembedding, early-exit "
+            "heads; negative: it costs more); equal FLOPs: against the dense run trained to the same FLOPs with "
+            "its own schedule; middle-exit gain: the exit loss at L/2 minus dense's (minus its twin's without the "
+            "loss for the early-exit loss; negative: better). Dense's row gives its loss (mean ± std over seeds). "
+            "README.md's \"Choosing a configuration\" table is this one (eval/experiments/choosing.py).", "",
+            *markdown_table(table), ""]
 
 
 def _configurations(report: dict) -> list[str]:
@@ -180,20 +218,28 @@ def _configurations(report: dict) -> list[str]:
              "Validation loss: `eval heldout` on the held-out split (mean ± std over seeds); %Δ vs the dense "
              f"configuration with the same settings ({noise.get('baseline') or 'dense'} for most), at α = "
              f"{noise.get('alpha', 0.05)} (paired over shared seeds); a compute-matched dense run is trained to "
-             "the executed FLOPs of the configurations named.", ""]
+             "the FLOPs of the configurations named, in the convention named. Training FLOPs in both conventions, "
+             "each with the share it saves against a plain dense run of the same tokens: **non-embedding** (the "
+             "blocks only: the paper's FLOPs, the share P̄ saves) and **total** (blocks, unembedding and every "
+             "early-exit head: what the run costs; negative: it costs more). Totals marked † are rebuilt from "
+             "the recipe (a summary.json written before the conventions were named holds the blocks only).", ""]
     rows = []
     for row in report["configurations"]:
         vs = row.get("vs_dense")
         std = f" ± {row['val_loss_std']:.4f}" if row["val_loss_std"] is not None else ""
-        against = vs["verdict"] if vs else "FLOPs of " + "; ".join(row["compute_matched_to"]) \
+        on = f" ({', '.join(row['matched_on'])} FLOPs)" if row.get("matched_on") else ""
+        against = vs["verdict"] if vs else "FLOPs of " + "; ".join(row["compute_matched_to"]) + on \
             if row.get("compute_matched_to") else "baseline" if "dense" in row["configuration"] else "–"
+        rebuilt = "†" if row.get("total_flops_from") == ["recipe"] else ""
+        total = row.get("total_training_flops")
         rows.append([row["configuration"], str(row["seeds"]), _f(row.get("steps")),
                      _f(row["mean_dropout_predicted"], 3),
                      _f(row["mean_dropout_achieved"], 3), _flops(row["training_flops"]),
-                     f"{row['training_flops_saved_pct']:.1f}%", f"{_f(row['val_loss_mean'])}{std}",
-                     f"{vs['pct']:+.2f}%" if vs else "–", against])
-    lines += _table(["configuration", "seeds", "steps", "P̄ predicted", "P̄ achieved", "training FLOPs",
-                     "FLOPs saved", "val loss", "%Δ", "vs dense"], rows)
+                     f"{row['training_flops_saved_pct']:.1f}%", "missing" if total is None else _flops(total) + rebuilt,
+                     "–" if row.get("total_flops_saved_pct") is None else f"{row['total_flops_saved_pct']:.1f}%",
+                     f"{_f(row['val_loss_mean'])}{std}", f"{vs['pct']:+.2f}%" if vs else "–", against])
+    lines += _table(["configuration", "seeds", "steps", "P̄ predicted", "P̄ achieved", "non-embedding FLOPs",
+                     "saved", "total FLOPs", "saved", "val loss", "%Δ", "vs dense"], rows)
     return lines + [""]
 
 
@@ -209,12 +255,17 @@ def _noise(report: dict) -> list[str]:
         lines.append(f"- Paired noise: σ = {noise['residual_std']:.4f} nats, the residual std of loss = configuration "
                      f"+ seed fitted over every run ({noise['residual_dof']} degrees of freedom): a per-seed "
                      "difference's noise is σ·√2.")
-    for u in noise.get("unstable") or []:
-        lines.append(f"- **Unstable across seeds**: {u['configuration']} spreads σ = {u['std']:.4f} nats over its "
-                     f"{u['seeds']} seeds against {u['others_std']:.4f} pooled over every other configuration (F test, "
-                     f"p = {_p(u['p_value'])}, beyond α divided by the configurations tested): it is left out of both "
-                     "pooled estimates above, and its comparisons are judged on its own spread (Welch), so one "
-                     "erratic configuration does not blur every other verdict (eval/experiments/significance.py).")
+    other = noise.get("without_flagged") or {}
+    for u in noise.get("flagged") or []:
+        seeds = " / ".join(f"{v:.4f}" for v in u.get("per_seed") or [])
+        without = (f" (without it: seed σ {other['seed_std']:.4f}, paired σ {other['residual_std']:.4f})"
+                   if other.get("seed_std") is not None and other.get("residual_std") is not None else "")
+        lines.append(f"- **Spread beyond the others (flagged)**: {u['configuration']} spreads σ = {u['std']:.4f} nats "
+                     f"over its {u['seeds']} seeds ({seeds}) against {u['others_std']:.4f} pooled over every other "
+                     f"configuration (F test, p = {_p(u['p_value'])}, beyond α divided by the configurations tested). "
+                     f"It stays in both pooled estimates above{without} and every verdict is the pooled one "
+                     "(docs/RULES.md); the other analysis, it out of the pool and its comparisons on its own spread "
+                     "(Welch), is shown beside each comparison where its verdict differs.")
     if runs:
         tokens = sorted({r["heldout_tokens"] for r in runs})
         errors = [r["heldout_standard_error"] for r in runs]
@@ -379,10 +430,12 @@ def _downstream(report: dict) -> list[str]:
 
 def _runs(report: dict) -> list[str]:
     rows = [[r["run"], r["configuration"], str(r["seed"]), _f(r["val_loss"]), _f(r["end_of_training_val_loss"]),
-             _f(r["mean_dropout_achieved"], 3), _flops(r["training_flops"]), f"{r['cpu_seconds']:.0f}"]
-            for r in report["runs"]]
+             _f(r["mean_dropout_achieved"], 3), _flops(r["training_flops"]),
+             "missing" if r.get("total_training_flops") is None else
+             _flops(r["total_training_flops"]) + ("†" if r.get("total_from") == "recipe" else ""),
+             f"{r['cpu_seconds']:.0f}"] for r in report["runs"]]
     return ["## Every run", ""] + _table(["run", "configuration", "seed", "held-out loss", "end-of-training val",
-                                          "P̄ achieved", "training FLOPs", "CPU s"], rows) + [""]
+                                          "P̄ achieved", "non-embedding FLOPs", "total FLOPs", "CPU s"], rows) + [""]
 
 
 def markdown(report: dict, *, title: str) -> str:
@@ -390,8 +443,8 @@ def markdown(report: dict, *, title: str) -> str:
              "Written by `layerdrop report` from a `layerdrop sweep` folder; every number is in report.json "
              "beside this file, and runs/ holds each run's config, summary and evaluations, from which "
              "`layerdrop report` rebuilds this page.", ""]
-    for part in (_how_it_was_run, _findings, _budgets, _choosing, _configurations, _noise, _hyperparameters, _images,
-                 _speculative, _drafts, _downstream, _runs):
+    for part in (_how_it_was_run, _findings, _budgets, _projection, _choosing, _configurations, _noise,
+                 _hyperparameters, _images, _speculative, _drafts, _downstream, _runs):
         lines += part(report)
     return "\n".join(lines).rstrip() + "\n"
 

@@ -24,9 +24,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from eval.experiments.significance import ALPHA, difference, noise_of, pooled_std, verdict_of
+from eval.experiments.significance import (ALPHA, Difference, difference, noise_of, pooled_std, seed_gaps, seeds_beyond,
+                                          verdict_of, without_flagged)
 from eval.measurements.heldout import paired_standard_error
-from eval.experiments.sweep_results import RunResult, configuration_key
+from eval.experiments.sweep_results import FLOP_KEYS, RunResult, configuration_key, flop_conventions
 
 DROPOUT_PREFIX = "model.layer_dropout."
 
@@ -141,6 +142,10 @@ class Comparison:
     paper_source: str | None = None
     vs_paper: str | None = None  # "within noise of or below the paper's figure" | "beyond the paper's figure"
     reference: float | None = None  # b's mean over the seeds compared (pct = 100·diff/reference)
+    seed_gaps: dict | None = None  # seed -> a_s − b_s (b's mean where b lacks the seed)
+    seed_sigma: float | None = None  # the pooled seed σ the seeds guard measures them in
+    seeds_beyond: str | None = None  # "worse" / "better": every seed beyond b by > 2σ that way (never "within noise")
+    alternative: dict | None = None  # the flagged configurations out of the pool, theirs on their own spread
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -150,22 +155,38 @@ def compare_configurations(a: Configuration, b: Configuration, metric: Callable[
                            configurations: list[Configuration], *, higher_is_better: bool = False,
                            with_eval_noise: bool = True) -> Comparison | None:
     """a against b on ``metric`` (lower is better unless ``higher_is_better``), with the
-    metric's seed noise pooled over ``configurations``; None when either has no value."""
+    metric's seed noise pooled over every configuration of ``configurations`` (none left out:
+    docs/RULES.md); None when either has no value. Where a configuration's spread is flagged, the
+    other analysis (it out of the pool, judged on its own spread) rides along as ``alternative``."""
     a_samples, b_samples = a.samples(metric), b.samples(metric)
     if not a_samples or not b_samples:
         return None
     sign = -1.0 if higher_is_better else 1.0  # the test reads "lower is better"
     measured = [c for c in configurations if c.samples(metric)]
-    noise = noise_of([{k: sign * v for k, v in c.samples(metric).items()} for c in measured])
-    unstable = {measured[u["index"]].label for u in noise.unstable}
+    pooled = [{k: sign * v for k, v in c.samples(metric).items()} for c in measured]
+    noise = noise_of(pooled)
     eval_se = evaluation_noise(a, b) if with_eval_noise and metric is val_loss else None
-    found = difference({k: sign * v for k, v in a_samples.items()}, {k: sign * v for k, v in b_samples.items()},
-                       noise, eval_se, (a.label in unstable, b.label in unstable))
-    p_value = found.p_value
+    signed_a, signed_b = ({k: sign * v for k, v in s.items()} for s in (a_samples, b_samples))
+    found = difference(signed_a, signed_b, noise, eval_se)
+    beyond = seeds_beyond(signed_a, signed_b, noise.within)
     diff, reference = sign * found.diff, sign * found.reference
-    return Comparison(a.label, b.label, diff, 100 * diff / reference, found.se, found.seed_se, found.eval_se,
-                      verdict_of(p_value, found.diff), found.dof, p_value, found.paired,
-                      getattr(metric, "__name__", "metric"), reference=reference)
+    verdict = verdict_of(found.p_value, found.diff)
+    comparison = Comparison(a.label, b.label, diff, 100 * diff / reference, found.se, found.seed_se, found.eval_se,
+                            beyond if beyond and verdict == "within noise" else verdict, found.dof, found.p_value,
+                            found.paired, getattr(metric, "__name__", "metric"), reference=reference,
+                            seed_gaps={k: sign * v for k, v in seed_gaps(signed_a, signed_b).items()},
+                            seed_sigma=noise.within, seeds_beyond=beyond)
+    other = without_flagged(pooled, noise)
+    if other is not None:
+        flagged = {measured[i].label for i in other.left_out}
+        comparison.alternative = _other_analysis(difference(signed_a, signed_b, other, eval_se,
+                                                            (a.label in flagged, b.label in flagged)), sign)
+    return comparison
+
+
+def _other_analysis(found: Difference, sign: float) -> dict:
+    return {"diff": sign * found.diff, "se": found.se, "dof": found.dof, "p_value": found.p_value,
+            "paired": found.paired, "verdict": verdict_of(found.p_value, found.diff)}
 
 
 # ----------------------------------------------------------------------- the table
@@ -196,21 +217,44 @@ def configuration_table(configurations: list[Configuration]) -> tuple[list[dict]
             "end_of_training_val_loss": _mean_or_none([s.get("val_loss") for s in summaries]),
             "cpu_seconds": statistics.fmean(r.cpu_seconds for r in configuration.runs),
             "compute_matched_to": sorted({label_of[n] for n in configuration.first.matched_to}) or None,
+            "matched_on": configuration.first.matched_on or None,
+            **configuration_flops(configuration),
         }
+        # the non-embedding figures under the names reports used before the conventions were named
         row["training_flops_saved_pct"] = 100 * (1 - row["training_flops"] / row["dense_training_flops"])
         twin = None if configuration.dense else dense_twin(configuration, configurations, "model.early_exit_loss.")
         comparison = compare_configurations(configuration, twin, val_loss, configurations) if twin else None
         if comparison is not None:
             row.update(vs_dense=comparison.as_dict())
         rows.append(row)
+    other = without_flagged([c.samples(val_loss) for c in measured], noise)
     summary = {"seed_std": noise.within, "seed_dof": noise.within_dof, "residual_std": noise.residual,
                "residual_dof": noise.residual_dof,
-               "unstable": [{"configuration": measured[u["index"]].label, "std": u["std"], "seeds": u["dof"] + 1,
-                             "others_std": u["others_std"], "p_value": u["p_value"]} for u in noise.unstable],
+               # flagged, never left out (docs/RULES.md); "unstable" is the key older reports used
+               "flagged": [{"configuration": measured[u["index"]].label, "std": u["std"], "seeds": u["dof"] + 1,
+                            "per_seed": measured[u["index"]].values(val_loss), "others_std": u["others_std"],
+                            "p_value": u["p_value"]} for u in noise.flagged],
+               "without_flagged": None if other is None else
+               {"seed_std": other.within, "seed_dof": other.within_dof, "residual_std": other.residual,
+                "residual_dof": other.residual_dof},
                "evaluation_se_median": _median([r["vs_dense"]["eval_se"] for r in rows
                                                 if r.get("vs_dense") and r["vs_dense"]["eval_se"] is not None]),
                "baseline": base.label if base else None, "alpha": ALPHA}
     return rows, summary
+
+
+def configuration_flops(configuration: Configuration) -> dict:
+    """Both FLOP conventions, executed and dense, mean over the seeds, and the share each saves
+    (negative: the run costs more than a plain dense one; sweep_results.flop_conventions)."""
+    per_run = [flop_conventions(r) for r in configuration.runs]
+    found: dict = {key: _mean_or_none([f[key] for f in per_run]) if all(f[key] is not None for f in per_run) else None
+                   for key in FLOP_KEYS}
+    for name in ("non_embedding", "total"):
+        executed, dense = f"{name}_training_flops", f"dense_{name}_training_flops"
+        found[f"{name}_flops_saved_pct"] = 100 * (1 - found[executed] / found[dense]) \
+            if found[executed] is not None and found[dense] else None
+    found["total_flops_from"] = sorted({str(f["total_from"]) for f in per_run})
+    return found
 
 
 def _mean_or_none(values: Sequence[float | None]) -> float | None:
@@ -279,6 +323,7 @@ def elasticity_points(results: list[RunResult]) -> list[dict]:
     for run in results:
         points.append({"run": run.name, "configuration": run.label,
                        "mean_dropout_achieved": run.summary["flops_saved_pct"] / 100,
+                       "mean_dropout_predicted": float(run.summary["mean_dropout_predicted"]),
                        "exit_degradation": exit_degradation(run), "skip_degradation": skip_degradation(run),
                        "compute_matched": bool(run.matched_to),
                        "early_exit_loss": bool(float((run.config.get("model") or {}).get("early_exit_loss", {})
@@ -286,16 +331,18 @@ def elasticity_points(results: list[RunResult]) -> list[dict]:
     return points
 
 
-def configuration_points(points: list[dict], key: str) -> list[tuple[float, float]]:
-    """(mean P̄ achieved, mean ``key``) per configuration over its seeds: the units of
-    Finding 6's correlation. Compute-matched runs and runs trained with the early-exit loss
-    (which changes the exits by itself) are left out."""
+def configuration_points(points: list[dict], key: str,
+                         p_bar: str = "mean_dropout_achieved") -> list[tuple[float, float]]:
+    """(mean P̄, mean ``key``) per configuration over its seeds: the units of Finding 6's
+    correlation; ``p_bar``: the achieved P̄ ("mean_dropout_achieved", the masks') or the nominal one
+    ("mean_dropout_predicted", the schedule's: configurations at one P̄ tie). Compute-matched runs and
+    runs trained with the early-exit loss (which changes the exits by itself) are left out."""
     grouped: dict[str, list[dict]] = {}
     for point in points:
         if point[key] is not None and not point.get("compute_matched") and not point.get("early_exit_loss"):
             grouped.setdefault(point["configuration"], []).append(point)
-    return [(statistics.fmean(p["mean_dropout_achieved"] for p in group), statistics.fmean(p[key] for p in group))
-            for group in grouped.values()]
+    return [(statistics.fmean(p.get(p_bar, p["mean_dropout_achieved"]) for p in group),
+             statistics.fmean(p[key] for p in group)) for group in grouped.values()]
 
 
 def correlation(points: list[dict], key: str) -> dict:

@@ -22,16 +22,20 @@ A comparison a − b is
   eval the paired standard error of the two runs' held-out slices (report_tables).
 
 Pooling assumes every configuration spreads alike over seeds. One that does not (a run that
-sometimes fails to recover from aggressive early dropout) would inflate the noise of every
-comparison on the page, so before pooling each configuration's variance is tested against the
-pooled variance of all the others (one-sided F test, Bonferroni over the configurations
-tested): one beyond them is **unstable across seeds**, left out of both pooled estimates, and
-its own comparisons are judged on its own spread (Welch: SE² = s_a²/n_a + σ²/n_b, with the
+sometimes fails to recover from aggressive early dropout) is **flagged**: its variance tested
+against the pooled variance of all the others (one-sided F test, Bonferroni over the configurations
+tested). A flag is shown, never an exclusion: every configuration stays in both pooled estimates
+and every verdict is the pooled one (docs/RULES.md). ``without_flagged`` gives the other analysis,
+shown beside where its verdict differs: the flagged configurations out of the pool, their own
+comparisons judged on their own spread (``own_spread``: Welch, SE² = s_a²/n_a + σ²/n_b with the
 Welch–Satterthwaite degrees of freedom; unpaired, since its seeds are what is in doubt).
 
-Its verdict is a two-sided Student-t test at α = 0.05 on the noise estimate's degrees of
-freedom: "better" (lower), "worse", "within noise", or "no noise estimate" while no
-configuration has two seeds. A page makes many comparisons; ``holm`` adjusts their
+A comparison's verdict is a two-sided Student-t test at α = 0.05 on the noise estimate's degrees
+of freedom: "better" (lower), "worse", "within noise", or "no noise estimate" while no
+configuration has two seeds. **The seeds guard**: ``seeds_beyond`` is the direction in which
+*every* seed of a lies beyond b by more than 2 pooled seed σ (a_s − b_s where b has seed s, else
+a_s − mean(b)); a comparison with one is never labelled "within noise", before or after Holm
+(report_tables, findings and budget_trend apply it). A page makes many comparisons; ``holm`` adjusts their
 p-values (Holm 1979: the k-th smallest of m is multiplied by m − k + 1, then made
 monotone), so that a verdict "after Holm" keeps the chance of any false call at 5%.
 
@@ -59,16 +63,45 @@ class Noise:
     within_dof: int
     residual: float | None
     residual_dof: int
-    unstable: tuple[dict, ...] = ()  # {"index", "std", "dof", "p_value"} of each configuration left out
+    flagged: tuple[dict, ...] = ()  # {"index", "std", "dof", "others_std", "p_value"}: spread beyond the others
+    left_out: tuple[int, ...] = ()  # configurations not pooled (only in the other analysis, without_flagged)
 
 
 def noise_of(configurations: Sequence[Samples], alpha: float = ALPHA) -> Noise:
-    unstable = unstable_spread(configurations, alpha)
-    left_out = {u["index"] for u in unstable}
+    """Both pooled estimates over every configuration, and the F-test flags (none is left out)."""
+    within, within_dof = pooled_std([list(c.values()) for c in configurations])
+    residual, residual_dof = block_residual_std(configurations)
+    return Noise(within, within_dof, residual, residual_dof, tuple(unstable_spread(configurations, alpha)))
+
+
+def without_flagged(configurations: Sequence[Samples], noise: Noise) -> Noise | None:
+    """The other analysis: the pooled estimates without the flagged configurations (None when none is)."""
+    left_out = {u["index"] for u in noise.flagged}
+    if not left_out:
+        return None
     kept = [c for i, c in enumerate(configurations) if i not in left_out]
     within, within_dof = pooled_std([list(c.values()) for c in kept])
     residual, residual_dof = block_residual_std(kept)
-    return Noise(within, within_dof, residual, residual_dof, tuple(unstable))
+    return Noise(within, within_dof, residual, residual_dof, noise.flagged, tuple(sorted(left_out)))
+
+
+def seeds_beyond(a: Samples, b: Samples, sigma: float | None, factor: float = 2.0) -> str | None:
+    """"worse" ("better") when every seed of a lies above (below) b by more than ``factor``·σ:
+    a_s − b_s where b has seed s, else a_s − mean(b); None otherwise (module docstring)."""
+    if sigma is None or not a or not b:
+        return None
+    gaps = list(seed_gaps(a, b).values())
+    if all(g > factor * sigma for g in gaps):
+        return "worse"
+    if all(g < -factor * sigma for g in gaps):
+        return "better"
+    return None
+
+
+def seed_gaps(a: Samples, b: Samples) -> Samples:
+    """a_s − b_s for each seed of a: against b's run of the same seed, else against b's mean."""
+    mean_b = statistics.fmean(b.values())
+    return {seed: value - b.get(seed, mean_b) for seed, value in a.items()}
 
 
 def unstable_spread(configurations: Sequence[Samples], alpha: float = ALPHA) -> list[dict]:
@@ -149,11 +182,11 @@ class Difference:
 
 
 def difference(a: Samples, b: Samples, noise: Noise, eval_se: float | None = None,
-               unstable: tuple[bool, bool] = (False, False)) -> Difference:
+               own_spread: tuple[bool, bool] = (False, False)) -> Difference:
     """a − b, paired over their shared seeds when there are two or more; on a's (b's) own spread
-    where ``unstable`` says a (b) is unstable across seeds (module docstring)."""
-    if any(unstable):
-        return _welch(a, b, noise, eval_se, unstable)
+    where ``own_spread`` says so (the other analysis of a flagged configuration: module docstring)."""
+    if any(own_spread):
+        return _welch(a, b, noise, eval_se, own_spread)
     shared = [s for s in a if s in b and s is not None]
     if len(shared) >= 2 and noise.residual is not None:
         diff = statistics.fmean(a[s] - b[s] for s in shared)
@@ -168,9 +201,10 @@ def difference(a: Samples, b: Samples, noise: Noise, eval_se: float | None = Non
     return Difference(diff, statistics.fmean(b.values()), se, seed_se, eval_se, noise.within_dof, 0)
 
 
-def _welch(a: Samples, b: Samples, noise: Noise, eval_se: float | None, unstable: tuple[bool, bool]) -> Difference:
+def _welch(a: Samples, b: Samples, noise: Noise, eval_se: float | None,
+           own_spread: tuple[bool, bool]) -> Difference:
     parts = []  # (variance of the side's mean, its dof)
-    for side, own in zip((a, b), unstable):
+    for side, own in zip((a, b), own_spread):
         if own and len(side) > 1:
             parts.append((statistics.variance(side.values()) / len(side), len(side) - 1))
         elif noise.within is not None:
@@ -248,5 +282,6 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return adjusted
 
 
-__all__ = ["ALPHA", "Noise", "noise_of", "unstable_spread", "f_upper_p", "pooled_std", "block_residual_std",
-           "Difference", "difference", "verdict_of", "critical_t", "t_two_sided_p", "regularized_beta", "holm"]
+__all__ = ["ALPHA", "Noise", "noise_of", "without_flagged", "seeds_beyond", "seed_gaps", "unstable_spread",
+           "f_upper_p", "pooled_std", "block_residual_std", "Difference", "difference", "verdict_of", "critical_t",
+           "t_two_sided_p", "regularized_beta", "holm"]

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
+from eval.experiments.compute_matched import COUNT_NAMES
 from eval.experiments.run_folder import RunFolder
 from eval.experiments.sweep_spec import Run, Sweep, format_flops, get_dotted, predict, run_recipe
 
@@ -23,10 +26,10 @@ def dry_run(sweep: Sweep, root: Path, runs: list[Run], flops_per_second: float |
             total += prediction.training_flops
         rows.append((run.name, prediction, int(get_dotted(recipe, "trainer.max_steps")), state))
     width = max(len(name) for name, *_ in rows)
-    print(f"{'run':<{width}}  {'P̄':>6}  {'all saved':>9}  {'steps':>7}  {'training FLOPs':>14}  {'tokens':>11}  "
+    print(f"{'run':<{width}}  {'P̄':>6}  {'total saved':>11}  {'steps':>7}  {'total FLOPs':>14}  {'tokens':>11}  "
           f"{'TPP':>5}  state")
     for name, p, steps, state in rows:
-        print(f"{name:<{width}}  {p.mean_dropout:6.4f}  {p.flops_saved_pct:8.2f}%  {steps:>7,}  "
+        print(f"{name:<{width}}  {p.mean_dropout:6.4f}  {p.flops_saved_pct:10.2f}%  {steps:>7,}  "
               f"{format_flops(p.training_flops):>14}  {p.tokens:>11,}  {p.tokens_per_parameter:5.1f}  {state}")
     line = f"{len(rows)} runs, predicted training compute {format_flops(total)} FLOPs"
     if flops_per_second:
@@ -35,19 +38,23 @@ def dry_run(sweep: Sweep, root: Path, runs: list[Run], flops_per_second: float |
             if seconds >= 60 else f"{seconds:.1f} seconds"
         line += f" = {span} at {format_flops(flops_per_second)} FLOP/s"
     print(line + f"; evaluations: {', '.join(s.name for s in sweep.evals) or 'none'}")
-    print("P̄: predicted share of the blocks' (non-embedding) training FLOPs saved; all saved: of every "
-          "training FLOP, the unembedding included; TPP: tokens per non-embedding parameter")
+    print("P̄: predicted share of the blocks' (non-embedding: the paper's) training FLOPs saved; total saved: of "
+          "the total training FLOPs (blocks, unembedding and early-exit heads) against a plain dense run, negative "
+          "where the run costs more; TPP: tokens per non-embedding parameter")
     matched_lines(sweep, root, runs)
     return 0
 
 
 def matched_lines(sweep: Sweep, root: Path, runs: list[Run]) -> None:
     """For each compute-matched configuration listed: its FLOPs beside its targets', both
-    counts (non-embedding: the blocks; executed: the unembedding and exit heads too)."""
+    counts (non-embedding: the blocks; total: the unembedding and exit heads too)."""
     shown = {r.config_name: r for r in runs if r.matches}
     if not shown:
         return
-    print("compute-matched (eval/experiments/compute_matched.py): FLOPs vs each target's, non-embedding / executed")
+    block = (yaml.safe_load(sweep.text) or {}).get("flops_matched")
+    count = block.get("count", "non_embedding") if isinstance(block, dict) else "non_embedding"
+    print("compute-matched (eval/experiments/compute_matched.py): FLOPs vs each target's, non-embedding / total "
+          f"(matched on: {COUNT_NAMES.get(count, count)})")
     by_config = {r.config_name: r for r in sweep.runs}
     for name, run in shown.items():
         mine = predict(run_recipe(sweep, run, root / "runs" / run.name))

@@ -47,6 +47,7 @@ class RunResult:
     label: str = ""
     seed: int | None = None
     matched_to: list[str] = field(default_factory=list)  # a compute-matched run: the runs whose FLOPs it matches
+    matched_on: list[str] = field(default_factory=list)  # ... in which convention: "non-embedding", "total"
 
     @property
     def layer_dropout(self) -> dict:
@@ -192,8 +193,8 @@ def mark_compute_matched(results: list[RunResult]) -> None:
     whose predicted FLOPs equal, within one of its steps, those of runs with layer dropout
     that are equal to the longer runs in every setting but the layer dropout. FLOPs are
     counted either way a sweep may match them: non-embedding (the blocks, from summary.json)
-    or executed (the unembedding too, predicted from the config). Sets ``matched_to`` to
-    those runs' names."""
+    or total (the unembedding and early-exit heads too, predicted from the config). Sets
+    ``matched_to`` to those runs' names and ``matched_on`` to the conventions they match in."""
     flats = {r.name: {k: v for k, v in flatten(r.config).items() if k not in IGNORED_KEYS} for r in results}
     rest = {name: _without(flat, LENGTH_KEYS) for name, flat in flats.items()}
     outside_dropout = {name: _without(flat, (), "model.layer_dropout.") for name, flat in flats.items()}
@@ -210,9 +211,13 @@ def mark_compute_matched(results: list[RunResult]) -> None:
             if name not in counts:
                 counts[name] = flops_counts(next(r for r in results if r.name == name))
         mine = counts[run.name]
-        run.matched_to = sorted({t.name for t in candidates if any(
-            mine[k] is not None and counts[t.name][k] is not None
-            and abs(mine[k] - counts[t.name][k]) <= mine[k] / steps * (1 + 1e-6) for k in mine)})
+
+        def equal(target: str, key: str) -> bool:
+            return mine[key] is not None and counts[target][key] is not None \
+                and abs(mine[key] - counts[target][key]) <= mine[key] / steps * (1 + 1e-6)
+
+        run.matched_to = sorted({t.name for t in candidates if any(equal(t.name, k) for k in mine)})
+        run.matched_on = [k.replace("_", "-") for k in mine if any(equal(t, k) for t in run.matched_to)]
 
 
 LENGTH_KEYS = ("trainer.max_steps", "trainer.val_check_interval", "checkpoint.every_n_steps")
@@ -220,16 +225,41 @@ LENGTH_KEYS = ("trainer.max_steps", "trainer.val_check_interval", "checkpoint.ev
 
 def flops_counts(run: RunResult) -> dict[str, float | None]:
     """A run's predicted training FLOPs, both counts: non-embedding (the blocks: summary.json's
-    dense FLOPs × (1 − P̄ predicted)) and executed (the unembedding and early-exit heads too,
+    dense FLOPs × (1 − P̄ predicted)) and total (the unembedding and early-exit heads too,
     `layerdrop sweep`'s prediction from the config; None for a config it cannot predict)."""
     summary = run.summary
     non_embedding = float(summary["dense_training_flops"]) * (1 - float(summary["mean_dropout_predicted"])) \
         if "dense_training_flops" in summary and "mean_dropout_predicted" in summary else None
     try:
-        executed = predict(run.config).training_flops
+        total = predict(run.config).training_flops
     except (ValueError, TypeError, KeyError):
-        executed = None
-    return {"non_embedding": non_embedding, "executed": executed}
+        total = None
+    return {"non_embedding": non_embedding, "total": total}
+
+
+FLOP_KEYS = ("non_embedding_training_flops", "dense_non_embedding_training_flops", "total_training_flops",
+             "dense_total_training_flops")
+
+
+def flop_conventions(run: RunResult) -> dict[str, float | None]:
+    """What a run executed, both conventions, each with its dense twin (framework/training/callbacks.py's
+    names). A summary.json written before they were named holds the blocks only (``training_flops``):
+    the non-embedding figures are those, and the total adds the unembedding and early-exit heads its
+    recipe runs (`layerdrop sweep`'s prediction, scaled to the tokens trained), or is None where the
+    recipe cannot be predicted. ``total_from``: "summary", "recipe" or None."""
+    summary = run.summary
+    if all(key in summary for key in FLOP_KEYS):
+        return {**{key: float(summary[key]) for key in FLOP_KEYS}, "total_from": "summary"}
+    blocks, dense = float(summary["training_flops"]), float(summary["dense_training_flops"])
+    found = {"non_embedding_training_flops": blocks, "dense_non_embedding_training_flops": dense,
+             "total_training_flops": None, "dense_total_training_flops": None, "total_from": None}
+    try:
+        predicted = predict(run.config)
+    except (ValueError, TypeError, KeyError):
+        return found
+    head = predicted.head_flops * float(summary.get("tokens") or predicted.tokens) / predicted.tokens
+    return {**found, "total_training_flops": blocks + head * (1 + predicted.exit_heads),
+            "dense_total_training_flops": dense + head, "total_from": "recipe"}
 
 
 def _without(flat: dict[str, Any], keys: tuple[str, ...], prefix: str | None = None) -> dict[str, Any]:
@@ -341,6 +371,7 @@ def with_aliases(text: str, aliases: dict[str, str] | None) -> str:
     return text
 
 
-__all__ = ["RunResult", "load_results", "mark_compute_matched", "flops_counts", "LENGTH_KEYS", "tensorboard_curve",
+__all__ = ["RunResult", "load_results", "mark_compute_matched", "flops_counts", "FLOP_KEYS", "flop_conventions",
+           "LENGTH_KEYS", "tensorboard_curve",
            "dropout_label", "label_configurations",
            "LAYER_DROPOUT_DEFAULTS", "configuration_key", "copy_results", "with_aliases", "flatten"]

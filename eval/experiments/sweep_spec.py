@@ -331,19 +331,27 @@ class Prediction:
     """What a run will cost, from its recipe alone (before anything runs)."""
 
     mean_dropout: float  # P̄: predicted fraction of non-embedding training FLOPs saved
-    training_flops: float  # executed: blocks × (1 - P̄) + the head × (1 + early-exit heads a step)
-    dense_training_flops: float
+    training_flops: float  # total: blocks × (1 - P̄) + the head × (1 + early-exit heads a step)
+    dense_training_flops: float  # the same without layer dropout (the early-exit heads still run)
     tokens: int
     non_embedding_params: int
     non_embedding_flops: float = 0.0  # the blocks' executed FLOPs (the paper's "FLOPs"; summary.json's training_flops)
+    head_flops: float = 0.0  # one unembedding on every training token
+    exit_heads: float = 0.0  # early-exit heads a step, on average over the run
 
     @property
     def tokens_per_parameter(self) -> float:
         return self.tokens / self.non_embedding_params
 
     @property
+    def dense_total_flops(self) -> float:
+        """A plain dense run of the same tokens: every block on every row, one head."""
+        return self.dense_training_flops - self.head_flops * self.exit_heads
+
+    @property
     def flops_saved_pct(self) -> float:
-        return 100.0 * (1.0 - self.training_flops / self.dense_training_flops)
+        """Of the total training FLOPs against a plain dense run (negative: the run costs more)."""
+        return 100.0 * (1.0 - self.training_flops / self.dense_total_flops)
 
 
 def predict(recipe: dict) -> Prediction:
@@ -373,7 +381,8 @@ def predict(recipe: dict) -> Prediction:
     return Prediction(mean_dropout=p_bar, training_flops=steps * (step.blocks * (1 - p_bar) + heads_flops),
                       dense_training_flops=steps * (step.blocks + heads_flops), tokens=steps * sequences * seq_len,
                       non_embedding_params=non_embedding_parameters(model_cfg),
-                      non_embedding_flops=steps * step.blocks * (1 - p_bar))
+                      non_embedding_flops=steps * step.blocks * (1 - p_bar), head_flops=steps * step.head,
+                      exit_heads=heads)
 
 
 def _known_fields(section: dict, config: type, where: str, extra: tuple[str, ...] = ()) -> None:

@@ -34,7 +34,9 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.utilities import rank_zero_info
 
 from framework.files.atomic_write import write_json
+from framework.model.flops import head_flops_per_token
 from framework.schedules import effective_depth_of, mean_dropout
+from framework.training.early_exit_loss import mean_exit_heads
 
 if TYPE_CHECKING:
     from framework.training.module import MicroBatchStats
@@ -352,9 +354,11 @@ class RunSummary(pl.Callback):
             "tokens": int(report["tokens"]),
             "val_loss": float(val) if val is not None else None,
             "ln_vocab": math.log(vocab),
+            # the blocks only, as before the two conventions were named (readers of older summaries)
             "training_flops": report["executed_flops"],
             "dense_training_flops": report["dense_flops"],
             "flops_saved_pct": 100.0 * report["saved_fraction"],
+            **flop_counts(report, pl_module, trainer.max_steps),
             "mean_dropout_predicted": report["mean_dropout_predicted"],
             **early_exit_summary(trainer),
             **mixture_summary(trainer),
@@ -371,6 +375,24 @@ class RunSummary(pl.Callback):
             return None
         path = Path(self.compare_to)
         return json.loads(path.read_text()) if path.is_file() else None
+
+
+def flop_counts(report: dict[str, float], pl_module: pl.LightningModule, total_steps: int) -> dict[str, float]:
+    """The run's training FLOPs in both conventions, each executed and dense, named so:
+    non-embedding (the blocks only: the paper's "FLOPs", the share P̄ saves) and total (the blocks,
+    the unembedding and every early-exit head: what the run costs). Dense: the same tokens through
+    a plain dense model, every block on every row and one head. The heads' FLOPs are the tokens'
+    unembedding times (1 + the early-exit heads the loss's curriculum runs a step, mean_exit_heads)."""
+    model_cfg = pl_module.model_cfg
+    exits = getattr(pl_module, "exit_cfg", None)
+    heads = mean_exit_heads(exits, model_cfg.n_layers, total_steps) if exits is not None and exits.scale else 0.0
+    head = report["tokens"] * head_flops_per_token(model_cfg)
+    total, dense_total = report["executed_flops"] + head * (1.0 + heads), report["dense_flops"] + head
+    return {"non_embedding_training_flops": report["executed_flops"],
+            "dense_non_embedding_training_flops": report["dense_flops"],
+            "total_training_flops": total, "dense_total_training_flops": dense_total,
+            "total_flops_saved_pct": 100.0 * (1.0 - total / dense_total) if dense_total > 0 else 0.0,
+            "early_exit_heads_per_step": heads}
 
 
 def early_exit_summary(trainer: pl.Trainer) -> dict[str, Any]:
@@ -419,10 +441,21 @@ def format_summary(summary: dict[str, Any], twin: dict[str, Any] | None = None) 
         lines.append(f"val loss         {val:.4f}   vs ln(V) = {summary['ln_vocab']:.3f} (uniform guess), "
                      f"{val / summary['ln_vocab']:.0%} of it")
     lines.append(f"FLOPs saved      {summary['flops_saved_pct']:.1f}% of non-embedding training FLOPs "
-                 f"(predicted {100 * summary['mean_dropout_predicted']:.1f}%)")
+                 f"(predicted {100 * summary['mean_dropout_predicted']:.1f}%)"
+                 + (f": {summary['non_embedding_training_flops']:.3g} of "
+                    f"{summary['dense_non_embedding_training_flops']:.3g} (the blocks only, the paper's count)"
+                    if "non_embedding_training_flops" in summary else ""))
+    if "total_training_flops" in summary:
+        heads = summary.get("early_exit_heads_per_step") or 0.0
+        what = f"blocks, head and {heads:.2f} early-exit heads a step" if heads else "blocks and head"
+        saved = summary["total_flops_saved_pct"]
+        lines.append(f"total FLOPs      {summary['total_training_flops']:.3g} ({what}) vs "
+                     f"{summary['dense_total_training_flops']:.3g} for a plain dense run: "
+                     + (f"{saved:.1f}% saved" if saved >= 0 else f"{-saved:.1f}% more"))
     if twin is not None and twin.get("val_loss") is not None and val is not None:
+        key = "non_embedding_training_flops" if "non_embedding_training_flops" in twin else "training_flops"
         lines.append(f"dense twin       val loss {twin['val_loss']:.4f} ({val - twin['val_loss']:+.4f} here), "
-                     f"{twin['training_flops']:.3g} vs {summary['training_flops']:.3g} training FLOPs")
+                     f"{twin[key]:.3g} vs {summary['training_flops']:.3g} non-embedding training FLOPs")
     exits = summary.get("early_exit_loss")
     if exits:
         losses = exits["val_loss"] or exits["train_loss"]
@@ -452,5 +485,6 @@ __all__ = [
     "EarlyExitLosses",
     "Throughput",
     "RunSummary",
+    "flop_counts",
     "format_summary",
 ]

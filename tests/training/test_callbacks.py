@@ -16,7 +16,7 @@ from framework.training.callbacks import (
     format_summary,
     in_loop_evaluation_summary,
 )
-from framework.config import LayerDropoutConfig
+from framework.config import EarlyExitLossConfig, LayerDropoutConfig
 from framework.flops import Flops, dense_step_flops, executed_step_flops
 from framework.layer_dropout import StepKey, plan
 from framework.schedules import dropout_rates, effective_depth_of, mean_dropout
@@ -143,8 +143,37 @@ def test_summary_reports_the_run_and_writes_it(tmp_path, capsys):
     assert written["flops_saved_pct"] == pytest.approx(100 * (1 - sum(f.blocks for f in executed)
                                                               / sum(f.blocks for f in dense)), rel=1e-12)
     assert written["training_flops"] == pytest.approx(sum(f.blocks for f in executed), rel=1e-12)
+    # both conventions, named: the blocks (the paper's) and the whole step (blocks and head), executed and dense
+    assert written["non_embedding_training_flops"] == written["training_flops"]
+    assert written["dense_non_embedding_training_flops"] == pytest.approx(sum(f.blocks for f in dense), rel=1e-12)
+    assert written["total_training_flops"] == pytest.approx(sum(f.total for f in executed), rel=1e-12)
+    assert written["dense_total_training_flops"] == pytest.approx(sum(f.total for f in dense), rel=1e-12)
+    assert 0 < written["total_flops_saved_pct"] < written["flops_saved_pct"]  # the head is never dropped
     out = capsys.readouterr().out
     assert "=== run summary ===" in out and "vs ln(V) = 4.159" in out and "dense twin       val loss 3.5000" in out
+    assert "(the blocks only, the paper's count)" in out and "(blocks and head) vs" in out
+
+
+def test_a_run_with_the_early_exit_loss_counts_its_heads(tmp_path, capsys):
+    """Each exit head of the early-exit loss is one more unembedding on every token: the total FLOPs
+    carry them (here 3 a step: exits 1-3 of 4, no curriculum), and a plain dense run is what they cost against."""
+    torch.manual_seed(0)
+    summary = RunSummary()
+    trainer = quiet_trainer(max_steps=4, callbacks=[summary], default_root_dir=str(tmp_path))
+    module = tiny_module(p_max=0.2, early_exit_loss=EarlyExitLossConfig(scale=0.5))
+    trainer.fit(module, RandomTokens())
+    written = json.loads((tmp_path / "summary.json").read_text())
+    executed, dense = planned_flops(module, 4)
+    assert written["early_exit_heads_per_step"] == 3
+    head = sum(f.head for f in dense)  # one unembedding on every token
+    assert written["total_training_flops"] == pytest.approx(sum(f.blocks for f in executed) + 4 * head, rel=1e-12)
+    assert written["dense_total_training_flops"] == pytest.approx(sum(f.total for f in dense), rel=1e-12)
+    # P̄ 5% saves less than three extra heads cost: "saved" alone would be wrong
+    assert written["flops_saved_pct"] > 0 > written["total_flops_saved_pct"]
+    assert written["total_flops_saved_pct"] == pytest.approx(
+        100 * (1 - written["total_training_flops"] / written["dense_total_training_flops"]))
+    out = capsys.readouterr().out
+    assert f"{-written['total_flops_saved_pct']:.1f}% more" in out and "3.00 early-exit heads a step" in out
 
 
 def test_summary_text_without_validation():

@@ -147,8 +147,9 @@ def _equal_flops(dropped: list[Configuration], configurations: list[Configuratio
             comparison.observation = not is_recommended(configuration)
             comparisons.append(comparison)
     result = finding("pareto", "At the same training FLOPs, training with layer dropout reaches lower loss "
-                     "(Fig 9, abstract)", "final held-out loss vs a dense run trained to the same executed "
-                     "training FLOPs (the unembedding included) with its own full LR schedule; paired by seed; "
+                     "(Fig 9, abstract)", "final held-out loss vs a dense run trained to the same training FLOPs (in "
+                     "the convention the configurations table names: total, the unembedding included, or "
+                     "non-embedding) with its own full LR schedule; paired by seed; "
                      "ILD+DTS decides, other configurations are observations", comparisons,
                      no_baseline=missing)
     if dropped and not [c for c in comparisons if not c.observation]:

@@ -122,8 +122,13 @@ def against_paper(comparison, expected: str) -> str | None:
     paper's favour) the paper's own figure? ``expected``: the paper's direction for a − b."""
     if comparison.paper_pct is None or comparison.se is None or comparison.dof is None or not comparison.reference:
         return None
-    gap = comparison.diff - comparison.paper_pct / 100 * comparison.reference  # ours minus the paper's, in nats
+    paper = comparison.paper_pct / 100 * comparison.reference
+    gap = comparison.diff - paper  # ours minus the paper's, in nats
     sign = 1.0 if expected == "better" else -1.0  # "better": the paper says a is lower
+    seeds = (comparison.seed_gaps or {}).values()
+    if seeds and comparison.seed_sigma is not None and \
+            all(sign * (g - paper) > 2 * comparison.seed_sigma for g in seeds):
+        return "beyond the paper's figure"  # every seed beyond it by > 2 pooled σ: never "consistent" (RULES.md)
     if comparison.se == 0:
         return "within noise of or below the paper's figure" if sign * gap <= 0 else "beyond the paper's figure"
     beyond = sign * gap / comparison.se > critical_t(comparison.dof)

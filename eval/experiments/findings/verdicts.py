@@ -165,8 +165,9 @@ def holm_adjust(findings: list[dict], rows: list[dict]) -> dict:
     for key, adjusted in zip(keys, holm([everything[k][0]["p_value"] for k in keys])):
         for test in everything[key]:
             test["p_holm"] = adjusted
-            if "verdict" in test:
-                test["verdict_holm"] = test["verdict"] if adjusted < ALPHA else "within noise"
+            if "verdict" in test:  # the seeds guard holds after Holm too (significance.py)
+                test["verdict_holm"] = test["verdict"] if adjusted < ALPHA else \
+                    test.get("seeds_beyond") or "within noise"
     for found in findings:
         if found.get("correlations") is not None:
             found["verdict_holm"] = correlation_verdict(found["correlations"], "p_holm") \

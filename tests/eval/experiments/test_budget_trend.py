@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from eval.experiments.budget_trend import change, comparison_key, trend
+from eval.experiments.budget_trend import change, comparison_key, other_analysis, trend
 from eval.experiments.report import main
 from eval.experiments.significance import t_two_sided_p
 from tests.eval.experiments.run_folders import slices, write_run
@@ -91,3 +91,20 @@ def test_report_across_budgets_end_to_end(tmp_path, capsys):
     capsys.readouterr()
     assert main([str(tmp_path / "long"), "--out", str(tmp_path / "x"), "--across", str(tmp_path / "long")]) == 2
     assert "--across" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_a_gap_whose_every_seed_moved_beyond_two_sigma_is_never_stable():
+    """docs/RULES.md: the Fig. 8 view must not call +1.66% → +7.61% (seeds +6.5% / +8.8%) stable."""
+    small = {**_point(0.077, 0.009, 21), "seed_gaps": [0.075, 0.08, 0.076], "seed_sigma": 0.011}
+    large = {**_point(0.317, 0.2, 1), "seed_gaps": [0.27, 0.36], "seed_sigma": 0.019}
+    found = change(small, large)
+    assert found["p_value"] > 0.05 and found["seeds_apart"] == "rose" and found["verdict"] == "moved: a − b rose"
+    # seeds that straddle the other budget's gap leave the t test to decide
+    found = change(small, {**large, "seed_gaps": [0.05, 0.58]})
+    assert found["seeds_apart"] is None and found["verdict"] == "stable"
+    # the other analysis of a flagged budget is tested beside: its own SE and dof
+    flagged = {**large, "alternative": {"diff": 0.317, "se": 0.05, "dof": 1.0, "verdict": "within noise"}}
+    other = other_analysis(small, flagged)
+    assert other["change_se"] == pytest.approx(math.hypot(0.009, 0.05))
+    assert other["p_value"] == pytest.approx(t_two_sided_p(0.24 / math.hypot(0.009, 0.05), 1))
+    assert other_analysis(small, large) is None

@@ -78,6 +78,9 @@ def test_flops_matched_runs_train_to_their_targets_flops_with_their_own_schedule
                      for r in (sweep.runs[0], next(r for r in sweep.runs if r.config_name == "ild-dts-0.8")))
     recipe = run_recipe(sweep, run, tmp_path)
     assert recipe["trainer"]["max_steps"] > 160 and abs(predict(recipe).training_flops - target) <= dense / 200
+    # "total" names that convention ("executed" is its older name): the same run
+    total = load_sweep(sweep_file(tmp_path, {"baseline": "dense", "to": ["ild-dts-0.8"], "count": "total"}))
+    assert [r.name for r in total.runs if r.matches] == [r.name for r in sweep.runs if r.matches]
     # seeds default to the baseline's
     assert sorted(r.seed for r in sweep.runs if r.matches) == [0, 1, 2]
 

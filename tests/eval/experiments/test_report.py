@@ -289,3 +289,40 @@ def test_downstream_reports_make_the_table_a3_block_read_against_chance(tmp_path
     text = (out / "README.md").read_text()
     assert "## Downstream benchmarks (Table A.3 form)" in text and "| chance | 0.500 | 0.250 |" in text
     assert "| dense | 0.530 ± 0.014 (2) | 0.280 ± 0.028 (2) |" in text
+
+
+def test_a_configuration_whose_seeds_are_all_worse_and_disagree_is_reported_worse(tmp_path):
+    """docs/RULES.md: a configuration whose spread is beyond the others' stays in the pooled noise (flagged,
+    never left out), is judged there, and is never "within noise" or "consistent" when every seed lies beyond
+    by more than 2 pooled σ; the other analysis (it out of the pool, on its own spread) is shown beside."""
+    root = tmp_path / "sweep"
+    for seed, (dense, steady, erratic) in enumerate(((3.00, 3.02, 3.35), (3.01, 3.025, 3.65))):
+        write_run(root, f"dense,seed={seed}", seed, slices(dense))
+        write_run(root, f"ild-dts-0.4,seed={seed}", seed, slices(steady), p_max=0.4)
+        write_run(root, f"ild-dts-0.8,seed={seed}", seed, slices(erratic), p_max=0.8)
+    out = tmp_path / "report"
+    assert main([str(root), "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    noise = report["noise"]
+    [flagged] = noise["flagged"]
+    assert flagged["configuration"] == "ILD+DTS p_max=0.8" and flagged["per_seed"] == pytest.approx([3.35, 3.65])
+    # kept in the pool: dense, 0.4 and 0.8 at two seeds each, one dof apiece
+    every = [[3.00, 3.01], [3.02, 3.025], [3.35, 3.65]]
+    assert noise["seed_std"] == pytest.approx(pooled_std(every)[0]) and noise["seed_dof"] == 3
+    assert noise["without_flagged"]["seed_std"] == pytest.approx(pooled_std(every[:2])[0])
+    rows = {r["configuration"]: r for r in report["configurations"]}
+    vs = rows["ILD+DTS p_max=0.8"]["vs_dense"]
+    assert vs["paired"] == 2 and vs["diff"] == pytest.approx(0.495)
+    assert vs["seed_gaps"] == {"0": pytest.approx(0.35), "1": pytest.approx(0.64)}
+    # the t test on 2 dof stops just short of α; every seed beyond 2 pooled σ decides: worse, before and after Holm
+    assert vs["p_value"] > 0.05 and 0.35 > 2 * noise["seed_std"] and vs["seeds_beyond"] == "worse"
+    assert vs["verdict"] == "worse" and vs["verdict_holm"] == "worse"
+    # judged on its own spread, as before docs/RULES.md, two seeds this far apart could not be called worse
+    assert vs["alternative"]["verdict"] == "within noise" and vs["alternative"]["paired"] == 0
+    cost = {f["id"]: f for f in report["findings"]}["cost-at-equal-steps"]
+    by_a = {c["a"]: c for c in cost["comparisons"]}
+    assert by_a["ILD+DTS p_max=0.8"]["vs_paper"] == "beyond the paper's figure"  # +16% against the paper's +2.93%
+    assert cost["verdict"] == "not reproduced"
+    text = (out / "README.md").read_text()
+    assert "**Spread beyond the others (flagged)**: ILD+DTS p_max=0.8" in text and "3.3500 / 3.6500" in text
+    assert "[other analysis, flagged spread out of the pool:" in text and "→ within noise]" in text

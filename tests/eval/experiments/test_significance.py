@@ -6,7 +6,8 @@ import statistics
 import pytest
 
 from eval.experiments.significance import (Noise, block_residual_std, critical_t, difference, f_upper_p, holm,
-                                           noise_of, t_two_sided_p, unstable_spread, verdict_of)
+                                           noise_of, seed_gaps, seeds_beyond, t_two_sided_p, unstable_spread,
+                                           verdict_of, without_flagged)
 
 
 def test_student_t_matches_its_closed_forms_and_scipy():
@@ -76,7 +77,8 @@ STEADY = [{0: 1.00, 1: 1.01}, {0: 2.00, 1: 2.012}, {0: 3.00, 1: 3.008}]
 ERRATIC = {0: 4.0, 1: 4.5}
 
 
-def test_a_configuration_spread_far_beyond_the_others_is_unstable_and_left_out_of_the_pooled_noise():
+def test_a_configuration_spread_far_beyond_the_others_is_flagged_and_stays_in_the_pooled_noise():
+    """docs/RULES.md: no configuration leaves the pool; the F test is a flag shown beside."""
     [found] = unstable_spread([*STEADY, ERRATIC])
     steady = math.sqrt((0.01 ** 2 + 0.012 ** 2 + 0.008 ** 2) / 2 / 3)  # two-seed variances d²/2, pooled
     assert found["index"] == 3 and found["std"] == pytest.approx(0.5 / math.sqrt(2))
@@ -84,21 +86,37 @@ def test_a_configuration_spread_far_beyond_the_others_is_unstable_and_left_out_o
     assert found["p_value"] == pytest.approx(f_upper_p((0.5 / math.sqrt(2) / steady) ** 2, 1, 3))
     assert found["p_value"] < 0.05 / 4
     noise = noise_of([*STEADY, ERRATIC])
-    assert noise.within == pytest.approx(steady) and noise.within_dof == 3 and len(noise.unstable) == 1
-    assert noise.residual == block_residual_std(STEADY)[0] and noise.residual_dof == 2
-    # alike spreads: nothing left out (a 2× spread is within what 1 and 3 dof allow)
+    everything = math.sqrt((0.01 ** 2 + 0.012 ** 2 + 0.008 ** 2 + 0.5 ** 2) / 2 / 4)
+    assert noise.within == pytest.approx(everything) and noise.within_dof == 4 and len(noise.flagged) == 1
+    assert noise.residual == block_residual_std([*STEADY, ERRATIC])[0] and noise.residual_dof == 3
+    # the other analysis: without the flagged one, as the report shows beside
+    other = without_flagged([*STEADY, ERRATIC], noise)
+    assert other.within == pytest.approx(steady) and other.left_out == (3,)
+    assert other.residual == block_residual_std(STEADY)[0] and other.residual_dof == 2
+    # alike spreads: nothing flagged, no other analysis (a 2× spread is within what 1 and 3 dof allow)
     assert unstable_spread([*STEADY, {0: 4.0, 1: 4.02}]) == []
-    assert noise_of(STEADY).unstable == ()
+    assert noise_of(STEADY).flagged == () and without_flagged(STEADY, noise_of(STEADY)) is None
 
 
-def test_an_unstable_configuration_is_judged_on_its_own_spread():
+def test_the_other_analysis_judges_a_flagged_configuration_on_its_own_spread():
     noise = noise_of([*STEADY, ERRATIC])
-    welch = difference(ERRATIC, STEADY[2], noise, unstable=(True, False))
-    own, pooled = 0.125 / 2, noise.within ** 2 / 2  # each mean's variance: s²/n
+    other = without_flagged([*STEADY, ERRATIC], noise)
+    welch = difference(ERRATIC, STEADY[2], other, own_spread=(True, False))
+    own, pooled = 0.125 / 2, other.within ** 2 / 2  # each mean's variance: s²/n
     assert welch.paired == 0 and welch.diff == pytest.approx(4.25 - 3.004)
     assert welch.se == pytest.approx(math.sqrt(own + pooled))
     assert welch.dof == pytest.approx((own + pooled) ** 2 / (own ** 2 / 1 + pooled ** 2 / 3))
     assert verdict_of(welch.p_value, welch.diff) == "within noise"  # 1.25 nats, yet 2 seeds this far apart
-    # the others' comparisons keep the tight pooled noise, paired over their seeds
-    steady = difference(STEADY[1], STEADY[0], noise)
-    assert steady.paired == 2 and steady.se == pytest.approx(noise.residual)
+    # the registered (pooled) analysis: paired over both seeds, on the residual of every configuration
+    pooled_model = difference(ERRATIC, STEADY[2], noise)
+    assert pooled_model.paired == 2 and pooled_model.se == pytest.approx(noise.residual)
+
+
+def test_the_seeds_guard_needs_every_seed_beyond_by_two_sigma_the_same_way():
+    dense = {0: 3.00, 1: 3.01, 2: 3.02}
+    assert seed_gaps({0: 3.2, 1: 3.5, 5: 3.3}, dense) == pytest.approx({0: 0.2, 1: 0.49, 5: 0.29})  # 5: vs the mean
+    assert seeds_beyond({0: 3.2, 1: 3.5}, dense, 0.05) == "worse"
+    assert seeds_beyond({0: 2.8, 1: 2.5}, dense, 0.05) == "better"
+    assert seeds_beyond({0: 3.2, 1: 3.05}, dense, 0.05) is None  # one seed only 0.04 above: not beyond 2σ
+    assert seeds_beyond({0: 3.2, 1: 2.5}, dense, 0.05) is None  # disagreeing directions
+    assert seeds_beyond({0: 3.2}, dense, None) is None
