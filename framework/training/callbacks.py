@@ -34,9 +34,9 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.utilities import rank_zero_info
 
 from framework.files.atomic_write import write_json
-from framework.model.flops import head_flops_per_token
+from framework.flops import head_flops_per_token
 from framework.schedules import effective_depth_of, mean_dropout
-from framework.training.early_exit_loss import mean_exit_heads
+from framework.early_exit_loss import mean_exit_heads
 
 if TYPE_CHECKING:
     from framework.training.module import MicroBatchStats

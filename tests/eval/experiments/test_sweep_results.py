@@ -11,8 +11,8 @@ import pytest
 from eval.experiments.report import main
 from eval.experiments.sweep_results import flop_conventions, load_results
 from framework.config import EarlyExitLossConfig, ModelConfig
-from framework.model.flops import head_flops_per_token
-from framework.training.early_exit_loss import mean_exit_heads
+from framework.flops import head_flops_per_token
+from framework.early_exit_loss import mean_exit_heads
 from tests.eval.experiments.run_folders import LAYERS, slices, write_run
 
 EEL = {"scale": 0.5}  # exits 1..3, every step
