@@ -42,6 +42,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from framework.config import PositiveInt, check
 from framework.files.disk_space import DiskFull
+from framework.files.nesting import bounded_yaml_loader
 from framework.files.run_lock import RunFolderInUse, RunLock
 from framework.files.staging import is_url
 from framework.training.callbacks import RunSummary, Throughput
@@ -144,6 +145,7 @@ def build_cli(argv: list[str], cli_class: type[PretrainCLI] | None = None) -> Pr
     """The CLI of ``argv`` (``cli_class``: a PretrainCLI subclass to build instead)."""
     from framework.training.data import TokenDataModule
 
+    bound_recipe_yaml()
     with warnings.catch_warnings():
         # `layerdrop pretrain` passes its own argv on purpose (sys.argv holds "pretrain" too);
         # Lightning warns about that on every run.
@@ -159,6 +161,17 @@ def build_cli(argv: list[str], cli_class: type[PretrainCLI] | None = None) -> Pr
                            "exit_on_error": False},
             auto_configure_optimizers=False,
         )
+
+
+def bound_recipe_yaml() -> None:
+    """jsonargparse's YAML loader (every recipe file, value, and file a value names) behind the
+    nesting bounds of framework/files/nesting.py: a "billion laughs" is refused, not expanded."""
+    import yaml
+    from jsonargparse import get_loader, set_loader
+
+    load = get_loader("yaml")
+    if not hasattr(load, "bounds"):
+        set_loader("yaml", bounded_yaml_loader(load, "a YAML document the recipe parser read"), (yaml.YAMLError,))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -92,3 +92,23 @@ def test_every_committed_recipe_and_a_printed_config_pass_the_front(tmp_path, ca
         settings = read_command_line(["--config", str(recipe)])
         refuse_unknown_keys(settings)
         check_values(settings["values"])
+
+
+def test_a_recipe_whose_aliases_expand_too_far_is_one_line_naming_it(tmp_path, capsys):
+    """Issue 46: a 600-byte "billion laughs" under model.layer_dropout.distribution grew
+    `pretrain` to 4 GB with no output (the front read it, then left it to jsonargparse)."""
+    from framework.recipes.pretrain_front import quick_answer
+    from tests.helpers.hostile_files import billion_laughs
+
+    bomb = tmp_path / "laughs.yaml"
+    bomb.write_text("model:\n  layer_dropout:\n    distribution:\n" +
+                    "".join(f"      {line}\n" for line in billion_laughs().splitlines()))
+    inline = "{" + billion_laughs().replace("\n", ", ") + "}"
+    named = f"error: --config {str(bomb)!r} is refused: its YAML aliases repeat more than 100,000 values"
+    for argv, start in ((["--config", TINY, "--config", str(bomb)], named), ([f"--config={bomb}"], named),
+                        (["stray", "--config", str(bomb)], named),  # a command line the front leaves to the parser
+                        (["--config", TINY, "--model.layer_dropout.distribution", inline],
+                         "error: --model.layer_dropout.distribution '{a0: &a0 [lol,")):
+        assert quick_answer(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(start) and err[0].endswith("see layerdrop pretrain --help"), err
