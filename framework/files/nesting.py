@@ -134,4 +134,5 @@ def _depth(document: Any) -> int:
     return deepest
 
 
-__all__ = ["MAX_DEPTH", "ALIAS_BUDGET", "NestingError", "yaml_document", "check_yaml", "bounded_yaml_loader", "json_document"]
+__all__ = ["MAX_DEPTH", "ALIAS_BUDGET", "NestingError", "yaml_document", "check_yaml", "bounded_yaml_loader",
+           "json_document"]

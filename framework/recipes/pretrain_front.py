@@ -241,4 +241,5 @@ def _scalar(text: str) -> Any:
         return text
 
 
-__all__ = ["main", "quick_answer", "help_text", "refuse_hostile_yaml", "read_command_line", "refuse_unknown_keys", "check_values"]
+__all__ = ["main", "quick_answer", "help_text", "refuse_hostile_yaml", "read_command_line", "refuse_unknown_keys",
+           "check_values"]
