@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torchmetrics import Metric
 
 from eval.downstream.packaged_tasks import ALIASES, PACKAGED, build_task
+from framework.files.nesting import json_document
 
 TokenPair = tuple[list[int], list[int]]
 
@@ -69,7 +70,7 @@ def read_examples(path: str | Path, limit: int | None = None) -> list[Example]:
 
 def _example(line: str, where: str) -> Example:
     try:
-        row = json.loads(line)
+        row = json_document(line, where)
     except json.JSONDecodeError as err:
         raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
     context, choices, gold = row.get("context"), row.get("choices"), row.get("gold")
