@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Sequence
 
 from eval import options
+from eval.downstream.lm_eval_noise import quiet_lm_eval, quiet_task_defaults
 from eval.downstream.packaged_tasks import ALIASES, PACKAGED
 from eval.downstream.report import build_report, json_safe
 from eval.skip_sets import SWEEPS
@@ -169,8 +171,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="folders of extra task YAMLs (e.g. local JSON/JSONL data sets)")
     parser.add_argument("--no-builtin-tasks", action="store_true",
                         help="index only --include-path tasks (skips lm-eval's ~14k built-in names, ~30 s)")
-    parser.add_argument("--limit", type=float, default=None,
-                        help="examples per task (a fraction if < 1); for quick checks, not for reporting")
+    parser.add_argument("--limit", default=None, metavar="N",
+                        help="documents per task: a count (an integer >= 1) or a fraction of each task in (0, 1), "
+                             "as lm-eval reads it; for quick checks, not for reporting")
     parser.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
     parser.add_argument("--exit-layer", type=int, default=None, help=options.EXIT_HELP)
@@ -210,8 +213,11 @@ def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
                             args.overwrite)
     options.check_positive(parser, args, ("batch_size", "max_length", "num_fewshot", "max_gen_toks"),
                            zero_ok=("num_fewshot",))
-    if args.limit is not None and args.limit <= 0:
-        parser.error(f"--limit={args.limit} is invalid: must be positive")
+    if args.limit is not None:
+        try:
+            args.limit = document_limit(args.limit)
+        except ValueError as err:
+            parser.error(str(err))
     options.check_checkpoint(parser, args.ckpt)
     args.device = str(options.resolve_device(parser, args.device))
     try:
@@ -237,6 +243,22 @@ def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
             raise ValueError(f"--tokenizer {args.tokenizer!r} does not exist")
     except (ValueError, CheckpointError) as err:
         parser.error(str(err))
+
+
+def document_limit(text: str) -> int | float:
+    """``--limit``: lm-eval takes a value below 1 as a fraction of each task and any other as
+    a count, cut to an integer (2.7 scored 2 documents; inf and nan failed inside lm-eval
+    after the model loaded). A count must be written whole; a fraction lies in (0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if math.isfinite(value) and 0 < value < 1:
+        return value
+    if math.isfinite(value) and value >= 1 and value == int(value):
+        return int(value)
+    raise ValueError(f"--limit={text!r} is invalid: a count of documents per task (an integer >= 1) or a "
+                     "fraction of each task in (0, 1)")
 
 
 def _check_table(parser: argparse.ArgumentParser, args: argparse.Namespace, num_layers: int) -> None:
@@ -315,6 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     _check_model_args(parser, args)
     force_offline()
+    quiet_task_defaults()  # logged as the tasks are built
     try:
         task_objects, manager, data, not_run = resolve_tasks(plan, args.include_path, not args.no_builtin_tasks,
                                                              args.task_data)
@@ -329,18 +352,20 @@ def main(argv: list[str] | None = None) -> int:
 
     import eval.downstream.lm_eval_adapter  # noqa: F401  (registers the "layerdrop" model)
 
-    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
+    limit = args.limit
     model_args = {"ckpt": args.ckpt, "tokenizer": args.tokenizer, "exit_layer": args.exit_layer,
                   "skip_layers": args.skip or None, "adapters": args.adapters if args.exits is None else None,
-                  "max_length": args.max_length,                  "max_gen_toks": args.max_gen_toks, "eot_token": args.eot_token, "seed": args.seed}
+                  "max_length": args.max_length, "max_gen_toks": args.max_gen_toks, "eot_token": args.eot_token,
+                  "seed": args.seed}
     model_args = {k: v for k, v in model_args.items() if v is not None}
     evaluate_kwargs = dict(num_fewshot=args.num_fewshot, limit=limit, task_manager=manager,
                            log_samples=args.log_samples, bootstrap_iters=args.bootstrap_iters, random_seed=args.seed,
                            numpy_random_seed=args.seed, torch_random_seed=args.seed, fewshot_random_seed=args.seed)
     if args.exits is not None:
         return _main_exits(args, model_args, task_objects, tasks, evaluate_kwargs, data, not_run)
-    results = lm_eval.simple_evaluate(model="layerdrop", model_args=model_args, tasks=task_objects,
-                                      batch_size=args.batch_size, device=args.device, **evaluate_kwargs)
+    with quiet_lm_eval():
+        results = lm_eval.simple_evaluate(model="layerdrop", model_args=model_args, tasks=task_objects,
+                                          batch_size=args.batch_size, device=args.device, **evaluate_kwargs)
     model_info = {k: v for k, v in results.get("config", {}).items()
                   if k in ("ckpt", "tokenizer", "exit_layer", "skip_layers", "adapters", "num_layers", "parameters")}
     report = json_safe(build_report(results, tasks, model_info, limit, data, not_run))

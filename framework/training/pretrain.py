@@ -48,7 +48,7 @@ from framework.files.staging import is_url
 from framework.training.callbacks import RunSummary, Throughput
 from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
 from framework.checkpoint.final_export import export_callbacks
-from framework.checkpoint.resume import check_form_fits, choose_checkpoint
+from framework.checkpoint.resume import WorldSizeError, check_form_fits, choose_checkpoint
 from framework.checkpoint.saving import (PeriodicCheckpoint, refuse_earlier_checkpoints, refuse_earlier_run,
                                          use_atomic_checkpoint_io)
 from framework.training.module import LayerDropModule, check_same_model, with_parametrization
@@ -196,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         if rank_zero_only.rank == 0:
             print(f"error: {err}", file=sys.stderr)
         return 1
+    except WorldSizeError as err:  # raised alike on every rank: one line for the job
+        if rank_zero_only.rank == 0:
+            print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
     except (ValueError, CheckpointError, FileNotFoundError, MisconfigurationException, RunFolderInUse) as err:
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2
