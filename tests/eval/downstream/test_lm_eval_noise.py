@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from eval.downstream.lm_eval_noise import _WithoutBootstrapLines, quiet_task_defaults
+from eval.downstream.lm_eval_noise import _WithoutBootstrapLines, quiet_task_warnings
 from tests.eval.tiny_lm import export_tiny_model
 
 REPO = Path(__file__).resolve().parents[3]
@@ -36,7 +36,7 @@ def test_a_packaged_run_outside_a_repository_prints_only_its_tables(tmp_path):
 
 
 def test_the_filters_drop_only_what_they_name(caplog):
-    quiet_task_defaults()
+    quiet_task_warnings()
     logger = logging.getLogger("lm_eval.api.task")
     with caplog.at_level(logging.WARNING, logger="lm_eval.api.task"):
         logger.warning("[Task: copa] metric acc is defined, but aggregation is not. using default aggregation=mean")
