@@ -17,6 +17,7 @@ only answers early, it never accepts what the parser would refuse.
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 from typing import Any
@@ -169,7 +170,9 @@ def refuse_unknown_keys(settings: dict[str, Any]) -> None:
 
 def check_values(values: dict[str, Any]) -> None:
     """The run-length checks on what the recipe and the overrides say (what they leave
-    unset is the parser's default, checked later)."""
+    unset is the parser's default, checked later). Any positive whole number of steps is
+    a run length: 10^12 is accepted (nothing is sized by it; the first progress line's
+    ETA says what it means), as Lightning accepts it."""
     from framework.training.run_checks import check_warmup
 
     trainer = values.get("trainer") if isinstance(values.get("trainer"), dict) else {}
@@ -177,6 +180,10 @@ def check_values(values: dict[str, Any]) -> None:
     if max_steps is None:
         return
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        written = _whole_number(max_steps)
+        if written is not None:  # 1e12: YAML reads it as text, jsonargparse as a float; steps are counted
+            raise ValueError(f"trainer.max_steps={max_steps!r} is invalid: a whole number of optimizer steps, "
+                             f"written in digits ({written})")
         raise ValueError(f"trainer.max_steps={max_steps!r} is invalid: pretraining needs the run length; set a "
                          "positive --trainer.max_steps")
     model = values.get("model") if isinstance(values.get("model"), dict) else {}
@@ -186,6 +193,15 @@ def check_values(values: dict[str, Any]) -> None:
             check_warmup(schedule, max_steps)
         except TypeError:  # a key or value the parser reads its own way
             return
+
+
+def _whole_number(value: Any) -> int | None:
+    """A positive whole number written another way (``1e12``, ``300.0``), else None."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if math.isfinite(number) and number >= 1 and number == int(number) else None
 
 
 def _load(path: str) -> dict[str, Any]:

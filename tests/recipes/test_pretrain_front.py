@@ -39,6 +39,20 @@ def test_a_warmup_as_long_as_the_run_is_refused_from_the_command_line():
         check_values({"trainer": {"max_steps": -5}})
 
 
+def test_a_run_of_10_to_the_12_steps_is_a_run_length_written_in_digits():
+    """Issue 46, decided: 10^12 steps is accepted (nothing is sized by max_steps; the ETA
+    of the first progress line says what it means); written 1e12 (text to YAML, a float to
+    jsonargparse) it is refused saying how to write it, not "pretraining needs the run length"."""
+    check_values({"trainer": {"max_steps": 10**12}})
+    values = read_command_line(["--config", TINY, "--trainer.max_steps", "1e12"])["values"]
+    with pytest.raises(ValueError) as refusal:
+        check_values(values)
+    assert str(refusal.value) == ("trainer.max_steps='1e12' is invalid: a whole number of optimizer steps, written in "
+                                  "digits (1000000000000)")
+    with pytest.raises(ValueError, match=r"^trainer.max_steps=2.5 is invalid: pretraining needs the run length"):
+        check_values({"trainer": {"max_steps": 2.5}})
+
+
 PROBE = """
 import json, sys
 from framework.cli import main

@@ -318,3 +318,24 @@ def test_hostile_prompt_and_tokenizer_files_are_one_line(model_dir, tmp_path, ca
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert message in done.stderr.strip().splitlines()[-1]
     assert _hashes(tmp_path) == before
+
+
+def test_a_window_of_10_to_the_12_tokens_is_accepted_and_what_it_would_allocate_is_checked(tmp_path, capsys):
+    """Issue 46, decided: a Hugging Face folder's max_position_embeddings is the window the
+    model claims; nothing is allocated by it, so 10^12 is accepted (a short prompt decodes).
+    What is allocated from it, a KV cache of prompt + --max-new-tokens positions, is checked
+    against free memory first: --max-new-tokens 10^9 was a 128 GB allocation's traceback."""
+    from tests.helpers.hf_llama import tiny_hf_llama
+    from tests.helpers.hf_tokenizer import llama3_tokenizer
+
+    folder = tmp_path / "hf"
+    tiny_hf_llama(folder, vocab=300, layers=2)
+    llama3_tokenizer(folder / "tokenizer.json")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 10**12}))
+    code, out = run(["--ckpt", folder, "--prompt", "hello", "--max-new-tokens", 5], capsys)
+    assert code == 0, out.err
+    code, out = run(["--ckpt", folder, "--prompt", "hello", "--max-new-tokens", 10**9], capsys)
+    assert code == 2 and "Traceback" not in out.err
+    line = out.err.strip().splitlines()[-1]
+    assert line.startswith("error: the KV cache of 1 prompt(s) x 1,000,000,0") and "lower --max-new-tokens" in line
