@@ -20,6 +20,8 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
+from framework.files.nesting import json_document
+
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
@@ -118,7 +120,7 @@ def read_prompt_file(path: str, flag: str = "--prompts") -> list[str] | list[lis
 
 def _json_prompts(text: str, flag: str, where: str) -> list[str] | list[list[int]]:
     try:
-        rows = json.loads(text)
+        rows = json_document(text, f"{flag} {where}")
     except json.JSONDecodeError as err:
         raise ValueError(f"{flag} {where} is not valid JSON: {err.msg} (line {err.lineno})") from None
     if not isinstance(rows, list):
@@ -136,7 +138,7 @@ def _json_prompts(text: str, flag: str, where: str) -> list[str] | list[list[int
 
 def _jsonl_prompt(line: str, flag: str, where: str) -> str:
     try:
-        row = json.loads(line)
+        row = json_document(line, f"{flag} {where}")
     except json.JSONDecodeError as err:
         raise ValueError(f"{flag} {where}: not valid JSON ({err.msg})") from None
     text = row.get("text", row.get("prompt")) if isinstance(row, dict) else None

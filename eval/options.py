@@ -124,6 +124,32 @@ def max_new_tokens(args: argparse.Namespace, max_seq_len: int) -> int:
     return args.max_new_tokens
 
 
+def check_cache_fits(model: torch.nn.Module, sequences: int, tokens: int, device: torch.device) -> None:
+    """ValueError (one line) when a KV cache for ``sequences`` rows of ``tokens`` positions
+    would not fit in the device's free memory. The window bounds --max-new-tokens, but a
+    window is what a config claims (a Hugging Face folder may say 10^12 tokens): what is
+    allocated from it is checked here, before the allocator fails with a traceback."""
+    probe = model.new_cache(1, 1)
+    per_position = sum(t.nbytes for t in [*probe.keys, *probe.values, probe.padding])
+    needed, free = per_position * sequences * tokens, free_memory(device)
+    if free is not None and needed > free:
+        raise ValueError(f"the KV cache of {sequences} prompt(s) x {tokens:,} positions (prompt + --max-new-tokens) "
+                         f"needs {needed / 1e9:,.1f} GB, more than the {free / 1e9:,.1f} GB free on {device}: lower "
+                         "--max-new-tokens or --batch-size")
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes free on ``device``: CUDA's count, or the kernel's MemAvailable (None where unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as handle:
+            fields = dict(line.split(":", 1) for line in handle if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def add_output(parser: argparse.ArgumentParser, *, plot: bool = False, required: bool = True,
                what: str = "report path (JSON)") -> None:
     parser.add_argument("--out", required=required, default=None, metavar="PATH", help=what)
@@ -171,5 +197,6 @@ def apply_threads(threads: int | None) -> None:
 
 
 __all__ = ["LAYERS", "EXIT_HELP", "SKIP_HELP", "add_prompt_arguments", "add_max_new_tokens", "max_new_tokens",
+           "check_cache_fits", "free_memory",
            "add_checkpoint", "check_checkpoint", "add_device", "add_threads", "add_tokenizer", "add_adapters",
            "add_output", "exists_message", "refuse_existing", "check_positive", "resolve_device", "apply_threads"]

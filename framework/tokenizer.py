@@ -23,7 +23,6 @@ config.json / generation_config.json name an ``eos_token_id`` list (Llama-3.x-In
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any, Iterable, Protocol
 from tokenizers import Tokenizer
 
 from framework.files.manifest import MANIFEST_FILE, read_manifest, sha256_of
+from framework.files.nesting import json_document
 
 
 
@@ -156,7 +156,7 @@ def folder_token_ids(folder: Path, config: dict[str, Any], key: str) -> list[int
     generation = folder / GENERATION_CONFIG_FILE
     if generation.is_file():
         try:
-            ids += id_list(json.loads(generation.read_text()).get(key))
+            ids += id_list(json_document(generation.read_text(), str(generation)).get(key))
         except (OSError, ValueError, AttributeError):
             pass  # a broken generation_config.json changes no token of the model
     return list(dict.fromkeys(ids))

@@ -15,6 +15,7 @@ from framework.checkpoint import Checkpoint, export_decoder, load_decoder
 from framework.tokenizer import (TextCodec, TokenizerError, check_model_tokenizer, find_bos, find_eos,
                                  load_tokenizer, vocab_size_of)
 from tests.helpers.hf_llama import tiny_hf_llama
+from tests.helpers.hostile_files import deep_json
 from tests.helpers.hf_tokenizer import llama3_tokenizer, no_bos_tokenizer
 
 TEXT = "The sun rises in the east"
@@ -92,6 +93,15 @@ def test_generation_stops_at_every_id_of_an_eos_list(llama3_folder):
     codec = TextCodec.for_checkpoint(Checkpoint.open(llama3_folder))
     assert codec.eos_id == 1 and set(codec.stop_ids) == {1, 2, 3}
     assert TextCodec.for_checkpoint(Checkpoint.open(llama3_folder), eos_token="<|eot_id|>").stop_ids == (3,)
+
+
+def test_a_generation_config_nested_too_deep_changes_no_token(llama3_folder, tmp_path):
+    """As a broken generation_config.json: config.json's ids stand (issue 46: a RecursionError traceback)."""
+    folder = tmp_path / "deep"
+    shutil.copytree(llama3_folder, folder)
+    (folder / "generation_config.json").write_text('{"eos_token_id": ' + deep_json(5_000) + "}")
+    codec = TextCodec.for_checkpoint(folder)
+    assert codec.eos_id == 1 and set(codec.stop_ids) == {1, 3}
 
 
 def test_layerdrop_models_keep_the_convention_they_were_trained_with(tmp_path):

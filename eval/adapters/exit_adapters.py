@@ -16,7 +16,6 @@ decoding reads adapters through ``load_adapters`` here, which needs no Lightning
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Sequence
 
@@ -29,6 +28,7 @@ from framework.checkpoint import CheckpointError, load_decoder
 from framework.config import ModelConfig
 from framework.families.registry import new_block
 from framework.files.atomic_write import replacing, write_json
+from framework.files.nesting import NestingError, json_document
 from framework.model.decoder import Decoder
 
 WEIGHTS_FILE = "adapters.safetensors"
@@ -104,7 +104,15 @@ def read_meta(path: str | Path) -> dict:
     for name in (WEIGHTS_FILE, META_FILE):
         if not (path / name).is_file():
             raise CheckpointError(f"adapters folder {str(path)!r} has no {name} (made by `layerdrop adapters fit`)")
-    return json.loads((path / META_FILE).read_text())
+    where = f"adapters folder {str(path)!r}: {META_FILE}"
+    try:
+        meta = json_document((path / META_FILE).read_text(encoding="utf-8"), where)
+    except (ValueError, UnicodeDecodeError) as err:  # not JSON, not UTF-8, or nested too deep
+        raise CheckpointError(str(err) if isinstance(err, NestingError) else f"{where} is not valid JSON") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("exits"), list):
+        raise CheckpointError(f"{where} is invalid: expected an object with a list of \"exits\" (as "
+                              "`layerdrop adapters fit` writes)")
+    return meta
 
 
 def load_adapters(path: str | Path, backbone: Decoder) -> tuple[ExitAdapters, dict]:

@@ -134,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         limit = ContextLimit(cfg.max_seq_len)
         prompts = [limit.fit(p, reserve=args.max_new_tokens) for p in prompts]
         model, cfg = ckpt.load_decoder(device)
+        # the longest prompt, the new tokens, and a speculative round's drafts beyond them
+        positions = max(map(len, prompts)) + args.max_new_tokens + (args.gamma or 5) + 2
+        options.check_cache_fits(model, min(args.batch_size, len(prompts)), positions, device)
         decode = mode.build(model, value, _settings(args, sampling, _adapters(args.adapters, model)))
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         parser.error(str(err))

@@ -46,6 +46,7 @@ def evaluate_exits(args: argparse.Namespace, model_args: dict, task_objects: lis
     import lm_eval
 
     from eval.downstream.lm_eval_adapter import LayerDropLM
+    from eval.downstream.lm_eval_noise import quiet_lm_eval
     from eval.downstream.report import build_report
     from eval.skip_sets import describe, params_kept
 
@@ -60,7 +61,8 @@ def evaluate_exits(args: argparse.Namespace, model_args: dict, task_objects: lis
     by_column = {}
     for column in columns_of(args):
         lm.use_column(column)
-        by_column[column_key(column)] = lm_eval.simple_evaluate(model=lm, tasks=task_objects, **evaluate_kwargs)
+        with quiet_lm_eval():
+            by_column[column_key(column)] = lm_eval.simple_evaluate(model=lm, tasks=task_objects, **evaluate_kwargs)
     reports = {key: build_report(results, tasks, {}, evaluate_kwargs.get("limit"), data, not_run)
                for key, results in by_column.items()}
     table: dict[str, dict[str, float]] = {}

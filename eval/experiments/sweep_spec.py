@@ -45,6 +45,7 @@ from eval.experiments.compute_matched import matched_configs
 from eval.experiments.dotted_keys import get_dotted  # noqa: F401  (re-exported: sweep, sweep_results, sweep_dry_run, hyperparameter_curves read it here)
 from framework.config import EarlyExitLossConfig, LayerDropoutConfig, ModelConfig
 from framework.early_exit_loss import mean_exit_heads
+from framework.files.nesting import yaml_document
 from framework.flops import dense_step_flops
 from framework.schedules import mean_dropout
 
@@ -110,7 +111,7 @@ def read_spec(path: str | Path) -> tuple[dict, str]:
         raise SweepError(f"sweep file {str(path)!r} does not exist")
     text = path.read_text()
     try:
-        spec = yaml.safe_load(text)
+        spec = yaml_document(text, f"sweep file {str(path)!r}")
     except yaml.YAMLError as err:
         raise SweepError(f"sweep file {str(path)!r} is not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(spec, dict):
@@ -189,7 +190,7 @@ def check_keys(settings: dict[str, Any], where: str) -> None:
 
 def _base_recipe(base: Path) -> dict:
     try:
-        recipe = yaml.safe_load(base.read_text()) or {}
+        recipe = yaml_document(base.read_text(), f"base recipe {str(base)!r}") or {}
     except yaml.YAMLError as err:
         raise SweepError(f"base recipe {str(base)!r} is not valid YAML: {str(err).splitlines()[0]}") from None
     if not isinstance(recipe, dict):

@@ -80,7 +80,10 @@ def export_target(out: str | os.PathLike) -> Path:
                               "holds the current folder; name a new folder (e.g. --out exports/run)")
     if given.is_symlink():
         target = Path(os.path.realpath(given))
-        if target.exists() and not target.is_dir():
+        if not target.exists():  # the export would make it, and every missing folder above it
+            raise CheckpointError(f"--out {str(out)!r} is a link to {str(target)!r}, which does not exist: create "
+                                  "that folder first, or give another --out")
+        if not target.is_dir():
             raise CheckpointError(f"--out {str(out)!r} is a link to the file {str(target)!r}: give a folder")
         return target
     return given

@@ -28,6 +28,7 @@ from framework.files.atomic_write import copy_file, write_text
 from framework.checkpoint.base import (CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, copy_into,
                                        first_line, read_json)
 from framework.checkpoint.shape_check import check_config_against
+from framework.checkpoint.tokenizer_record import check_token_ids
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.config import ModelConfig
 from framework.families.family_spec import HFConfigError, HFMapping, shown
@@ -99,6 +100,7 @@ def checked_config(path: Path, hf: dict[str, Any]) -> ModelConfig:
     if not isinstance(hf, dict):
         raise CheckpointError(f"{str(path / CONFIG_FILE)!r} is not a JSON object")
     cfg = config_of(hf, str(path / CONFIG_FILE))
+    check_token_ids(hf, str(path / CONFIG_FILE))  # copied into every export
     stored = {name: shape for name, shape in header_shapes(path).items() if not name.endswith(_BUFFERS)}
     check_config_against(cfg, _writer(cfg).our_shapes(stored, cfg), path)
     return cfg

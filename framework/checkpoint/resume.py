@@ -25,6 +25,11 @@ from framework.checkpoint.forms import FORMS
 from framework.checkpoint.loader import Checkpoint
 
 
+class WorldSizeError(ValueError):
+    """A refusal that follows from the world size and what every rank shares (the recipe,
+    the checkpoint's record): raised alike on every rank, so printed once, by rank 0."""
+
+
 @dataclass
 class ResumeChoice:
     """The checkpoint to continue from (None: start fresh) and what to say about it."""
@@ -144,15 +149,17 @@ def check_same_world(saved: Any, trainer: Any) -> None:
         return
     strategies = (saved.get("strategy"), type(trainer.strategy).__name__)
     if strategies[0] not in RESHARDABLE or strategies[1] not in RESHARDABLE + ONE_PROCESS:
-        raise ValueError(f"the checkpoint was written by {was} processes ({strategies[0]}) and this run has {now} "
-                         f"({strategies[1]}): only an FSDP2/HSDP checkpoint (a DCP folder) resumed under fsdp, hsdp "
-                         f"or single is resharded; resume on {was} processes (--trainer.devices x "
-                         "--trainer.num_nodes), or start a new run from its weights (--model.init_from CHECKPOINT)")
+        raise WorldSizeError(
+            f"the checkpoint was written by {was} processes ({strategies[0]}) and this run has {now} "
+            f"({strategies[1]}): only an FSDP2/HSDP checkpoint (a DCP folder) resumed under fsdp, hsdp or single is "
+            f"resharded; resume on {was} processes (--trainer.devices x --trainer.num_nodes), or start a new run "
+            "from its weights (--model.init_from CHECKPOINT)")
     rows = saved.get("accumulate_grad_batches", 1) * was  # micro-batches per optimizer step, all ranks
     if rows % now:
-        raise ValueError(f"the checkpoint's global batch is {rows} micro-batches ({was} processes x "
-                         f"{saved.get('accumulate_grad_batches', 1)} accumulated) and {now} processes cannot keep it "
-                         f"(no whole gradient accumulation): resume on a number of processes that divides {rows}")
+        raise WorldSizeError(
+            f"the checkpoint's global batch is {rows} micro-batches ({was} processes x "
+            f"{saved.get('accumulate_grad_batches', 1)} accumulated) and {now} processes cannot keep it "
+            f"(no whole gradient accumulation): resume on a number of processes that divides {rows}")
     how = "gathered whole from the DCP shards" if strategies[1] in ONE_PROCESS else "resharded by DCP"
     if trainer.accumulate_grad_batches != rows // now and trainer.is_global_zero:
         print(f"resume: {was} -> {now} processes: gradient accumulation {trainer.accumulate_grad_batches} -> "
@@ -282,5 +289,6 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-__all__ = ["ResumeChoice", "choose_checkpoint", "incomplete_reason", "apply_recipe_optimizer_settings", "world_of",
+__all__ = ["ResumeChoice", "WorldSizeError", "choose_checkpoint", "incomplete_reason",
+           "apply_recipe_optimizer_settings", "world_of",
            "check_same_world", "check_form_fits"]

@@ -22,9 +22,28 @@ from pathlib import Path
 from typing import Any
 
 from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE, CheckpointError
+from framework.families.family_spec import shown
 from framework.files.manifest import read_manifest, sha256_of
 from framework.files.staging import is_url
 from framework.tokenizer import CONVENTION_KEYS, record_for  # the record's shape is the tokenizer home's
+
+# The token ids a Hugging Face config.json names; each is copied into exports.
+TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def check_token_ids(config: dict[str, Any], where: str) -> None:
+    """A config.json's token ids as Hugging Face writes them: an integer, a list of
+    integers, or null. Anything else (``eos_token_id: {"x": 1}``) was copied into every
+    export, whose readers then fail; it is a one-line CheckpointError naming the key."""
+    def is_id(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    for key in TOKEN_ID_KEYS:
+        value = config.get(key)
+        if value is None or is_id(value) or (isinstance(value, list) and value and all(map(is_id, value))):
+            continue
+        raise CheckpointError(f"{where}: {key}={shown(value)} is invalid: a token id, a non-empty list of token ids, "
+                              "or null")
 
 
 # ------------------------------------------------------------------ finding it again
@@ -71,5 +90,5 @@ def _data_tokenizer(data_dir: Path) -> Path:
     return data_dir / name
 
 
-__all__ = ["CONVENTION_KEYS", "record_for", "sha256_of", "record_of",
+__all__ = ["CONVENTION_KEYS", "TOKEN_ID_KEYS", "check_token_ids", "record_for", "sha256_of", "record_of",
            "find_tokenizer_of"]

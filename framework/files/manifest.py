@@ -32,6 +32,10 @@ Keys::
 
 Keys are only ever added: a manifest written before a key existed reads as it did.
 No timestamps or host names: the same inputs and seed give a byte-identical file.
+
+The paths it names (``splits.*.path``, ``tokenizer.file``) are read relative to its
+folder, so they must stay inside it: a manifest naming ``../../data/train`` or ``/etc``
+is refused when read, in one line naming the key, before anything opens the path.
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ import hashlib
 import json
 import os
 import tempfile
+from pathlib import PurePosixPath
 
 from framework.files.atomic_write import write_json
+from framework.files.nesting import json_document
 from framework.files.staging import is_url
 
 MANIFEST_FILE = "manifest.json"
@@ -55,8 +61,8 @@ def read_manifest(data_dir: str, storage_options: dict | None = None) -> dict:
         path = os.path.join(data_dir, MANIFEST_FILE)
         if not os.path.isfile(path):
             raise FileNotFoundError(hint)
-        with open(path) as handle:
-            return json.load(handle)
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return checked(handle.read(), path)
     from litdata.streaming.downloader import get_downloader
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,8 +74,30 @@ def read_manifest(data_dir: str, storage_options: dict | None = None) -> dict:
             raise FileNotFoundError(f"{hint} ({type(error).__name__}: {error})") from None
         if not os.path.isfile(local):
             raise FileNotFoundError(hint)
-        with open(local) as handle:
-            return json.load(handle)
+        with open(local, encoding="utf-8", errors="replace") as handle:
+            return checked(handle.read(), f"{data_dir.rstrip('/')}/{MANIFEST_FILE}")
+
+
+def checked(text: str, where: str) -> dict:
+    """A manifest's JSON object, its paths confined to its folder; ``ValueError`` (one line
+    naming ``where``) otherwise."""
+    try:
+        manifest = json_document(text, where)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{where} is not valid JSON: {error.msg} (line {error.lineno})") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{where} is invalid: expected a JSON object, as `layerdrop prepare` writes")
+    splits, tokenizer = manifest.get("splits"), manifest.get("tokenizer")
+    paths = {f"splits.{name}.path": split.get("path", "")
+             for name, split in (splits.items() if isinstance(splits, dict) else []) if isinstance(split, dict)}
+    if isinstance(tokenizer, dict) and "file" in tokenizer:
+        paths["tokenizer.file"] = tokenizer["file"]
+    for key, value in paths.items():
+        parts = PurePosixPath(value).parts if isinstance(value, str) else ()
+        if not parts or parts[0] == "/" or ".." in parts or "\\" in value or ":" in parts[0]:
+            raise ValueError(f"{where}: {key}={value!r} is invalid: a path inside the prepared folder "
+                             "(relative, without '..')")
+    return manifest
 
 
 def write_manifest(folder: str | os.PathLike, manifest: dict) -> str:
@@ -86,4 +114,4 @@ def sha256_of(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["MANIFEST_FILE", "MANIFEST_FORMAT", "read_manifest", "write_manifest", "sha256_of"]
+__all__ = ["MANIFEST_FILE", "MANIFEST_FORMAT", "read_manifest", "checked", "write_manifest", "sha256_of"]

@@ -12,6 +12,10 @@ host, or (a holder on another host, whose process cannot be asked) when its hear
 is older than ``stale_after`` seconds (``LAYERDROP_LOCK_STALE_SECONDS``, default 600).
 A holder on this host that still runs keeps its lock whatever its heartbeat says: a
 process stopped in a debugger is not a dead one.
+A lock file that is not a record (not UTF-8, not a JSON object: only a hand-made or
+damaged file, since records are written atomically) is a holder on an unknown host
+whose heartbeat is the file's modification time: refused in one line naming the file
+until it is ``stale_after`` old, then taken over with a note, as any silent holder.
 
 A command's children inherit its locks: the holder puts ``folder=token`` into
 ``LAYERDROP_HELD_LOCKS`` of its environment, so `layerdrop sweep` holding a run folder
@@ -32,7 +36,6 @@ holder's lock) at once.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import secrets
 import socket
@@ -47,6 +50,7 @@ from typing import Any
 from filelock import FileLock
 
 from framework.files.atomic_write import write_json
+from framework.files.nesting import json_document
 
 LOCK_FILE = ".layerdrop.lock"
 HELD_ENV = "LAYERDROP_HELD_LOCKS"
@@ -179,20 +183,22 @@ class RunLock:
 # ---------------------------------------------------------------- reading a record
 def read_holder(path: Path) -> dict[str, Any] | None:
     """The record in ``path``; None when there is none. A record that cannot be read
-    (a holder killed while writing it: the write is atomic, so only a hand-made file)
-    counts as a holder of unknown age on an unknown host."""
+    (not UTF-8, not JSON, not an object, nested too deep: a holder killed while writing
+    it cannot leave one, the write is atomic, so a hand-made or damaged file) counts as a
+    holder of unknown age on an unknown host, its heartbeat the file's modification time:
+    refused while younger than the stale limit, naming the file, and taken over after."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError:
-        text = ""
+        data = b""
     try:
-        record = json.loads(text)
-    except ValueError:
+        record = json_document(data.decode("utf-8"), str(path))
+    except ValueError:  # UnicodeDecodeError, JSONDecodeError and NestingError alike
         record = None
     if not isinstance(record, dict):
-        return {"pid": None, "host": None, "heartbeat": _mtime(path), "command": "unknown"}
+        return {"pid": None, "host": None, "heartbeat": _mtime(path), "command": "unknown", "unreadable": str(path)}
     return record
 
 
@@ -216,12 +222,18 @@ def stale_reason(holder: dict[str, Any], stale_after: float) -> str | None:
 
 def describe(holder: dict[str, Any]) -> str:
     beat = holder.get("heartbeat")
+    if holder.get("unreadable"):
+        age = f"modified {time.time() - beat:.0f} s ago" if isinstance(beat, (int, float)) else "of unknown age"
+        return f"a lock file that is not a layerdrop lock record, {holder['unreadable']} ({age})"
     age = f", heartbeat {time.time() - beat:.0f} s ago" if isinstance(beat, (int, float)) else ""
     return (f"`layerdrop {holder.get('command')}` (pid {holder.get('pid')} on {holder.get('host')}, started "
             f"{holder.get('started', 'at an unknown time')}{age})")
 
 
 def in_use_message(folder: Path, holder: dict[str, Any]) -> str:
+    if holder.get("unreadable"):
+        return (f"{folder} is in use: {describe(holder)}; it is taken over once older than the stale limit "
+                f"({STALE_ENV}), or delete it if no layerdrop command runs there")
     return (f"{folder} is in use: {describe(holder)}; wait for it to finish, or stop it (a lock whose holder "
             "died is taken over)")
 

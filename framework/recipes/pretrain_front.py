@@ -17,12 +17,14 @@ only answers early, it never accepts what the parser would refuse.
 
 from __future__ import annotations
 
+import math
 import shutil
 import sys
 from typing import Any
 
 import yaml
 
+from framework.files.nesting import NestingError, bounded_yaml_loader, yaml_document
 from framework.recipes.parser_cache import cached
 
 PROG = "layerdrop pretrain"
@@ -46,6 +48,11 @@ def quick_answer(argv: list[str]) -> int | None:
         print(help_text(), end="")
         return 0
     try:
+        refuse_hostile_yaml(argv)
+    except NestingError as error:
+        print(f"error: {error}; see {PROG} --help", file=sys.stderr)
+        return 2
+    try:
         settings = read_command_line(argv)
     except _Unreadable:
         return None
@@ -68,6 +75,35 @@ def help_text() -> str:
         return pretrain_parser().format_help()
 
     return cached(name, build)
+
+
+def refuse_hostile_yaml(argv: list[str]) -> None:
+    """``NestingError`` for a ``--config`` file or a value (jsonargparse reads each value as
+    YAML, and a value naming a file as that file) nested too deep or whose aliases expand
+    too far (framework/files/nesting.py). Checked on every argument before anything else
+    reads one: a command line this front leaves to the parser would reach jsonargparse,
+    which builds the whole expansion (pretrain bounds its loader too, for files named inside
+    a recipe)."""
+    for index, arg in enumerate(argv):
+        name, has_value, value = arg[2:].partition("=") if arg.startswith("--") else ("", True, arg)
+        if not has_value:
+            continue
+        if not name and index > 0 and argv[index - 1].startswith("--"):
+            name = argv[index - 1][2:]
+        text = _file_text(value) if name == "config" or value.endswith((".yaml", ".yml", ".json")) else None
+        where = f"--{name} {value!r}" if name else repr(value)
+        try:
+            bounded_yaml_loader(yaml.safe_load, where)(value if text is None else text)
+        except yaml.YAMLError:
+            continue  # not YAML: for the parser to refuse
+
+
+def _file_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 class _Unreadable(Exception):
@@ -134,7 +170,9 @@ def refuse_unknown_keys(settings: dict[str, Any]) -> None:
 
 def check_values(values: dict[str, Any]) -> None:
     """The run-length checks on what the recipe and the overrides say (what they leave
-    unset is the parser's default, checked later)."""
+    unset is the parser's default, checked later). Any positive whole number of steps is
+    a run length: 10^12 is accepted (nothing is sized by it; the first progress line's
+    ETA says what it means), as Lightning accepts it."""
     from framework.training.run_checks import check_warmup
 
     trainer = values.get("trainer") if isinstance(values.get("trainer"), dict) else {}
@@ -142,6 +180,10 @@ def check_values(values: dict[str, Any]) -> None:
     if max_steps is None:
         return
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        written = _whole_number(max_steps)
+        if written is not None:  # 1e12: YAML reads it as text, jsonargparse as a float; steps are counted
+            raise ValueError(f"trainer.max_steps={max_steps!r} is invalid: a whole number of optimizer steps, "
+                             f"written in digits ({written})")
         raise ValueError(f"trainer.max_steps={max_steps!r} is invalid: pretraining needs the run length; set a "
                          "positive --trainer.max_steps")
     model = values.get("model") if isinstance(values.get("model"), dict) else {}
@@ -153,11 +195,20 @@ def check_values(values: dict[str, Any]) -> None:
             return
 
 
+def _whole_number(value: Any) -> int | None:
+    """A positive whole number written another way (``1e12``, ``300.0``), else None."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if math.isfinite(number) and number >= 1 and number == int(number) else None
+
+
 def _load(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as handle:
-            recipe = yaml.safe_load(handle)
-    except (OSError, yaml.YAMLError) as error:
+            recipe = yaml_document(handle.read(), f"--config {path!r}")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
         raise _Unreadable(path) from error
     if not isinstance(recipe, dict):
         raise _Unreadable(path)
@@ -206,4 +257,5 @@ def _scalar(text: str) -> Any:
         return text
 
 
-__all__ = ["main", "quick_answer", "help_text", "read_command_line", "refuse_unknown_keys", "check_values"]
+__all__ = ["main", "quick_answer", "help_text", "refuse_hostile_yaml", "read_command_line", "refuse_unknown_keys",
+           "check_values"]

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from framework.config import PAPER_SIZES, LayerDropoutConfig, ModelConfig, ParametrizationConfig
+from framework.files.nesting import NestingError, yaml_document
 from framework.recipes.device_memory import ModelSizes
 
 UNITS = {"GB": 1e9, "GIB": 2**30, "TB": 1e12, "TIB": 2**40, "MB": 1e6, "MIB": 2**20}
@@ -119,7 +120,9 @@ class BaseRun:
 def read_base(path: str) -> BaseRun:
     try:
         text = Path(path).read_text()
-        recipe = yaml.safe_load(text)
+        recipe = yaml_document(text, f"--base={path!r}")
+    except NestingError as err:
+        raise RecipeError(str(err)) from None
     except (OSError, yaml.YAMLError) as err:
         raise RecipeError(f"--base={path!r} is invalid: {str(err).splitlines()[0]}") from None
     try:

@@ -22,6 +22,7 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import ModelParallelStrategy
 
+from framework.checkpoint.resume import WorldSizeError
 from framework.strategies.parallelize import HSDP_MESH_DIMS
 
 if TYPE_CHECKING:
@@ -170,8 +171,8 @@ class HSDPStrategy(FSDP2Strategy):
 
         shard = self.num_processes if self.shard_size == "auto" else self.shard_size
         if self.world_size % shard:
-            raise ValueError(f"shard_size={shard} is invalid: it must divide the world size {self.world_size} "
-                             f"({self.num_nodes} nodes x {self.num_processes} devices)")
+            raise WorldSizeError(f"shard_size={shard} is invalid: it must divide the world size {self.world_size} "
+                                 f"({self.num_nodes} nodes x {self.num_processes} devices)")
         return init_device_mesh(self.root_device.type, (self.world_size // shard, shard),
                                 mesh_dim_names=self.MESH_DIMS)
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from framework.checkpoint.resume import WorldSizeError
 from framework.config import PositiveInt, check
 from framework.strategies.deepspeed_zero import DeepSpeedZero
 from framework.strategies.entry import OTHER, Footprint, Layout, NamedStrategy
@@ -40,8 +41,8 @@ class Single(NamedStrategy):
         from lightning.pytorch.strategies import SingleDeviceStrategy
 
         if layout.world_size != 1:
-            raise ValueError(f"strategy='single' runs on one device, got {layout.world_size} (devices × "
-                             "num_nodes); use ddp, fsdp, hsdp or deepspeed_stage_2/3 for more")
+            raise WorldSizeError(f"strategy='single' runs on one device, got {layout.world_size} (devices × "
+                                 "num_nodes); use ddp, fsdp, hsdp or deepspeed_stage_2/3 for more")
         return SingleDeviceStrategy(device=torch.device("cuda", 0) if layout.accelerator == "gpu"
                                     else torch.device("cpu"))
 
@@ -110,8 +111,8 @@ class HSDP(FSDP):
 
 def _need_two_devices(name: str, layout: Layout) -> None:
     if layout.world_size < 2:
-        raise ValueError(f"strategy={name!r} shards over devices × num_nodes >= 2, got 1; use 'single' on one "
-                         "device")
+        raise WorldSizeError(f"strategy={name!r} shards over devices × num_nodes >= 2, got 1; use 'single' on one "
+                             "device")
 
 
 STRATEGIES: dict[str, NamedStrategy] = {entry.name: entry for entry in

@@ -42,12 +42,13 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from framework.config import PositiveInt, check
 from framework.files.disk_space import DiskFull
+from framework.files.nesting import bounded_yaml_loader
 from framework.files.run_lock import RunFolderInUse, RunLock
 from framework.files.staging import is_url
 from framework.training.callbacks import RunSummary, Throughput
 from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
 from framework.training.checkpointing.final_export import export_callbacks
-from framework.checkpoint.resume import check_form_fits, choose_checkpoint
+from framework.checkpoint.resume import WorldSizeError, check_form_fits, choose_checkpoint
 from framework.training.checkpointing.saving import (PeriodicCheckpoint, refuse_earlier_checkpoints,
                                                      refuse_earlier_run, use_atomic_checkpoint_io)
 from framework.training.module import LayerDropModule, check_same_model, with_parametrization
@@ -153,6 +154,7 @@ def build_cli(argv: list[str], cli_class: type[PretrainCLI] | None = None) -> Pr
     """The CLI of ``argv`` (``cli_class``: a PretrainCLI subclass to build instead)."""
     from framework.training.data import TokenDataModule
 
+    bound_recipe_yaml()
     with warnings.catch_warnings():
         # `layerdrop pretrain` passes its own argv on purpose (sys.argv holds "pretrain" too);
         # Lightning warns about that on every run.
@@ -168,6 +170,17 @@ def build_cli(argv: list[str], cli_class: type[PretrainCLI] | None = None) -> Pr
                            "exit_on_error": False},
             auto_configure_optimizers=False,
         )
+
+
+def bound_recipe_yaml() -> None:
+    """jsonargparse's YAML loader (every recipe file, value, and file a value names) behind the
+    nesting bounds of framework/files/nesting.py: a "billion laughs" is refused, not expanded."""
+    import yaml
+    from jsonargparse import get_loader, set_loader
+
+    load = get_loader("yaml")
+    if not hasattr(load, "bounds"):
+        set_loader("yaml", bounded_yaml_loader(load, "a YAML document the recipe parser read"), (yaml.YAMLError,))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,6 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         if rank_zero_only.rank == 0:
             print(f"error: {err}", file=sys.stderr)
         return 1
+    except WorldSizeError as err:  # raised alike on every rank: one line for the job
+        if rank_zero_only.rank == 0:
+            print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 2
     except (ValueError, CheckpointError, FileNotFoundError, MisconfigurationException, RunFolderInUse) as err:
         print(f"error: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 2

@@ -267,6 +267,16 @@ def test_a_linked_out_replaces_the_folder_it_points_at(checkpoint, tmp_path, cap
     assert visible(target) == ["config.json", "model.safetensors"]
 
 
+def test_a_dangling_link_as_out_is_refused_and_nothing_is_made(checkpoint, tmp_path):
+    """Issue 46: --out a link to a missing folder made that folder and every missing one
+    above it (a link to /a/b/c made /a and /a/b at the filesystem root)."""
+    (tmp_path / "current").symlink_to(tmp_path / "missing" / "deep" / "export")
+    line = refusal(layerdrop("export", "--ckpt", checkpoint, "--out", tmp_path / "current"))
+    assert line == (f"error: --out '{tmp_path / 'current'}' is a link to '{tmp_path / 'missing' / 'deep' / 'export'}', "
+                    "which does not exist: create that folder first, or give another --out")
+    assert not (tmp_path / "missing").exists() and (tmp_path / "current").is_symlink()
+
+
 @pytest.mark.parametrize("out", [".", "..", "./"])
 def test_the_current_folder_is_refused_in_one_line(checkpoint, tmp_path, out):
     before = hashes(tmp_path)

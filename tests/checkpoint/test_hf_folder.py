@@ -179,6 +179,21 @@ def test_a_malformed_or_conflicting_config_is_refused_naming_the_key(tmp_path, c
     refused(tmp_path / "hf", message)
 
 
+@pytest.mark.parametrize("key, value", [("eos_token_id", {"x": 1}), ("bos_token_id", "1"), ("pad_token_id", 1.0),
+                                        ("eos_token_id", []), ("eos_token_id", [1, [2]]), ("bos_token_id", True)])
+def test_token_ids_that_are_not_ids_are_refused_before_an_export_copies_them(tmp_path, key, value):
+    """Issue 46, decided: ``eos_token_id: {"x": 1}`` was read and copied into the export's
+    config.json. A token id is an integer, a non-empty list of them, or null; the rest is refused."""
+    tiny_hf_llama(tmp_path / "hf")
+    edit_config(tmp_path / "hf", **{key: value})
+    refused(tmp_path / "hf", rf"config.json: {key}=.* is invalid: a token id, a non-empty list of token ids")
+    code = export_main(["--ckpt", str(tmp_path / "hf"), "--out", str(tmp_path / "export")])
+    assert code == 2 and not (tmp_path / "export").exists()
+    for ok in (None, 2, [2, 3]):
+        edit_config(tmp_path / "hf", **{key: ok})
+        load_decoder(tmp_path / "hf")
+
+
 @pytest.mark.parametrize("weight_map, message", [
     ([1, 2], r"weight_map=\[1, 2\], allowed: an object"), (5, "weight_map=5, allowed: an object"),
     ({"model.norm.weight": {"nested": "model.safetensors"}}, r"weight_map\['model.norm.weight'\]=\{'nested'"),

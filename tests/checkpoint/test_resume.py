@@ -257,6 +257,24 @@ def test_a_resume_on_another_number_of_processes_is_one_line(prepared_tokens, tm
     assert "resume on 2 processes" in line and "--model.init_from" in line
 
 
+@pytest.mark.multiprocess
+def test_a_resume_refused_on_three_processes_is_one_line_for_the_job(prepared_tokens, tmp_path):
+    """Issue 46: every rank printed the refusal (3 identical lines from 3 processes); rank 0 alone does."""
+    import torch
+
+    root = tmp_path / "run"
+    assert main(tiny_cli_args(prepared_tokens, root, steps=3) + ["--trainer.logger", "false"]) == 0
+    checkpoint = root / "checkpoints" / "step-00000003.ckpt"
+    state = torch.load(checkpoint, weights_only=True)
+    state["layerdrop"]["world"].update(processes=2, strategy="DDPStrategy")  # as a 2-rank DDP run writes it
+    torch.save(state, tmp_path / "two-ranks.ckpt")
+    done = layerdrop("pretrain", *tiny_cli_args(prepared_tokens, tmp_path / "resumed", steps=6),
+                     "--trainer.logger", "false", "--trainer.devices", "3", "--trainer.strategy", "ddp",
+                     "--resume", str(tmp_path / "two-ranks.ckpt"))
+    assert refusal(done).startswith("error: the checkpoint was written by 2 processes (DDPStrategy) and this run "
+                                    "has 3 (DDPStrategy)")
+
+
 def test_a_folder_of_shards_under_a_strategy_that_cannot_read_it_is_one_line():
     """A folder of shards under a strategy whose loader opens a file (a DCP folder under
     ddp, a DeepSpeed folder under ddp) was an IsADirectoryError traceback from

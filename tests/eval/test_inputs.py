@@ -7,6 +7,7 @@ import json
 import pytest
 
 from eval.inputs import ContextLimit, load_prompts, read_prompt_file
+from tests.helpers.hostile_files import deep_json
 
 
 def test_prompt_files_by_suffix(tmp_path):
@@ -28,6 +29,8 @@ def test_prompt_files_by_suffix(tmp_path):
     ("object.json", '{"text": "a"}', "--prompts '{}' is invalid: it holds an object, expected a JSON list"),
     ("number.json", "3", "--prompts '{}' is invalid: it holds a number, expected a JSON list"),
     ("string.json", '"abc"', "--prompts '{}' is invalid: it holds a string, expected a JSON list"),
+    ("deep.json", deep_json(5_000), "--prompts '{}' is refused: it is nested more than 100 levels deep"),
+    ("deep.jsonl", '{"text": "a"}\n{"text": ' + deep_json(101) + "}", "--prompts '{}':2 is refused: it is nested"),
 ])
 def test_bad_prompt_files_name_the_flag_and_the_file(tmp_path, name, content, message):
     (tmp_path / name).write_text(content)

@@ -94,6 +94,25 @@ def test_a_record_that_cannot_be_read_counts_as_a_silent_holder(tmp_path):
     lock.release()
 
 
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00 not utf-8", b"[1, 2]", b"[" * 5_000 + b"]" * 5_000])
+def test_a_lock_file_that_is_not_a_record_is_named_then_taken_over_when_stale(tmp_path, content):
+    """Issue 46: a lock file that was not UTF-8 raised UnicodeDecodeError on every try (the
+    run blocked for good, its message naming no file)."""
+    (tmp_path / LOCK_FILE).write_bytes(content)
+    with pytest.raises(RunFolderInUse) as refusal:
+        RunLock(tmp_path, "pretrain", stale_after=60).acquire()
+    assert str(refusal.value).startswith(f"{tmp_path} is in use: a lock file that is not a layerdrop lock record, "
+                                         f"{tmp_path / LOCK_FILE} (modified ")
+    assert "delete it if no layerdrop command runs there" in str(refusal.value)
+    assert in_use(tmp_path, stale_after=60).startswith(f"{tmp_path} is in use: a lock file that is not a layerdrop")
+    os.utime(tmp_path / LOCK_FILE, (time.time() - 120, time.time() - 120))
+    assert in_use(tmp_path, stale_after=60) is None
+    lock = RunLock(tmp_path, "pretrain", stale_after=60)
+    assert "took over the lock of" in lock.acquire()
+    assert read_holder(tmp_path / LOCK_FILE)["token"] == lock.token
+    lock.release()
+
+
 def test_a_child_of_the_holder_joins_it_and_keeps_it_alive_after_the_parent_dies(tmp_path):
     parent = RunLock(tmp_path, "sweep")
     parent.acquire()

@@ -39,6 +39,20 @@ def test_a_warmup_as_long_as_the_run_is_refused_from_the_command_line():
         check_values({"trainer": {"max_steps": -5}})
 
 
+def test_a_run_of_10_to_the_12_steps_is_a_run_length_written_in_digits():
+    """Issue 46, decided: 10^12 steps is accepted (nothing is sized by max_steps; the ETA
+    of the first progress line says what it means); written 1e12 (text to YAML, a float to
+    jsonargparse) it is refused saying how to write it, not "pretraining needs the run length"."""
+    check_values({"trainer": {"max_steps": 10**12}})
+    values = read_command_line(["--config", TINY, "--trainer.max_steps", "1e12"])["values"]
+    with pytest.raises(ValueError) as refusal:
+        check_values(values)
+    assert str(refusal.value) == ("trainer.max_steps='1e12' is invalid: a whole number of optimizer steps, written in "
+                                  "digits (1000000000000)")
+    with pytest.raises(ValueError, match=r"^trainer.max_steps=2.5 is invalid: pretraining needs the run length"):
+        check_values({"trainer": {"max_steps": 2.5}})
+
+
 PROBE = """
 import json, sys
 from framework.cli import main
@@ -92,3 +106,23 @@ def test_every_committed_recipe_and_a_printed_config_pass_the_front(tmp_path, ca
         settings = read_command_line(["--config", str(recipe)])
         refuse_unknown_keys(settings)
         check_values(settings["values"])
+
+
+def test_a_recipe_whose_aliases_expand_too_far_is_one_line_naming_it(tmp_path, capsys):
+    """Issue 46: a 600-byte "billion laughs" under model.layer_dropout.distribution grew
+    `pretrain` to 4 GB with no output (the front read it, then left it to jsonargparse)."""
+    from framework.recipes.pretrain_front import quick_answer
+    from tests.helpers.hostile_files import billion_laughs
+
+    bomb = tmp_path / "laughs.yaml"
+    bomb.write_text("model:\n  layer_dropout:\n    distribution:\n" +
+                    "".join(f"      {line}\n" for line in billion_laughs().splitlines()))
+    inline = "{" + billion_laughs().replace("\n", ", ") + "}"
+    named = f"error: --config {str(bomb)!r} is refused: its YAML aliases repeat more than 100,000 values"
+    for argv, start in ((["--config", TINY, "--config", str(bomb)], named), ([f"--config={bomb}"], named),
+                        (["stray", "--config", str(bomb)], named),  # a command line the front leaves to the parser
+                        (["--config", TINY, "--model.layer_dropout.distribution", inline],
+                         "error: --model.layer_dropout.distribution '{a0: &a0 [lol,")):
+        assert quick_answer(argv) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and err[0].startswith(start) and err[0].endswith("see layerdrop pretrain --help"), err

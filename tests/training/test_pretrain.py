@@ -238,3 +238,22 @@ def test_no_progress_bar_frames_in_a_log(data_dir, tmp_path, capfd):
     out, err = capfd.readouterr()
     assert "step 2/2" in out  # the progress lines
     assert "v_num" not in out + err and "\r" not in out + err
+
+
+def test_a_recipe_naming_a_file_whose_aliases_expand_too_far_is_one_line(tmp_path):
+    """jsonargparse reads a file a recipe value names (``decoder: other.yaml``) with its own
+    YAML loader, which issue 46 saw build a "billion laughs" to 4 GB; the loader is bounded.
+    Run as a user runs it, with its memory capped so that an expansion fails rather than swaps."""
+    from tests.helpers.hostile_files import billion_laughs
+
+    (tmp_path / "decoder.yaml").write_text(billion_laughs())
+    (tmp_path / "recipe.yaml").write_text(f"model:\n  decoder: {tmp_path / 'decoder.yaml'}\n")
+    probe = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30)); "
+             "from framework.cli import main; sys.exit(main(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", probe, "pretrain", "--config", "recipes/tiny.yaml",
+                             "--config", str(tmp_path / "recipe.yaml")], capture_output=True, text=True,
+                            timeout=600, cwd=Path(__file__).parents[2],
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.splitlines() == ["error: a YAML document the recipe parser read is refused: its YAML aliases "
+                                          "repeat more than 100,000 values; write the repeated values out"]

@@ -10,6 +10,7 @@ from framework.checkpoint import CheckpointError
 from framework.config import ModelConfig
 from framework.model.decoder import Decoder
 from tests.eval.adapters.backbones import SEQ_LEN, random_backbone
+from tests.helpers.hostile_files import deep_json
 
 
 def test_last_block_init_copies_and_random_init_does_not():
@@ -51,3 +52,18 @@ def test_adapter_files_round_trip_and_refuse_another_shape(tmp_path):
     other = Decoder(ModelConfig(vocab_size=97, d_model=32, n_layers=4, n_heads=2, max_seq_len=SEQ_LEN))
     with pytest.raises(CheckpointError, match="another model shape"):
         load_adapters(tmp_path / "a", other)
+
+
+@pytest.mark.parametrize("meta, message", [
+    ('{"exits": ' + deep_json(5_000) + "}", "adapters.json is refused: it is nested more than 100 levels deep"),
+    ("{not json", "adapters.json is not valid JSON"),
+    ("[2]", 'adapters.json is invalid: expected an object with a list of "exits"'),
+])
+def test_a_broken_adapters_json_is_a_checkpoint_error_naming_it(tmp_path, meta, message):
+    """Issue 46: read with a bare json.loads, these were tracebacks (RecursionError, JSONDecodeError, TypeError)."""
+    backbone = random_backbone()
+    adapters = ExitAdapters(backbone.config, [2])
+    save_adapters(adapters, tmp_path / "a", {"backbone": "x", "model": backbone.config.to_dict()})
+    (tmp_path / "a" / "adapters.json").write_text(meta)
+    with pytest.raises(CheckpointError, match=f"^adapters folder '{tmp_path / 'a'}': {message}"):
+        load_adapters(tmp_path / "a", backbone)

@@ -20,6 +20,7 @@ from eval.decoding.batch import BatchGenerator
 from eval.decoding.static_route import StaticRoute
 from framework.tokenizer import TextCodec
 from framework.checkpoint import Checkpoint, load_decoder
+from tests.helpers.hostile_files import deep_json
 from tests.helpers.in_process import run_main
 from tiny_lm import export_tiny_model
 
@@ -276,7 +277,7 @@ def _hashes(folder) -> dict:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("case", ["tokenizer-in-export", "speculate-run"])
+@pytest.mark.parametrize("case", ["tokenizer-in-export", "speculate-run", "deep-json", "deep-jsonl"])
 def test_hostile_prompt_and_tokenizer_files_are_one_line(model_dir, tmp_path, case):
     """A subprocess each, as a user runs it: exit 2, the error named, no traceback, nothing changed."""
     import os
@@ -290,6 +291,8 @@ def test_hostile_prompt_and_tokenizer_files_are_one_line(model_dir, tmp_path, ca
     (tmp_path / "string.json").write_text('"abc"')
     (tmp_path / "garbage.json").write_text("{not a tokenizer")
     (tmp_path / "ids.json").write_text("[[1, 2, 3]]")
+    (tmp_path / "deep.json").write_text(deep_json(20_000))  # issue 46: a RecursionError traceback, rc 1
+    (tmp_path / "deep.jsonl").write_text('{"text": "a"}\n{"text": ' + deep_json(3_000) + "}\n")
     command, message = {
         "object": (["generate", "--ckpt", export, "--prompts", tmp_path / "object.json"],
                    "it holds an object, expected a JSON list"),
@@ -301,6 +304,10 @@ def test_hostile_prompt_and_tokenizer_files_are_one_line(model_dir, tmp_path, ca
                                 f"tokenizer '{export / 'tokenizer.json'}': not a readable tokenizer.json"),
         "speculate-run": (["speculate", "run", "--ckpt", export, "--prompts", tmp_path / "ids.json", "--out",
                            tmp_path / "report.json"], f"tokenizer '{export / 'tokenizer.json'}': not a readable"),
+        "deep-json": (["generate", "--ckpt", export, "--prompts", tmp_path / "deep.json"],
+                      f"error: --prompts '{tmp_path / 'deep.json'}' is refused: it is nested more than 100 levels"),
+        "deep-jsonl": (["generate", "--ckpt", export, "--prompts", tmp_path / "deep.jsonl"],
+                       f"error: --prompts '{tmp_path / 'deep.jsonl'}':2 is refused: it is nested more than 100"),
     }[case]
     if case in ("tokenizer-in-export", "speculate-run"):
         (export / "tokenizer.json").write_text("{not a tokenizer")
@@ -311,3 +318,24 @@ def test_hostile_prompt_and_tokenizer_files_are_one_line(model_dir, tmp_path, ca
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert message in done.stderr.strip().splitlines()[-1]
     assert _hashes(tmp_path) == before
+
+
+def test_a_window_of_10_to_the_12_tokens_is_accepted_and_what_it_would_allocate_is_checked(tmp_path, capsys):
+    """Issue 46, decided: a Hugging Face folder's max_position_embeddings is the window the
+    model claims; nothing is allocated by it, so 10^12 is accepted (a short prompt decodes).
+    What is allocated from it, a KV cache of prompt + --max-new-tokens positions, is checked
+    against free memory first: --max-new-tokens 10^9 was a 128 GB allocation's traceback."""
+    from tests.helpers.hf_llama import tiny_hf_llama
+    from tests.helpers.hf_tokenizer import llama3_tokenizer
+
+    folder = tmp_path / "hf"
+    tiny_hf_llama(folder, vocab=300, layers=2)
+    llama3_tokenizer(folder / "tokenizer.json")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 10**12}))
+    code, out = run(["--ckpt", folder, "--prompt", "hello", "--max-new-tokens", 5], capsys)
+    assert code == 0, out.err
+    code, out = run(["--ckpt", folder, "--prompt", "hello", "--max-new-tokens", 10**9], capsys)
+    assert code == 2 and "Traceback" not in out.err
+    line = out.err.strip().splitlines()[-1]
+    assert line.startswith("error: the KV cache of 1 prompt(s) x 1,000,000,0") and "lower --max-new-tokens" in line

@@ -91,12 +91,26 @@ def test_a_data_set_missing_from_the_cache_is_one_line_before_the_model_loads(mo
     (["--tasks", "ld_tiny_gen", "--max-gen-toks", "64"], "--max-gen-toks=64 is invalid: must be below the context"),
     (["--tasks", "ld_tiny_mc", "--adapters", "/no/adapters"], "has no adapters.safetensors"),
     (["--tasks", "ld_tiny_mc", "--device", "tpu"], "--device 'tpu' is invalid"),
+    # issue 46: inf was an OverflowError traceback, nan a traceback inside lm-eval after the
+    # model loaded, 2.7 silently scored 2 documents
+    *[(["--tasks", "ld_tiny_mc", "--limit", value], f"--limit={value!r} is invalid: a count of documents per task "
+       "(an integer >= 1) or a fraction of each task in (0, 1)") for value in ("inf", "nan", "2.7", "0", "-3", "x")],
 ])
 def test_bad_input_fails_before_the_model_is_loaded(model_dir, tmp_path, capsys, extra, message):
     code, captured = run(["--ckpt", model_dir, "--include-path", TASKS, "--no-builtin-tasks",
                           "--out", tmp_path / "r.json", *extra], capsys)
     assert code == 2 and message in captured.err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_a_limit_is_a_whole_count_or_a_fraction():
+    from eval.downstream.harness import document_limit
+
+    assert document_limit("200") == 200 and isinstance(document_limit("200"), int)
+    assert document_limit("1e3") == 1000 and document_limit("1.0") == 1 and isinstance(document_limit("1.0"), int)
+    assert document_limit("0.25") == 0.25 and document_limit("0.999") == 0.999
+    with pytest.raises(ValueError, match=r"^--limit='1.5' is invalid"):
+        document_limit("1.5")
 
 
 def test_unknown_task_lists_the_allowed_local_tasks(model_dir, tmp_path, capsys):

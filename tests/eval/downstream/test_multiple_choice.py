@@ -71,6 +71,7 @@ def test_reads_examples_and_skips_blank_lines(task_file):
     ('{"context": 3, "choices": ["x", "y"], "gold": 0}', "'context' must be a string"),
     ('{"context": "a", "choices": ["x", "y"], "gold": true}', "'gold'=True is invalid"),
     ("{not json", "not valid JSON"),
+    ('{"context": "a", "choices": ' + "[" * 5_000 + "]" * 5_000 + "}", r"bad.jsonl:1 is refused: it is nested more"),
 ])
 def test_malformed_lines_are_named(tmp_path, line, message):
     path = tmp_path / "bad.jsonl"

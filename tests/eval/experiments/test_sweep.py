@@ -112,6 +112,22 @@ def test_bad_sweep_files_fail_with_one_line(tmp_path, data, change, message):
         load_sweep(sweep_file(tmp_path, data, **change))
 
 
+def test_a_sweep_file_or_base_whose_yaml_aliases_expand_too_far_is_one_line(tmp_path, data):
+    """Issue 46: a "billion laughs" in a grid value ran `sweep --dry-run` out of memory (a
+    MemoryError traceback); the file is refused before anything walks it."""
+    from tests.helpers.hostile_files import billion_laughs
+
+    laughs = "{" + billion_laughs().replace("\n", ", ") + "}"
+    sweep = sweep_file(tmp_path, data)
+    sweep.write_text(sweep.read_text().replace("- 0.5", f"- {laughs}"))
+    with pytest.raises(ValueError, match=rf"^sweep file {re.escape(repr(str(sweep)))} is refused: its YAML aliases"):
+        load_sweep(sweep)
+    base = tmp_path / "base.yaml"
+    base.write_text(TINY.read_text() + "laughs:\n" + "".join(f"  {line}\n" for line in billion_laughs().splitlines()))
+    with pytest.raises(ValueError, match=rf"^base recipe {re.escape(repr(str(base)))} is refused: its YAML aliases"):
+        load_sweep(sweep_file(tmp_path, data, base=str(base)))
+
+
 def test_predictions_follow_the_schedule_and_flop_accounting(tmp_path, data):
     sweep = load_sweep(sweep_file(tmp_path, data))
     dense, dropout = (predict(run_recipe(sweep, r, tmp_path)) for r in (sweep.runs[0], sweep.runs[2]))
