@@ -100,7 +100,7 @@ def test_a_generation_config_nested_too_deep_changes_no_token(llama3_folder, tmp
     folder = tmp_path / "deep"
     shutil.copytree(llama3_folder, folder)
     (folder / "generation_config.json").write_text('{"eos_token_id": ' + deep_json(5_000) + "}")
-    codec = TextCodec.for_checkpoint(folder)
+    codec = TextCodec.for_checkpoint(Checkpoint.open(folder))
     assert codec.eos_id == 1 and set(codec.stop_ids) == {1, 3}
 
 

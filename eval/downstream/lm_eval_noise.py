@@ -1,5 +1,5 @@
 """What lm-eval prints that a user of `layerdrop eval downstream` cannot act on, kept out of
-its output (the Lightning and Hugging Face noise is framework/training/library_noise.py's):
+its output (the Lightning and Hugging Face noise is framework/console/library_noise.py's):
 
 - ``[Task: copa] metric acc is defined, but aggregation is not. using default
   aggregation=mean`` (and ``higher_is_better``): lm-eval's warning about its own task files,

@@ -36,6 +36,8 @@ RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 # The second value of each key whose type gives no obvious one (None defaults, names).
 SECOND: dict[str, Any] = {
+    "data.mixture": '{"a": {"dir": "data/a", "weight": 1}}',
+    "data.mixture_schedule": '[{"from_step": 2, "weights": {"a": 1}}]',
     "trainer.accelerator": "gpu", "trainer.strategy": "ddp", "trainer.precision": "bf16-mixed",
     "trainer.logger": "false", "trainer.max_epochs": "3", "trainer.min_epochs": "1", "trainer.min_steps": "1",
     "trainer.max_time": "00:00:01:00", "trainer.limit_train_batches": "5", "trainer.limit_test_batches": "5",
@@ -69,7 +71,7 @@ LINKED = {"data.model_vocab_size"}
 LLAMA_FIELDS = {f"model.decoder.{name}" for name in ("family", "n_kv_heads", *FIELD_OWNERS)}
 REFUSED = {"model.decoder.logit_multiplier", "model.decoder.residual_multiplier", "model.lr_schedule.warmup_fraction",
            "model.early_exit_loss.rotation", "model.early_exit_loss.ramp", "model.init_from", "data.data_dir",
-           "resume"} | LLAMA_FIELDS
+           "resume", "data.mixture", "data.mixture_schedule"} | LLAMA_FIELDS  # a mixture beside the base's data_dir
 
 
 class Captured(Exception):
