@@ -15,13 +15,14 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
 from framework.files.atomic_write import fsync_dir, replacing
-from framework.files.disk_space import DiskFull, check_room, free_bytes, is_disk_full, size_on_disk
+from framework.files.disk_space import DiskFull, check_room, free_bytes, is_disk_full, on_disk, size_on_disk
 from framework.files.staging import is_url
 from framework.checkpoint.export import EXPORT_FOLDER
 from framework.checkpoint.sharded.dcp import DcpFolder
 from framework.checkpoint.safety import DCP_METADATA_FILE
 from framework.checkpoint.folder import (LAST, clean_leftovers, point_last, publish, remove_path, retire, staging_path,
                                          step_checkpoints)
+from framework.checkpoint.saved_size import torch_save_bytes
 from framework.config import PositiveInt, check
 from framework.training.nonfinite import guard_of, refuse_nonfinite_state
 
@@ -246,8 +247,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or is_url(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)
-        needed = tensor_bytes(checkpoint)
-        check_room(target, needed, "the checkpoint's tensors")
+        needed = on_disk(torch_save_bytes(checkpoint), target)  # exact: the file's own headers and pickle too
+        check_room(target, needed, "the checkpoint")
         try:
             with replacing(target) as partial, open(partial, "wb") as handle:
                 torch.save(checkpoint, handle)
@@ -264,17 +265,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if not is_url(path) and (Path(path) / DCP_METADATA_FILE).is_file():
             return DcpFolder().training_checkpoint(Path(path))
         return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-
-
-def tensor_bytes(state: Any) -> int:
-    """The bytes of every tensor in a (nested) checkpoint dict: what its file holds, near enough."""
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(tensor_bytes(value) for value in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(tensor_bytes(value) for value in state)
-    return 0
 
 
 def use_atomic_checkpoint_io(trainer: pl.Trainer) -> None:
