@@ -143,7 +143,13 @@ def test_single_process_survives_kills_at_every_point_of_a_save(tmp_path, tiny_d
         ((9, "during_retire"), "step-00000009.ckpt", [r"\.step-0+3\.ckpt\.deleting"]),
         # Between saves: the end of the run, before its final save.
         ((12, "before_save"), "step-00000009.ckpt", []),
+        # The final checkpoint in place, last.ckpt not yet repointed: resumed with nothing
+        # to train, the run exports step 12 and points last.ckpt there (it once stayed on 9).
+        ((12, "before_link"), "step-00000012.ckpt", []),
     ], ranks=1)
+    root = Path(base["trainer"]["default_root_dir"])
+    assert os.readlink(root / "checkpoints" / "last.ckpt") == "step-00000012.ckpt"
+    assert json.loads((root / "export" / "config.json").read_text())["training"]["global_step"] == 12
 
 
 def test_both_fsdp_ranks_survive_kills_before_during_and_after_a_save(tmp_path, tiny_data):
@@ -178,6 +184,12 @@ def test_a_run_killed_during_its_final_export_makes_the_export_when_resumed(tmp_
     assert "making it now" in log, log[-3000:]
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".export")) == []
     assert (root / "summary.json").is_file() and (root / "export" / "config.json").is_file()
+    # The summary is complete: the last validation ran before the export, and the final
+    # checkpoint, saved after it, holds its loss (it was once null), the throughput of the
+    # steps that ran, and the checkpoint.
+    got, want = (json.loads((folder / "summary.json").read_text()) for folder in (root, tmp_path / "reference"))
+    assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-6) and want["val_loss"] is not None
+    assert got["throughput"]["tokens_per_sec"] and got["checkpoint"] == str(root / "checkpoints" / "last.ckpt")
     got, want = load_file(root / "export" / "model.safetensors"), load_file(
         tmp_path / "reference" / "export" / "model.safetensors")
     assert got.keys() == want.keys() and all(torch_equal(got[k], want[k]) for k in want)
