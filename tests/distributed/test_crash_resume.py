@@ -232,8 +232,8 @@ def can_mount_tmpfs() -> bool:
     namespaces allowed): the test's tmpfs then vanishes with its processes."""
     if shutil.which("unshare") is None:
         return False
-    return subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"],
-                          capture_output=True).returncode == 0
+    probe = ["unshare", "--mount", "--map-root-user", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
 
 
 def on_tmpfs(command: list[str], mount: Path, size: int) -> list[str]:

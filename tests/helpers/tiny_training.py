@@ -184,13 +184,15 @@ def planned_flops(module, steps, *, accumulate=1, batch=8, rank=0):
         rates = dropout_rates(module.dropout_cfg, n, step, steps)
         step_executed = step_dense = None
         for micro in range(accumulate):
-            kept = ([(batch, batch)] * n if not any(rates) else
-                    plan(module.dropout_cfg, rates, batch, StepKey(module.dropout_cfg.seed, rank, step, micro)).kept_counts())
+            key = StepKey(module.dropout_cfg.seed, rank, step, micro)
+            kept = [(batch, batch)] * n if not any(rates) else plan(module.dropout_cfg, rates, batch, key).kept_counts()
             e, d = executed_step_flops(cfg, kept, SEQ, batch_size=batch), dense_step_flops(cfg, batch, SEQ)
-            step_executed = e if step_executed is None else Flops(step_executed.attention + e.attention,
-                                                                  step_executed.ffn + e.ffn, step_executed.head + e.head)
-            step_dense = d if step_dense is None else Flops(step_dense.attention + d.attention,
-                                                            step_dense.ffn + d.ffn, step_dense.head + d.head)
+            step_executed = e if step_executed is None else _added(step_executed, e)
+            step_dense = d if step_dense is None else _added(step_dense, d)
         executed.append(step_executed)
         dense.append(step_dense)
     return executed, dense
+
+
+def _added(a: Flops, b: Flops) -> Flops:
+    return Flops(a.attention + b.attention, a.ffn + b.ffn, a.head + b.head)
