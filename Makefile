@@ -66,7 +66,7 @@ demo: $(STAMP)
 	    --max-tokens $(or $(TOKENS),1500k) --out $(DEMO_DIR)/data/prose
 	@if test -f $(DEMO_DIR)/tiny/summary.json; then \
 	  echo "$(DEMO_DIR)/tiny is already trained (rm -rf $(DEMO_DIR)/tiny to train again):"; \
-	  $(PY) -c "import json, sys; from framework.training.callbacks import format_summary; \
+	  $(PY) -c "import json, sys; from framework.training.run_summary import format_summary; \
 	print(format_summary(json.load(open(sys.argv[1]))))" $(DEMO_DIR)/tiny/summary.json; \
 	else \
 	  $(VENV)/bin/layerdrop pretrain --config recipes/tiny.yaml --data.data_dir null --data.mixture '$(DEMO_MIX)' \

@@ -1,6 +1,7 @@
 """A full disk, said in one line: which file, how many bytes it needed, how many were free.
 
     check_room(path, needed)        DiskFull before a write whose size is known not to fit
+    on_disk(length, path)           the room files of that length take there (whole blocks)
     if is_disk_full(err): ...       ENOSPC anywhere in an exception's chain (torch's zip
                                     writer and DCP wrap the OSError in their own errors)
     size_on_disk(path)              a file's size, or a folder's (a sharded checkpoint)
@@ -31,10 +32,21 @@ class DiskFull(OSError):
 
 def free_bytes(path: str | os.PathLike) -> int:
     """Free bytes on the filesystem that holds ``path`` (its nearest existing folder)."""
+    return shutil.disk_usage(_nearest_folder(path)).free
+
+
+def on_disk(length: int, path: str | os.PathLike, files: int = 1) -> int:
+    """The most room ``files`` files (or folders) of ``length`` bytes in all can take on
+    the filesystem that holds ``path``: each fills its last block."""
+    block = os.statvfs(_nearest_folder(path)).f_frsize or 1
+    return -(-length // block) * block + (files - 1) * block
+
+
+def _nearest_folder(path: str | os.PathLike) -> Path:
     folder = Path(path)
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
-    return shutil.disk_usage(folder).free
+    return folder
 
 
 def check_room(path: str | os.PathLike, needed: int, what: str = "the file") -> None:
@@ -62,4 +74,4 @@ def size_on_disk(path: str | os.PathLike) -> int:
     return sum(entry.stat().st_size for entry in path.rglob("*") if entry.is_file()) if path.is_dir() else 0
 
 
-__all__ = ["DiskFull", "check_room", "free_bytes", "is_disk_full", "size_on_disk", "NO_ROOM"]
+__all__ = ["DiskFull", "check_room", "free_bytes", "on_disk", "is_disk_full", "size_on_disk", "NO_ROOM"]

@@ -16,6 +16,7 @@ weight at every matmul.
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Union
 
 import torch
@@ -23,6 +24,10 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.pytorch.strategies import ModelParallelStrategy
 
 from framework.checkpoint.resume import WorldSizeError
+from framework.checkpoint.saved_size import dcp_part_bytes, torch_save_bytes
+from framework.checkpoint.sharded.dcp import LIGHTNING_META
+from framework.files.disk_space import DiskFull, free_bytes, is_disk_full, on_disk
+from framework.strategies.lightning_internals import saves_distributed_checkpoint
 from framework.strategies.parallelize import HSDP_MESH_DIMS
 
 if TYPE_CHECKING:
@@ -134,6 +139,72 @@ class FSDP2Strategy(ModelParallelStrategy):
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
         # No tensor parallelism: every rank reads its own share of the data.
         return {"num_replicas": self.world_size, "rank": self.global_rank}
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        """Lightning's folder of shards (the model and optimizer through
+        torch.distributed.checkpoint, then rank 0's ``meta.pt`` with everything else),
+        decided for the whole job:
+
+        - the room is checked first, against every rank's shards, DCP's ``.metadata``
+          index and ``meta.pt`` (framework/checkpoint/saved_size.py): a save that cannot
+          fit is refused on every rank before anything is written;
+        - ``meta.pt`` is written through an open file, so that a full disk keeps its
+          errno (torch's own file writer turns it into "basic_ios::clear: iostream error");
+        - a write that fails on one rank fails on every rank, as ``DiskFull`` when the
+          disk was full: rank 0 writes ``meta.pt`` alone, and a failure there once left
+          the other ranks in Lightning's barrier after the save, the job hanging.
+        """
+        if storage_options is not None or not saves_distributed_checkpoint(self):
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        from torch.distributed.checkpoint import save
+
+        path = Path(self.broadcast(str(filepath)))
+        shards = {"state_dict": checkpoint.pop("state_dict"),
+                  **{f"optimizer_{index}": state for index, state in enumerate(checkpoint.pop("optimizer_states", []))}}
+        needed, free = self._room(shards, checkpoint, path)
+        if needed > free:
+            raise DiskFull(f"not enough disk space for {path}: the checkpoint needs {needed:,} bytes (the shards of "
+                           f"{self.world_size} ranks, the DCP index and {LIGHTNING_META}), {free:,} are free")
+        failure: BaseException | None = None
+        try:
+            if path.is_file():
+                path.unlink()
+            path.mkdir(parents=True, exist_ok=True)
+            save(shards, checkpoint_id=path)
+            if self.is_global_zero:
+                with open(path / LIGHTNING_META, "wb") as handle:
+                    torch.save(checkpoint, handle)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as err:  # DCP raises CheckpointException, a BaseException, on every rank
+            failure = err
+        self._agree(failure, path, needed)
+
+    def _room(self, shards: dict[str, Any], rest: dict[str, Any], path: Path) -> tuple[int, int]:
+        """(bytes the save needs on disk, bytes free there), the same on every rank."""
+        data, index = dcp_part_bytes(shards, replicated=self.is_global_zero)
+        meta = torch_save_bytes(rest) if self.is_global_zero else 0
+        free = free_bytes(path) if self.is_global_zero else 0
+        total = self.reduce(torch.tensor([data + index + meta, free], dtype=torch.float64, device=self.root_device),
+                            reduce_op="sum")
+        files = self.world_size + 3  # a shard file per rank, .metadata, meta.pt and the folder itself
+        return on_disk(int(total[0]), path, files), int(total[1])
+
+    def _agree(self, failure: BaseException | None, path: Path, needed: int) -> None:
+        """Every rank learns whether any rank's part of the save failed, and all raise."""
+        outcome = 0 if failure is None else (1 if is_disk_full(failure) else 2)
+        free = free_bytes(path) if self.is_global_zero else 0
+        outcomes = self.all_gather(torch.tensor([outcome, free], dtype=torch.float64, device=self.root_device))
+        outcomes = outcomes.reshape(self.world_size, 2).cpu()
+        if not outcomes[:, 0].any():
+            return
+        if (outcomes[:, 0] == 1).any():
+            raise DiskFull(f"disk full while writing {path}: about {needed:,} bytes needed, "
+                           f"{int(outcomes[0, 1]):,} free") from failure
+        if failure is not None:
+            raise failure
+        failed = [rank for rank in range(self.world_size) if outcomes[rank, 0]]
+        raise RuntimeError(f"saving {path} failed on rank(s) {', '.join(map(str, failed))} (their error above)")
 
 
 class HSDPStrategy(FSDP2Strategy):

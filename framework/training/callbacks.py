@@ -1,6 +1,6 @@
 """Callbacks of a pretraining run: the layer-dropout schedule and its FLOP accounting,
-throughput/MFU, and the end-of-run summary (checkpoints: framework/training/checkpointing/saving.py;
-the non-finite guard: framework/training/nonfinite.py).
+throughput/MFU (the end-of-run summary: framework/training/run_summary.py; checkpoints:
+framework/training/checkpointing/saving.py; the non-finite guard: framework/training/nonfinite.py).
 
 Metrics they log (TensorBoard by default; `layer_dropout/*` and `flops/*` once per
 optimizer step, `throughput/*` every ``trainer.log_every_n_steps`` steps):
@@ -22,10 +22,7 @@ forward for training) from the rows each block actually ran on.
 
 from __future__ import annotations
 
-import json
-import math
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
@@ -33,10 +30,7 @@ import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.utilities import rank_zero_info
 
-from framework.files.atomic_write import write_json
-from framework.flops import head_flops_per_token
 from framework.schedules import effective_depth_of, mean_dropout
-from framework.early_exit_loss import mean_exit_heads
 
 if TYPE_CHECKING:
     from framework.training.module import MicroBatchStats
@@ -230,6 +224,12 @@ class Throughput(pl.Callback):
         self._run_seconds = 0.0
         self._run_tokens = 0
         self._run_flops = 0.0
+        # What an earlier fit trained: [seconds, tokens over all devices, FLOPs per device],
+        # kept in the checkpoints, for a resumed run that trains nothing (only its export was left).
+        self._earlier: list[float] | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._trainer = trainer  # state_dict needs the ranks
 
     def _reset_window(self) -> None:
         self._start: float | None = None
@@ -298,14 +298,31 @@ class Throughput(pl.Callback):
         if self._run_start is not None:
             self._run_seconds = self._now(trainer) - self._run_start
 
-    def run_figures(self, trainer: pl.Trainer) -> dict[str, Any]:
-        """Tokens/s, FLOP/s per device and MFU over the whole fit, validation left out; MFU
-        is None with the reason when the device's peak is unknown (a collective: every
-        rank calls it)."""
+    def _totals(self, trainer: pl.Trainer) -> list[float]:
+        """[seconds, tokens over all devices, mean FLOPs per device] of this fit's training
+        so far; those of the earlier fit when this one trained nothing (a collective)."""
         flops = self._mean_over_devices(trainer, self._run_flops)
-        seconds = self._run_seconds
+        if self._run_start is None:
+            return list(self._earlier or [0.0, 0.0, 0.0])
+        seconds = self._run_seconds or (self._now(trainer) - self._run_start)  # still training: so far
+        return [seconds, float(self._run_tokens * trainer.world_size), flops]
+
+    def state_dict(self) -> dict[str, Any]:
+        trainer = getattr(self, "_trainer", None)  # every rank builds a checkpoint: the collective is safe
+        return {"trained": self._totals(trainer)} if trainer is not None else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        trained = state_dict.get("trained")
+        if isinstance(trained, list) and len(trained) == 3:
+            self._earlier = [float(value) for value in trained]
+
+    def run_figures(self, trainer: pl.Trainer) -> dict[str, Any]:
+        """Tokens/s, FLOP/s per device and MFU over the whole fit, validation left out (over
+        the fit before, for a resumed run that trained nothing); MFU is None with the
+        reason when the device's peak is unknown (a collective: every rank calls it)."""
+        seconds, tokens, flops = self._totals(trainer)
         figures: dict[str, Any] = {
-            "tokens_per_sec": self._run_tokens * trainer.world_size / seconds if seconds > 0 else None,
+            "tokens_per_sec": tokens / seconds if seconds > 0 else None,
             "flops_per_sec": flops / seconds if seconds > 0 else None,
             "peak_flops_per_device": self.peak, "mfu": None}
         if self.peak and figures["flops_per_sec"] is not None:
@@ -323,168 +340,10 @@ class Throughput(pl.Callback):
         return time.perf_counter()
 
 
-# -------------------------------------------------------------------------- summary
-
-
-class RunSummary(pl.Callback):
-    """At the end of fit, prints and writes (``<default_root_dir>/summary.json``) what
-    the run did: steps, tokens, validation loss against ln(V) (a uniform guess), the
-    training FLOPs layer dropout saved, and where the logs and checkpoint are.
-
-    Args:
-        compare_to: the ``summary.json`` of another run (e.g. the dense twin) to set
-            this run's validation loss and FLOPs against.
-    """
-
-    def __init__(self, compare_to: str | None = None) -> None:
-        self.compare_to = compare_to
-        self.summary: dict[str, Any] | None = None
-
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        schedule = next(cb for cb in trainer.callbacks if isinstance(cb, LayerDropoutSchedule))
-        report = schedule.report(trainer, pl_module)  # collective: every rank calls it
-        rates = next((cb for cb in trainer.callbacks if isinstance(cb, Throughput)), None)
-        throughput = rates.run_figures(trainer) if rates is not None else None  # collective too
-        if not trainer.is_global_zero:
-            return
-        val = trainer.callback_metrics.get("val/loss")
-        vocab = pl_module.model_cfg.vocab_size
-        self.summary = {
-            "steps": trainer.global_step,
-            "tokens": int(report["tokens"]),
-            "val_loss": float(val) if val is not None else None,
-            "ln_vocab": math.log(vocab),
-            # the blocks only, as before the two conventions were named (readers of older summaries)
-            "training_flops": report["executed_flops"],
-            "dense_training_flops": report["dense_flops"],
-            "flops_saved_pct": 100.0 * report["saved_fraction"],
-            **flop_counts(report, pl_module, trainer.max_steps),
-            "mean_dropout_predicted": report["mean_dropout_predicted"],
-            **early_exit_summary(trainer),
-            **mixture_summary(trainer),
-            **in_loop_evaluation_summary(trainer),
-            **({"throughput": throughput} if throughput is not None else {}),
-            "tensorboard": trainer.logger.log_dir if trainer.logger is not None else None,
-            "checkpoint": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None,
-        }
-        write_json(Path(trainer.default_root_dir) / "summary.json", self.summary)  # whole or not at all
-        print(format_summary(self.summary, self._twin()), flush=True)
-
-    def _twin(self) -> dict[str, Any] | None:
-        if not self.compare_to:
-            return None
-        path = Path(self.compare_to)
-        return json.loads(path.read_text()) if path.is_file() else None
-
-
-def flop_counts(report: dict[str, float], pl_module: pl.LightningModule, total_steps: int) -> dict[str, float]:
-    """The run's training FLOPs in both conventions, each executed and dense, named so:
-    non-embedding (the blocks only: the paper's "FLOPs", the share P̄ saves) and total (the blocks,
-    the unembedding and every early-exit head: what the run costs). Dense: the same tokens through
-    a plain dense model, every block on every row and one head. The heads' FLOPs are the tokens'
-    unembedding times (1 + the early-exit heads the loss's curriculum runs a step, mean_exit_heads)."""
-    model_cfg = pl_module.model_cfg
-    exits = getattr(pl_module, "exit_cfg", None)
-    heads = mean_exit_heads(exits, model_cfg.n_layers, total_steps) if exits is not None and exits.scale else 0.0
-    head = report["tokens"] * head_flops_per_token(model_cfg)
-    total, dense_total = report["executed_flops"] + head * (1.0 + heads), report["dense_flops"] + head
-    return {"non_embedding_training_flops": report["executed_flops"],
-            "dense_non_embedding_training_flops": report["dense_flops"],
-            "total_training_flops": total, "dense_total_training_flops": dense_total,
-            "total_flops_saved_pct": 100.0 * (1.0 - total / dense_total) if dense_total > 0 else 0.0,
-            "early_exit_heads_per_step": heads}
-
-
-def early_exit_summary(trainer: pl.Trainer) -> dict[str, Any]:
-    """The early-exit loss's part of the summary: the last validation loss at every
-    configured exit and the last logged training loss at each exit (empty when off)."""
-    losses = next((cb for cb in trainer.callbacks if isinstance(cb, EarlyExitLosses)), None)
-    if losses is None:
-        return {}
-    prefix = "val/early_exit/loss_"
-    val = {key.removeprefix(prefix): float(value) for key, value in trainer.callback_metrics.items()
-           if key.startswith(prefix)}
-    return {"early_exit_loss": {
-        "scale": trainer.lightning_module.exit_cfg.scale,
-        "val_loss": dict(sorted(val.items(), key=lambda item: int(item[0]))),
-        "train_loss": {str(k): v for k, v in sorted(losses.last.items())},
-    }}
-
-
-def mixture_summary(trainer: pl.Trainer) -> dict[str, Any]:
-    """A data mixture's part of the summary: tokens and last validation loss per source, the
-    phases of weights (framework/training/data/source_tokens.py; empty for one folder)."""
-    from framework.training.data.source_tokens import SourceTokens
-
-    counter = next((cb for cb in trainer.callbacks if isinstance(cb, SourceTokens)), None)
-    return counter.summary(trainer) if counter is not None else {}
-
-
-def in_loop_evaluation_summary(trainer: pl.Trainer) -> dict[str, Any]:
-    """What in-loop evaluations cost: the seconds each callback with an ``evaluation_seconds``
-    attribute (e.g. eval/downstream's MultipleChoiceEval) spent, so that a run's cost shows
-    what its benchmarks took out of its training time (empty when none ran)."""
-    spent = {type(cb).__name__: float(cb.evaluation_seconds) for cb in trainer.callbacks
-             if isinstance(getattr(cb, "evaluation_seconds", None), (int, float))}
-    return {"in_loop_evaluation_seconds": spent} if spent else {}
-
-
-def format_summary(summary: dict[str, Any], twin: dict[str, Any] | None = None) -> str:
-    """The end-of-run block a person reads (also used by ``make demo``)."""
-    val = summary["val_loss"]
-    lines = ["", "=== run summary ===",
-             f"steps            {summary['steps']:,}",
-             f"tokens           {summary['tokens']:,}"]
-    if val is None:
-        lines.append(f"val loss         (no validation ran)   ln(V) = {summary['ln_vocab']:.3f}")
-    else:
-        lines.append(f"val loss         {val:.4f}   vs ln(V) = {summary['ln_vocab']:.3f} (uniform guess), "
-                     f"{val / summary['ln_vocab']:.0%} of it")
-    lines.append(f"FLOPs saved      {summary['flops_saved_pct']:.1f}% of non-embedding training FLOPs "
-                 f"(predicted {100 * summary['mean_dropout_predicted']:.1f}%)"
-                 + (f": {summary['non_embedding_training_flops']:.3g} of "
-                    f"{summary['dense_non_embedding_training_flops']:.3g} (the blocks only, the paper's count)"
-                    if "non_embedding_training_flops" in summary else ""))
-    if "total_training_flops" in summary:
-        heads = summary.get("early_exit_heads_per_step") or 0.0
-        what = f"blocks, head and {heads:.2f} early-exit heads a step" if heads else "blocks and head"
-        saved = summary["total_flops_saved_pct"]
-        lines.append(f"total FLOPs      {summary['total_training_flops']:.3g} ({what}) vs "
-                     f"{summary['dense_total_training_flops']:.3g} for a plain dense run: "
-                     + (f"{saved:.1f}% saved" if saved >= 0 else f"{-saved:.1f}% more"))
-    if twin is not None and twin.get("val_loss") is not None and val is not None:
-        key = "non_embedding_training_flops" if "non_embedding_training_flops" in twin else "training_flops"
-        lines.append(f"dense twin       val loss {twin['val_loss']:.4f} ({val - twin['val_loss']:+.4f} here), "
-                     f"{twin[key]:.3g} vs {summary['training_flops']:.3g} non-embedding training FLOPs")
-    exits = summary.get("early_exit_loss")
-    if exits:
-        losses = exits["val_loss"] or exits["train_loss"]
-        where = "val" if exits["val_loss"] else "train"
-        lines.append(f"exit losses      ({where}) " + ", ".join(f"{k}: {v:.4f}" for k, v in losses.items())
-                     + f"; scale {exits['scale']:g}")
-    for name, source in ((summary.get("data") or {}).get("sources") or {}).items():
-        val_part = f", val loss {source['val_loss']:.4f}" if source.get("val_loss") is not None else ""
-        lines.append(f"source {name:<9} {source['tokens']:,} tokens (weight {source['weight']:.3f}){val_part}")
-    for name, seconds in (summary.get("in_loop_evaluation_seconds") or {}).items():
-        lines.append(f"in-loop eval     {name}: {seconds:.1f} s")
-    rates = summary.get("throughput")
-    if rates and rates.get("tokens_per_sec") is not None:
-        mfu = f"MFU {rates['mfu']:.1%}" if rates.get("mfu") is not None else f"MFU none: {rates.get('mfu_missing')}"
-        lines.append(f"throughput       {rates['tokens_per_sec']:,.0f} tokens/s, {rates['flops_per_sec']:.3g} "
-                     f"FLOP/s per device (validation left out); {mfu}")
-    board = f"tensorboard --logdir {summary['tensorboard']}" if summary.get("tensorboard") \
-        else "none (no logger: --trainer.logger false)"
-    lines += [f"TensorBoard      {board}", f"checkpoint       {summary['checkpoint'] or 'none'}", ""]
-    return "\n".join(lines)
-
-
 __all__ = [
     "micro_batch_stats",
     "optimizer_step_finished",
     "LayerDropoutSchedule",
     "EarlyExitLosses",
     "Throughput",
-    "RunSummary",
-    "flop_counts",
-    "format_summary",
 ]

@@ -2,7 +2,7 @@
 
     layerdrop pretrain --config recipes/tiny.yaml [--model.layer_dropout.p_max 0.2 ...]
     layerdrop pretrain --config recipes/tiny.yaml --print_config     # the resolved config
-    layerdrop pretrain --config recipes/tiny.yaml --resume auto      # continue a run
+    layerdrop pretrain --config recipes/tiny.yaml --resume auto      # continue a run (a finished one: its summary)
 
 Sections of a recipe: ``trainer`` (Lightning's Trainer), ``model`` (LayerDropModule:
 decoder, layer_dropout, parametrization, lr_schedule), ``data`` (TokenDataModule),
@@ -23,6 +23,7 @@ DataModule's setup), a non-constant dropout schedule without ``max_steps``.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -45,9 +46,11 @@ from framework.files.disk_space import DiskFull
 from framework.files.nesting import bounded_yaml_loader
 from framework.files.run_lock import RunFolderInUse, RunLock
 from framework.files.staging import is_url
-from framework.training.callbacks import RunSummary, Throughput
+from framework.training.callbacks import Throughput
+from framework.training.run_summary import SUMMARY_FILE, RunSummary, format_summary, read_twin
 from framework.checkpoint import CKPT_KEY, CheckpointError, read_metadata
-from framework.training.checkpointing.final_export import export_callbacks
+from framework.checkpoint.export import EXPORT_FOLDER
+from framework.training.checkpointing.final_export import export_callbacks, exported_step
 from framework.checkpoint.resume import WorldSizeError, check_form_fits, choose_checkpoint
 from framework.training.checkpointing.saving import (PeriodicCheckpoint, refuse_earlier_checkpoints,
                                                      refuse_earlier_run, use_atomic_checkpoint_io)
@@ -115,6 +118,9 @@ class PretrainCLI(LightningCLI):
         else:
             check_resume_shape(choice.checkpoint or self.ckpt_path, config)
             check_form_fits(choice.checkpoint, config.trainer.strategy)  # a DCP folder under single: one line
+            summary = finished_summary(config, self.resumed_step)
+            if summary is not None:
+                raise RunFinished(config, self.resumed_step, summary)
         if choice is not None and rank_zero_only.rank == 0:
             print(choice.message(folder), flush=True)
 
@@ -192,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: stopped by SIGTERM; the last periodic checkpoint is intact: continue with --resume auto",
               file=sys.stderr)
         return 128 + signal.SIGTERM
+    except RunFinished as finished:  # --resume auto on a finished run: nothing to do, nothing touched
+        if rank_zero_only.rank == 0:
+            print(finished, flush=True)
+        return 0
     except SystemExit as exit_:  # --help, --print_config
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
     except ArgumentError as err:  # a bad flag, recipe key or value
@@ -287,6 +297,34 @@ def run_logger(root: str | None, *, resumed: bool) -> Any:
 
 
 # ------------------------------------------------------------------ before the run
+
+
+class RunFinished(Exception):
+    """A resumed run that has nothing left to do; ``str()`` is its line and its summary."""
+
+    def __init__(self, config: Any, step: int, summary: dict[str, Any]) -> None:
+        root = config.trainer.default_root_dir or "."
+        line = (f"resume: {root} finished at step {step} (trainer.max_steps {config.trainer.max_steps}): nothing to "
+                "train; its files are left as they were (to train on, raise --trainer.max_steps)")
+        super().__init__(line + "\n" + format_summary(summary, read_twin(config.summary.compare_to)))
+
+
+def finished_summary(config: Any, step: int) -> dict[str, Any] | None:
+    """The summary.json of the run in trainer.default_root_dir when resuming it from step
+    ``step`` leaves nothing to do: no step to train (``step`` >= max_steps), and the
+    export and the summary both of that step. Going on would only rewrite the summary
+    (Lightning keeps no metric in a checkpoint) and log into the run again, so the run
+    is left as it is; ``make demo`` shows a finished run's summary the same way.
+    None otherwise (a run killed while exporting or before its summary is finished by
+    the fit: framework/training/checkpointing/final_export.py)."""
+    root = Path(config.trainer.default_root_dir or ".")
+    if is_url(root) or not 0 < config.trainer.max_steps <= step or exported_step(root / EXPORT_FOLDER) != step:
+        return None
+    try:
+        summary = json.loads((root / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("steps") == step else None
 
 
 def checkpoint_dir(config: Any) -> Path:

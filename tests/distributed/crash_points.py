@@ -126,10 +126,23 @@ class KillAt(pl.Callback):
 class DiskFullAt(KillAt):
     """The disk fills on global rank ``rank`` alone, half-way through the first file the
     save of optimizer step ``step`` writes there (the single file under DDP, this rank's
-    shard under FSDP2): ENOSPC, as a full disk answers; the run goes on to handle it."""
+    shard under FSDP2), or through the file named ``file`` (FSDP2's ``meta.pt``, which
+    rank 0 writes alone after the shards): ENOSPC, as a full disk answers; the run goes
+    on to handle it."""
 
-    def __init__(self, step: int, rank: int = 0) -> None:
+    def __init__(self, step: int, rank: int = 0, file: str | None = None) -> None:
         super().__init__(step, "during_save", rank)
+        self.file = file
+
+    def _half_then_kill(self, save):
+        cut = super()._half_then_kill(save)
+
+        def wrapped(obj, f, *args, **kwargs):
+            name = str(getattr(f, "name", f))
+            if self.file is not None and not name.endswith(self.file):
+                return save(obj, f, *args, **kwargs)
+            return cut(obj, f, *args, **kwargs)
+        return wrapped
 
     def _stop(self) -> None:
         self._armed = False

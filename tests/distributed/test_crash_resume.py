@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -142,7 +143,13 @@ def test_single_process_survives_kills_at_every_point_of_a_save(tmp_path, tiny_d
         ((9, "during_retire"), "step-00000009.ckpt", [r"\.step-0+3\.ckpt\.deleting"]),
         # Between saves: the end of the run, before its final save.
         ((12, "before_save"), "step-00000009.ckpt", []),
+        # The final checkpoint in place, last.ckpt not yet repointed: resumed with nothing
+        # to train, the run exports step 12 and points last.ckpt there (it once stayed on 9).
+        ((12, "before_link"), "step-00000012.ckpt", []),
     ], ranks=1)
+    root = Path(base["trainer"]["default_root_dir"])
+    assert os.readlink(root / "checkpoints" / "last.ckpt") == "step-00000012.ckpt"
+    assert json.loads((root / "export" / "config.json").read_text())["training"]["global_step"] == 12
 
 
 def test_both_fsdp_ranks_survive_kills_before_during_and_after_a_save(tmp_path, tiny_data):
@@ -177,21 +184,30 @@ def test_a_run_killed_during_its_final_export_makes_the_export_when_resumed(tmp_
     assert "making it now" in log, log[-3000:]
     assert sorted(p.name for p in root.iterdir() if p.name.startswith(".export")) == []
     assert (root / "summary.json").is_file() and (root / "export" / "config.json").is_file()
+    # The summary is complete: the last validation ran before the export, and the final
+    # checkpoint, saved after it, holds its loss (it was once null), the throughput of the
+    # steps that ran, and the checkpoint.
+    got, want = (json.loads((folder / "summary.json").read_text()) for folder in (root, tmp_path / "reference"))
+    assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-6) and want["val_loss"] is not None
+    assert got["throughput"]["tokens_per_sec"] and got["checkpoint"] == str(root / "checkpoints" / "last.ckpt")
     got, want = load_file(root / "export" / "model.safetensors"), load_file(
         tmp_path / "reference" / "export" / "model.safetensors")
     assert got.keys() == want.keys() and all(torch_equal(got[k], want[k]) for k in want)
 
 
-@pytest.mark.parametrize("strategy,rank", [("ddp", 0), ("fsdp", 1)])
+@pytest.mark.parametrize("strategy,rank,file", [("ddp", 0, None), ("fsdp", 1, None), ("fsdp", 0, "meta.pt")],
+                         ids=["ddp", "fsdp-shard", "fsdp-meta"])
 def test_a_full_disk_on_one_rank_stops_every_rank_in_one_line_and_the_run_resumes(tmp_path, tiny_data, strategy,
-                                                                                   rank):
+                                                                                   rank, file):
     """ENOSPC on one rank half-way through the step-4 save (DDP: rank 0, which writes the
     file alone while the other waits in Lightning's save barrier; FSDP2: rank 1's shard,
-    which DCP reports on every rank): every rank stops at once with the same one line
-    (file, bytes needed and free, the step-2 checkpoint intact), nothing of the save is
-    kept, last.ckpt stays on step 2, and `--resume auto` finishes the run."""
+    which DCP reports on every rank, or rank 0's meta.pt, which it writes alone after the
+    shards and which once left rank 1 in that barrier): every rank stops at once with the
+    same one line (file, bytes needed and free, the step-2 checkpoint intact), nothing of
+    the save is kept, last.ckpt stays on step 2, and `--resume auto` finishes the run."""
     base = base_recipe(tmp_path, tiny_data, strategy=strategy, devices=2, steps=6, every=2)
-    base["trainer"]["callbacks"] = [{"class_path": "crash_points.DiskFullAt", "init_args": {"step": 4, "rank": rank}}]
+    base["trainer"]["callbacks"] = [{"class_path": "crash_points.DiskFullAt",
+                                     "init_args": {"step": 4, "rank": rank, "file": file}}]
     code, log = launch(recipe_with(tmp_path, "full", base, tmp_path / "losses", None), tmp_path / "full.log")
     assert code == 1, log[-3000:]
     folder = Path(base["trainer"]["default_root_dir"]) / "checkpoints"
@@ -209,6 +225,62 @@ def test_a_full_disk_on_one_rank_stops_every_rank_in_one_line_and_the_run_resume
                        "--resume", "auto")
     assert code == 0 and resumed_from(log) == "step-00000002.ckpt", log[-3000:]
     assert os.readlink(folder / "last.ckpt") == "step-00000006.ckpt"
+
+
+def can_mount_tmpfs() -> bool:
+    """Whether a private mount namespace with a tmpfs can be made here (root, or user
+    namespaces allowed): the test's tmpfs then vanishes with its processes."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = ["unshare", "--mount", "--map-root-user", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
+def on_tmpfs(command: list[str], mount: Path, size: int) -> list[str]:
+    """``command`` run with a fresh tmpfs of ``size`` bytes mounted on ``mount``."""
+    return ["unshare", "--mount", "--map-root-user", "sh", "-c",
+            f'mount -t tmpfs -o size={size} tmpfs "{mount}" && exec "$@"', "sh", *command]
+
+
+@pytest.mark.skipif(not can_mount_tmpfs(), reason="needs unshare and a tmpfs mount (root or user namespaces)")
+@pytest.mark.parametrize("strategy,ranks", [("single", 1), ("fsdp", 2)])
+def test_a_disk_too_small_for_the_first_checkpoint_is_one_line_with_the_room_it_needs(tmp_path, tiny_data, strategy,
+                                                                                     ranks):
+    """A real tmpfs holding 97% of the first checkpoint's real size (more than its tensors:
+    the shortfall is the files' headers, archives and index). The save is refused before it
+    starts, on every rank, in one line naming the folder and the bytes it needs, at least
+    the real size. Counting tensors only, the single file was let through and failed
+    half-way ("N bytes needed, M free" with N < M); FSDP2 said "about 0 bytes needed, 0
+    free", or, when the shards fitted and rank 0's meta.pt did not, 140-190 lines and
+    tracebacks from every rank."""
+    from framework.files.disk_space import size_on_disk
+
+    base = base_recipe(tmp_path, tiny_data, strategy=strategy, devices=ranks, steps=4, every=2)
+    code, log = launch(recipe_with(tmp_path, "measure", base, tmp_path / "losses", None), tmp_path / "measure.log")
+    assert code == 0, log[-3000:]
+    real = size_on_disk(Path(base["trainer"]["default_root_dir"]) / "checkpoints" / "step-00000002.ckpt")
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    folder = disk / "checkpoints"
+    base["trainer"]["default_root_dir"] = str(tmp_path / "small")
+    base["checkpoint"]["dirpath"] = str(folder)
+    # The checkpoint folder's other files: the tokenizer copy and the run lock, a page or two each.
+    size = int(real * 0.97) // 4096 * 4096 + 4 * 4096
+    command = on_tmpfs(pretrain_command(recipe_with(tmp_path, "small", base, tmp_path / "losses", None)), disk, size)
+    process = start(command, tmp_path / "small.log")
+    try:
+        code = process.wait(timeout=LAUNCH_TIMEOUT_S)
+    finally:
+        _kill_group_leftovers(process.pid)
+    log = (tmp_path / "small.log").read_text(errors="replace")
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert code == 1 and len(errors) == 1 and "Traceback" not in log, log[-3000:]
+    line = errors[0]
+    assert line.startswith(f"error: not enough disk space for {folder}/"), line
+    needed, free = (int(n.replace(",", "")) for n in re.findall(r"(\d[\d,]*) (?:bytes|are free)", line)[:2])
+    assert needed >= real > free, (needed, real, free, line)
+    assert "nothing of this save was kept; this run has no earlier checkpoint" in line, line
 
 
 def torch_equal(a, b) -> bool:

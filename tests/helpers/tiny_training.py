@@ -1,5 +1,5 @@
 """Shared pieces of the training-loop tests: a tiny module, in-memory token batches, a
-logger that keeps what it is given, and a quiet CPU Trainer."""
+logger that keeps what it is given, a quiet CPU Trainer, and the FLOPs a run's masks plan."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ from lightning.pytorch.loggers import Logger
 from torch.utils.data import DataLoader, TensorDataset
 
 from framework.config import LayerDropoutConfig, ModelConfig, ParametrizationConfig
+from framework.flops import Flops, dense_step_flops, executed_step_flops
+from framework.layer_dropout import StepKey, plan
+from framework.schedules import dropout_rates
 from framework.training.lr_schedule import LRScheduleConfig
 from framework.training.module import LayerDropModule
 
@@ -170,3 +173,26 @@ class CrashAtStep(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step >= self.step:
             raise SimulatedCrash(f"simulated crash after step {trainer.global_step}")
+
+
+def planned_flops(module, steps, *, accumulate=1, batch=8, rank=0):
+    """Executed and dense FLOPs of every optimizer step, recomputed from the masks the
+    step keys draw (not from anything the run reports)."""
+    cfg, n = module.model_cfg, module.model_cfg.n_layers
+    executed, dense = [], []
+    for step in range(steps):
+        rates = dropout_rates(module.dropout_cfg, n, step, steps)
+        step_executed = step_dense = None
+        for micro in range(accumulate):
+            key = StepKey(module.dropout_cfg.seed, rank, step, micro)
+            kept = [(batch, batch)] * n if not any(rates) else plan(module.dropout_cfg, rates, batch, key).kept_counts()
+            e, d = executed_step_flops(cfg, kept, SEQ, batch_size=batch), dense_step_flops(cfg, batch, SEQ)
+            step_executed = e if step_executed is None else _added(step_executed, e)
+            step_dense = d if step_dense is None else _added(step_dense, d)
+        executed.append(step_executed)
+        dense.append(step_dense)
+    return executed, dense
+
+
+def _added(a: Flops, b: Flops) -> Flops:
+    return Flops(a.attention + b.attention, a.ffn + b.ffn, a.head + b.head)

@@ -21,7 +21,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
-from framework.training.callbacks import RunSummary, Throughput
+from framework.training.callbacks import Throughput
+from framework.training.run_summary import RunSummary
 from framework.training.checkpointing.saving import PeriodicCheckpoint
 from framework.training.nonfinite import NonFiniteLossGuard
 from framework.training.pretrain import PretrainCLI, build_cli, release_run_folders

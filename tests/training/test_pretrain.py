@@ -104,6 +104,24 @@ def test_a_fresh_run_does_not_overwrite_an_earlier_one(finished_run, data_dir, c
     assert (finished_run / "checkpoints" / "last.ckpt").read_bytes() == before
 
 
+def test_resuming_a_finished_run_changes_no_file_and_shows_its_summary(finished_run, data_dir, capsys):
+    """`--resume auto` on a run that has finished (its last step saved, exported and
+    summarised) has nothing to do: it says so in one line, shows the summary the run
+    wrote, exits 0 and leaves every file as it was. It once rewrote summary.json with
+    val_loss null, throughput null and checkpoint "", and logged into the run again."""
+    from tests.helpers.refusals import hashes
+
+    before = hashes(finished_run)
+    summary = json.loads((finished_run / "summary.json").read_text())
+    assert main(tiny_cli_args(data_dir, finished_run) + ["--resume", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert f"resume: {finished_run} finished at step 6 (trainer.max_steps 6): nothing to train; " \
+           "its files are left as they were" in out, out
+    assert f"val loss         {summary['val_loss']:.4f}" in out and "checkpoint       " + summary["checkpoint"] in out
+    assert hashes(finished_run) == before and os.readlink(finished_run / "checkpoints" / "last.ckpt") == \
+        "step-00000006.ckpt"
+
+
 def test_a_run_folder_in_use_by_another_process_is_refused_naming_it(finished_run, data_dir, capsys):
     """Two runs, one folder: the second is one line naming the first (pid, host, start)
     and changes nothing; a lock left by a process that died is taken over (the crash

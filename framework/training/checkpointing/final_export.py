@@ -8,6 +8,7 @@ run then need neither the sharded checkpoints nor the training world size.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import asdict
@@ -19,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from framework.files.atomic_write import copy_file
 from framework.files.staging import is_url
-from framework.checkpoint.base import TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
+from framework.checkpoint.base import CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
 from framework.checkpoint.export import EXPORT_FOLDER, mark_export, write_config
 from framework.checkpoint.folder import finish_replacement, publish, remove_path, staging_path
 from framework.training.checkpointing.keep_tokenizer import KeepTokenizer
@@ -56,13 +57,17 @@ class FinalExport(pl.Callback):
         root = str(trainer.default_root_dir)
         if self.exported or is_url(root) or trainer.max_steps < 1 or trainer.global_step < trainer.max_steps:
             return
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, PeriodicCheckpoint):
+                callback.settle(trainer)  # last.ckpt on the checkpoint the export is made from
         out = Path(root) / EXPORT_FOLDER
-        missing = False
+        missing = None
         if trainer.is_global_zero:
             finish_replacement(out)  # a replacement cut between its renames; a killed export's staging
-            missing = not out.is_dir()
-        if trainer.strategy.broadcast(missing):
-            rank_zero_info(f"final export: {out} is missing (the run was stopped while exporting); making it now")
+            missing = _missing(out, trainer.global_step)
+        missing = trainer.strategy.broadcast(missing)
+        if missing:
+            rank_zero_info(f"final export: {out} {missing} (the run stopped before its export was done); making it now")
             self.export(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -136,10 +141,30 @@ class FinalExport(pl.Callback):
                        + f" in {seconds:.2f} s, {cpu_seconds:.2f} CPU s on rank 0")
 
 
+def _missing(out: Path, step: int) -> str | None:
+    """Why ``out`` is not this run's export of step ``step`` (None when it is, or when it
+    records no step: then it is left as it is). A run lengthened with a larger max_steps
+    and killed while exporting keeps the export of its earlier end until the new one
+    replaces it."""
+    if not out.is_dir():
+        return "is missing"
+    exported = exported_step(out)
+    return None if exported in (None, step) else f"holds step {exported}, not step {step}"
+
+
+def exported_step(out: str | Path) -> int | None:
+    """The optimizer step a run's final export was made at (None: no export, or none that says)."""
+    try:
+        step = json.loads((Path(out) / CONFIG_FILE).read_text())["training"]["global_step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
 def export_callbacks() -> list[pl.Callback]:
     """What `layerdrop pretrain` adds to every run: the tokenizer kept beside the
     checkpoints (and recorded in them), and the export at the end."""
     return [KeepTokenizer(), FinalExport()]
 
 
-__all__ = ["FinalExport", "export_callbacks"]
+__all__ = ["FinalExport", "export_callbacks", "exported_step"]

@@ -15,22 +15,24 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import Checkpoint
 
 from framework.files.atomic_write import fsync_dir, replacing
-from framework.files.disk_space import DiskFull, check_room, free_bytes, is_disk_full, size_on_disk
+from framework.files.disk_space import DiskFull, check_room, free_bytes, is_disk_full, on_disk, size_on_disk
 from framework.files.staging import is_url
 from framework.checkpoint.export import EXPORT_FOLDER
 from framework.checkpoint.sharded.dcp import DcpFolder
 from framework.checkpoint.safety import DCP_METADATA_FILE
-from framework.checkpoint.folder import (LAST, clean_leftovers, point_last, publish, remove_path, retire, staging_path,
-                                         step_checkpoints)
+from framework.checkpoint.folder import (LAST, STEP_NAME, clean_leftovers, point_last, publish, remove_path, retire,
+                                         staging_path, step_checkpoints)
+from framework.checkpoint.saved_size import torch_save_bytes
 from framework.config import PositiveInt, check
 from framework.training.nonfinite import guard_of, refuse_nonfinite_state
 
 
 class PeriodicCheckpoint(Checkpoint):
     """``step-XXXXXXXX.ckpt`` every ``every_n_steps`` optimizer steps and at the end of
-    the run, the newest ``keep_last`` of this run's lineage kept, and ``last.ckpt``, a
-    link to the newest, in ``<default_root_dir>/checkpoints`` unless ``dirpath`` says
-    otherwise. The folder must be local (the link and the renames need it).
+    the run (after the last validation, whose result it then holds), the newest
+    ``keep_last`` of this run's lineage kept, and ``last.ckpt``, a link to the newest, in
+    ``<default_root_dir>/checkpoints`` unless ``dirpath`` says otherwise. The folder must
+    be local (the link and the renames need it).
 
     Every save is crash-safe whatever the strategy (one file, FSDP2's folder of shards,
     DeepSpeed's folder): written under a staging name, every rank waits for every other,
@@ -59,36 +61,77 @@ class PeriodicCheckpoint(Checkpoint):
         self.last_model_path = ""
         self._last_saved_step: int | None = None
         self._deferred = False  # a save that fell due while steps were being skipped
+        self._settled = False  # settle() ran for this fit
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.dirpath is None:
             self.dirpath = os.path.realpath(os.path.join(trainer.default_root_dir, "checkpoints"))
         self.dirpath = trainer.strategy.broadcast(str(self.dirpath))
+        self._settled = False
         if is_url(self.dirpath):
             raise ValueError(f"checkpoint.dirpath={self.dirpath!r} is invalid: give a local (or mounted) folder")
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # The first hook where every strategy has resolved trainer.ckpt_path and loaded
         # it, and still before anything is written.
+        self.settle(trainer)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.settle(trainer)  # a resumed run with nothing left to train never reached on_train_start
+
+    def settle(self, trainer: pl.Trainer) -> None:
+        """The folder made ready for this fit, once (every rank calls it): a fresh run
+        refuses an earlier run's checkpoints; a resumed one checks the state it loaded,
+        removes leftovers of killed saves, sets aside checkpoints newer than the one it
+        continues from, and finishes what a kill may have cut short after that one was
+        renamed into place: ``last.ckpt`` pointed at it, the oldest beyond ``keep_last``
+        retired. Lightning skips the training hooks of a run resumed at its last step,
+        so the final export (FinalExport.on_fit_end) calls this before exporting."""
+        if self._settled:
+            return
+        self._settled = True
         self._last_saved_step = trainer.global_step
-        if trainer.ckpt_path is None:
+        resumed = trainer.ckpt_path
+        if resumed is None:
             refuse_earlier_checkpoints(self.dirpath)
             self.saved = []
         else:
-            refuse_nonfinite_state(trainer, f"checkpoint {str(trainer.ckpt_path)!r}",
+            refuse_nonfinite_state(trainer, f"checkpoint {str(resumed)!r}",
                                    "it cannot be resumed: resume from an earlier checkpoint")
-            self.finite_checkpoints.append((trainer.global_step, str(trainer.ckpt_path)))
+            self.finite_checkpoints.append((trainer.global_step, str(resumed)))
         if trainer.is_global_zero:
             clean_leftovers(self.dirpath)
-            if trainer.ckpt_path is not None:
+            if resumed is not None:
                 self._set_aside_newer(trainer.global_step)
-        trainer.strategy.barrier("PeriodicCheckpoint.on_train_start")
+                self._finish_save_of(str(resumed))
+        if resumed is not None and os.path.lexists(os.path.join(self.dirpath, LAST)):
+            self.last_model_path = os.path.join(self.dirpath, LAST)
+        trainer.strategy.barrier("PeriodicCheckpoint.settle")
+
+    def _finish_save_of(self, resumed: str) -> None:
+        """``last.ckpt`` to the checkpoint resumed from, when it is one of this folder's
+        ``step-N.ckpt`` (a real last.ckpt of an earlier layout is left alone), and the
+        checkpoints beyond ``keep_last`` retired: the two steps of a save after its rename."""
+        path = Path(resumed)
+        link = Path(self.dirpath) / LAST
+        if not STEP_NAME.match(path.name) or not path.exists() or path.resolve().parent != link.parent.resolve():
+            return
+        if (link.is_symlink() or not link.exists()) and link.resolve() != path.resolve():
+            point_last(path, link)
+            print(f"resume: {link} pointed at {path.name}, the checkpoint continued from", flush=True)
+        while len(self.saved) > self.keep_last and os.path.realpath(self.saved[0][1]) != os.path.realpath(path):
+            retire(self.saved.pop(0)[1])
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         step = trainer.global_step
         if step == self._last_saved_step or trainer.fast_dev_run:
             return  # a micro-batch inside a step, or this step is saved already
+        if 0 < trainer.max_steps <= step:
+            # The last step is saved at the end of training (save_final), after its
+            # validation: the checkpoint then holds that validation's result, which a
+            # run resumed to finish its export reports (RunSummary's state).
+            return
         if self._deferred or step % self.every_n_steps == 0:
             self.save(trainer)
 
@@ -246,8 +289,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if storage_options is not None or is_url(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         target = Path(path)
-        needed = tensor_bytes(checkpoint)
-        check_room(target, needed, "the checkpoint's tensors")
+        needed = on_disk(torch_save_bytes(checkpoint), target)  # exact: the file's own headers and pickle too
+        check_room(target, needed, "the checkpoint")
         try:
             with replacing(target) as partial, open(partial, "wb") as handle:
                 torch.save(checkpoint, handle)
@@ -264,17 +307,6 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if not is_url(path) and (Path(path) / DCP_METADATA_FILE).is_file():
             return DcpFolder().training_checkpoint(Path(path))
         return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-
-
-def tensor_bytes(state: Any) -> int:
-    """The bytes of every tensor in a (nested) checkpoint dict: what its file holds, near enough."""
-    if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
-    if isinstance(state, dict):
-        return sum(tensor_bytes(value) for value in state.values())
-    if isinstance(state, (list, tuple)):
-        return sum(tensor_bytes(value) for value in state)
-    return 0
 
 
 def use_atomic_checkpoint_io(trainer: pl.Trainer) -> None:

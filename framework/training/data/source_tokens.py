@@ -78,13 +78,12 @@ class SourceTokens(pl.Callback):
         return ", ".join(f"{source.name} {_short(tokens)} ({tokens / all_tokens:.0%})"
                          for source, tokens in zip(sources, self.totals))
 
-    def summary(self, trainer: pl.Trainer) -> dict[str, Any]:
-        """``{"data": {"sources": {name: {dir, weight, tokens, val_loss}}, "phases": [...]}}``;
-        empty for one folder."""
+    def summary(self, trainer: pl.Trainer, metrics: dict[str, float]) -> dict[str, Any]:
+        """``{"data": {"sources": {name: {dir, weight, tokens, val_loss}}, "phases": [...]}}``
+        (``val_loss`` from ``metrics``, the last validation's ``val/*``); empty for one folder."""
         sources = self._sources(trainer)
         if sources is None:
             return {}
-        metrics = trainer.callback_metrics
         entries = {}
         for index, source in enumerate(sources):
             val = metrics.get(f"val/loss/{source.name}")

@@ -195,3 +195,37 @@ def test_a_save_known_not_to_fit_is_refused_before_it_starts(prepared_tokens, tm
     assert f"needs {first.stat().st_size:,} bytes" in line and "1,000 are free; nothing was written" in line, line
     assert not any("00000006" in name for name in written)
     assert os.readlink(root / "checkpoints" / "last.ckpt") == "step-00000003.ckpt"
+
+
+class Killed(BaseException):
+    """What a kill -9 does to the code after it: nothing of it runs (no except Exception catches it)."""
+
+
+def test_a_run_stopped_just_after_its_final_checkpoint_points_last_at_it_when_resumed(prepared_tokens, tmp_path,
+                                                                                    monkeypatch):
+    """Stopped between the final step-6 checkpoint's rename into place and last.ckpt's
+    repointing: `--resume auto` continues from step 6 and exports it, and last.ckpt, which
+    the README's eval commands read, points at step 6 too. It once stayed on step 3, so
+    that they evaluated another model than the export."""
+    from framework.training.pretrain import main
+
+    root = tmp_path / "run"
+    folder = root / "checkpoints"
+    point_last = checkpointing_module.point_last
+
+    def stop_at_the_final_link(target, link):
+        if str(target).endswith("step-00000006.ckpt"):
+            raise Killed
+        point_last(target, link)
+
+    monkeypatch.setattr(checkpointing_module, "point_last", stop_at_the_final_link)
+    with pytest.raises(Killed):
+        main(tiny_cli_args(prepared_tokens, root) + ["--trainer.logger", "false"])
+    monkeypatch.undo()
+    assert (folder / "step-00000006.ckpt").is_file() and os.readlink(folder / "last.ckpt") == "step-00000003.ckpt"
+
+    assert main(tiny_cli_args(prepared_tokens, root) + ["--trainer.logger", "false", "--resume", "auto"]) == 0
+    assert os.readlink(folder / "last.ckpt") == "step-00000006.ckpt"
+    import json
+
+    assert json.loads((root / "export" / "config.json").read_text())["training"]["global_step"] == 6
