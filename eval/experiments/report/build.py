@@ -41,6 +41,7 @@ from eval.experiments.report.findings import all_findings, holm_adjust
 from eval.experiments.report.hyperparameter_curves import curves_figure, hyperparameter_report
 from eval.experiments.report.projection import judge, judged_markdown, project, projection_markdown
 from eval.experiments.report.out_folder import PROJECTION_FILE, check_out, clear_report
+from eval.experiments.report.own_optimum import comparisons, own_optimum
 from eval.experiments.report.markdown import markdown
 from eval.experiments.report.tables import (configuration_table, correlation, downstream_table, draft_table,
                                             elasticity_points, group, speculative_table)
@@ -153,11 +154,12 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
     params = [s["non_embedding_params"] for s in model["shapes"]]
     findings = all_findings(configurations, results, points, hyperparameters,
                             round(statistics.median(params)) if params else None)
+    own = own_optimum(configurations, table)  # each configuration at its own τ_EMA (docs/lambda-6tpp/PROTOCOL.md)
     report = {
         "sweep": str(root), "machine": machine, "skipped_runs": skipped, "model": model,
         "prepare": [str(a) for a in prepare] if prepare else None,
         "noise": noise, "configurations": table, "findings": findings,
-        "multiple_comparisons": holm_adjust(findings, table),
+        "multiple_comparisons": holm_adjust(findings, table, comparisons(own)),
         "elasticity": {"points": points, "correlations": correlations},
         "speculative": speculative_table(configurations),
         "drafts": draft_table(configurations),
@@ -169,6 +171,8 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
         "curves": [{"run": r.name, "label": r.label, **{k: r.curve.get(k, []) for k in
                                                         ("step", "training_flops", "val_loss")}} for r in results],
     }
+    if own is not None:
+        report["own_optimum"] = own
     return report, results
 
 

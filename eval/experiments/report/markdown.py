@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from eval.experiments.report.choosing import markdown_table
+from eval.experiments.report.own_optimum import markdown_section
+from eval.experiments.report.page_table import p_text as _p, table as _table
 from eval.experiments.report.projection import judged_markdown
 
 
@@ -58,15 +60,6 @@ def _correlation(name: str, test: dict, achieved: dict | None) -> str:
     return text
 
 
-def _p(value: float) -> str:
-    return f"{value:.2g}" if value < 0.001 else f"{value:.3f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
 def _how_it_was_run(report: dict) -> list[str]:
     machine = report.get("machine") or {}
     runs = report["runs"]
@@ -113,8 +106,8 @@ def _findings(report: dict) -> list[str]:
     lines = ["## The paper's findings at this scale", "",
              "Each claim is tested at the paper's own setting, with the paper's figure beside ours "
              "(eval/experiments/report/findings/). A comparison a − b is paired over the seeds a and b share (the "
-             "mean of the per-seed differences), else unpaired; its noise is pooled over every configuration, none left "
-             "out (docs/RULES.md, significance.py), and its verdict a two-sided Student-t test at α = 0.05; a "
+             "mean of the per-seed differences), else unpaired; its noise is pooled over every configuration, none "
+             "left out (docs/RULES.md, significance.py), and its verdict a two-sided Student-t test at α = 0.05; a "
              "comparison whose every seed lies beyond the other side by more than 2 pooled σ is never "
              "\"within noise\" (shown as [every seed …]), and where a configuration's spread is flagged the other "
              "analysis (it out of the pool, on its own spread) is shown beside where it differs. **reproduced**: every "
@@ -189,6 +182,10 @@ def _budgets(report: dict) -> list[str]:
     if image:
         lines += ["", f"![budgets]({image})"]
     return lines + [""]
+
+
+def _own_optimum(report: dict) -> list[str]:
+    return markdown_section(report.get("own_optimum"))
 
 
 def _projection(report: dict) -> list[str]:
@@ -444,7 +441,7 @@ def markdown(report: dict, *, title: str) -> str:
              "Written by `layerdrop report` from a `layerdrop sweep` folder; every number is in report.json "
              "beside this file, and runs/ holds each run's config, summary and evaluations, from which "
              "`layerdrop report` rebuilds this page.", ""]
-    for part in (_how_it_was_run, _findings, _budgets, _projection, _choosing, _configurations, _noise,
+    for part in (_how_it_was_run, _findings, _own_optimum, _budgets, _projection, _choosing, _configurations, _noise,
                  _hyperparameters, _images, _speculative, _drafts, _downstream, _runs):
         lines += part(report)
     return "\n".join(lines).rstrip() + "\n"

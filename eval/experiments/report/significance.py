@@ -182,12 +182,13 @@ class Difference:
 
 
 def difference(a: Samples, b: Samples, noise: Noise, eval_se: float | None = None,
-               own_spread: tuple[bool, bool] = (False, False)) -> Difference:
-    """a − b, paired over their shared seeds when there are two or more; on a's (b's) own spread
-    where ``own_spread`` says so (the other analysis of a flagged configuration: module docstring)."""
+               own_spread: tuple[bool, bool] = (False, False), same_seeds_only: bool = False) -> Difference:
+    """a − b, paired over their shared seeds when there are two or more (``same_seeds_only``: only
+    when a and b have the very same seeds, docs/lambda-6tpp/PROTOCOL.md's rule); on a's (b's) own
+    spread where ``own_spread`` says so (the other analysis of a flagged configuration: module docstring)."""
     if any(own_spread):
         return _welch(a, b, noise, eval_se, own_spread)
-    shared = [s for s in a if s in b and s is not None]
+    shared = [s for s in a if s in b and s is not None] if not same_seeds_only or set(a) == set(b) else []
     if len(shared) >= 2 and noise.residual is not None:
         diff = statistics.fmean(a[s] - b[s] for s in shared)
         se = noise.residual * math.sqrt(2 / len(shared))

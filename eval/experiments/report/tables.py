@@ -153,11 +153,12 @@ class Comparison:
 
 def compare_configurations(a: Configuration, b: Configuration, metric: Callable[[RunResult], float | None],
                            configurations: list[Configuration], *, higher_is_better: bool = False,
-                           with_eval_noise: bool = True) -> Comparison | None:
+                           with_eval_noise: bool = True, same_seeds_only: bool = False) -> Comparison | None:
     """a against b on ``metric`` (lower is better unless ``higher_is_better``), with the
     metric's seed noise pooled over every configuration of ``configurations`` (none left out:
     docs/RULES.md); None when either has no value. Where a configuration's spread is flagged, the
-    other analysis (it out of the pool, judged on its own spread) rides along as ``alternative``."""
+    other analysis (it out of the pool, judged on its own spread) rides along as ``alternative``.
+    ``same_seeds_only``: paired only when a and b have the very same seeds (significance.difference)."""
     a_samples, b_samples = a.samples(metric), b.samples(metric)
     if not a_samples or not b_samples:
         return None
@@ -167,7 +168,7 @@ def compare_configurations(a: Configuration, b: Configuration, metric: Callable[
     noise = noise_of(pooled)
     eval_se = evaluation_noise(a, b) if with_eval_noise and metric is val_loss else None
     signed_a, signed_b = ({k: sign * v for k, v in s.items()} for s in (a_samples, b_samples))
-    found = difference(signed_a, signed_b, noise, eval_se)
+    found = difference(signed_a, signed_b, noise, eval_se, same_seeds_only=same_seeds_only)
     beyond = seeds_beyond(signed_a, signed_b, noise.within)
     diff, reference = sign * found.diff, sign * found.reference
     verdict = verdict_of(found.p_value, found.diff)
@@ -180,7 +181,8 @@ def compare_configurations(a: Configuration, b: Configuration, metric: Callable[
     if other is not None:
         flagged = {measured[i].label for i in other.left_out}
         comparison.alternative = _other_analysis(difference(signed_a, signed_b, other, eval_se,
-                                                            (a.label in flagged, b.label in flagged)), sign)
+                                                            (a.label in flagged, b.label in flagged),
+                                                            same_seeds_only), sign)
     return comparison
 
 

@@ -133,16 +133,17 @@ def correlation_verdict(tests: dict[str, dict], field: str = "p_value") -> str:
     return "within noise"
 
 
-def holm_adjust(findings: list[dict], rows: list[dict]) -> dict:
+def holm_adjust(findings: list[dict], rows: list[dict], others: Iterable[dict] = ()) -> dict:
     """Holm over every test on the page (findings' comparisons that decide, correlation
-    tests, the configuration table's comparisons with dense; one test per distinct pair
-    and metric): sets ``p_holm`` and ``verdict_holm`` on each, and each finding's
-    ``verdict_holm``. Returns what the page says about it."""
-    everything: dict[tuple, list[dict]] = {}  # every comparison shown, by (a, b, metric)
+    tests, the configuration table's comparisons with dense, and ``others``: the comparisons
+    at each configuration's own optimum; one test per distinct pair, metric and pairing):
+    sets ``p_holm`` and ``verdict_holm`` on each, and each finding's ``verdict_holm``.
+    Returns what the page says about it."""
+    everything: dict[tuple, list[dict]] = {}  # every comparison shown, by (a, b, metric, seeds paired)
     tested: set[tuple] = set()
     for found in findings:
         for comparison in found["comparisons"]:
-            key = (comparison["a"], comparison["b"], comparison.get("metric"))
+            key = _test_key(comparison)
             everything.setdefault(key, []).append(comparison)
             if comparison.get("p_value") is not None and not comparison.get("observation"):
                 tested.add(key)
@@ -150,13 +151,11 @@ def holm_adjust(findings: list[dict], rows: list[dict]) -> dict:
             if test.get("p_value") is not None:
                 everything.setdefault((found["id"], name), []).append(test)
                 tested.add((found["id"], name))
-    for row in rows:
-        comparison = row.get("vs_dense")
-        if comparison:
-            key = (comparison["a"], comparison["b"], comparison.get("metric"))
-            everything.setdefault(key, []).append(comparison)
-            if comparison.get("p_value") is not None:
-                tested.add(key)
+    for comparison in [row["vs_dense"] for row in rows if row.get("vs_dense")] + list(others):
+        key = _test_key(comparison)
+        everything.setdefault(key, []).append(comparison)
+        if comparison.get("p_value") is not None:
+            tested.add(key)
     for comparisons in everything.values():
         for comparison in comparisons:
             if "verdict" in comparison:
@@ -177,6 +176,12 @@ def holm_adjust(findings: list[dict], rows: list[dict]) -> dict:
         else:
             found["verdict_holm"] = verdict(found["comparisons"], found["expected"], "verdict_holm")
     return {"tests": len(keys), "alpha": ALPHA, "expected_by_chance": len(keys) * ALPHA}
+
+
+def _test_key(comparison: dict) -> tuple:
+    """One test per pair, metric and pairing: the same two configurations compared unpaired (the
+    own-optimum rule, docs/lambda-6tpp/PROTOCOL.md) and paired over shared seeds are two tests."""
+    return comparison["a"], comparison["b"], comparison.get("metric"), comparison.get("paired", 0)
 
 
 __all__ = ["RECOMMENDED", "CONSISTENT", "dropout", "p_bar", "exit_loss_scale", "is_recommended", "strip",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from eval.experiments.report.build import build_report, main
+from eval.experiments.report.findings import holm_adjust
 from tests.eval.experiments.run_folders import LAYERS, slices, write_run
 
 # Loss vs η per (p_max, r_train), one seed: with r_train = 1/ρ the optimum is η 0.004 at every
@@ -126,6 +127,19 @@ def test_holm_over_every_test_on_the_page(tmp_path):
     assert row["vs_dense"]["p_holm"] == pytest.approx(tests[0]["p_holm"])  # one test, shown twice
     assert "This page makes **4 tests**" in (out / "README.md").read_text()
     assert math.isclose(report["multiple_comparisons"]["expected_by_chance"], 0.2)
+
+
+def test_one_pair_paired_and_unpaired_is_two_tests_and_a_repeat_is_one():
+    """The own-optimum rule compares unpaired where the table pairs (docs/lambda-6tpp/PROTOCOL.md): two
+    tests of one pair; the same comparison shown twice stays one."""
+    def comparison(paired: int, p_value: float) -> dict:
+        return {"a": "x", "b": "dense", "metric": "val_loss", "paired": paired, "p_value": p_value, "diff": 0.1,
+                "verdict": "worse"}
+
+    table = [{"vs_dense": comparison(2, 0.01)}]
+    others = [comparison(0, 0.02), comparison(2, 0.01)]
+    assert holm_adjust([], table, others)["tests"] == 2
+    assert [c["p_holm"] for c in (table[0]["vs_dense"], *others)] == [pytest.approx(0.02)] * 3
 
 
 def test_finding_6_ranks_the_nominal_p_bar_with_ties_and_shows_the_achieved_beside(tmp_path):

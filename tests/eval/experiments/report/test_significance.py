@@ -56,6 +56,18 @@ def test_paired_and_unpaired_differences_by_hand():
     assert verdict_of(0.01, -1) == "better" and verdict_of(0.01, 1) == "worse" and verdict_of(0.2, 1) == "within noise"
 
 
+def test_the_own_optimum_rule_pairs_only_the_very_same_seeds():
+    """docs/lambda-6tpp/PROTOCOL.md: unpaired unless both have the same seeds (docs/RULES.md pairs two shared)."""
+    noise = Noise(within=0.02, within_dof=10, residual=0.01, residual_dof=6)
+    a, b = {0: 2.9, 1: 2.95, 2: 3.5}, {0: 3.0, 1: 3.0}
+    assert difference(a, b, noise).paired == 2
+    unpaired = difference(a, b, noise, same_seeds_only=True)
+    assert unpaired.paired == 0 and unpaired.diff == pytest.approx((2.9 + 2.95 + 3.5) / 3 - 3.0)
+    assert unpaired.se == pytest.approx(0.02 * math.sqrt(1 / 3 + 1 / 2)) and unpaired.dof == 10
+    same = difference({0: 2.9, 1: 2.95}, b, noise, same_seeds_only=True)
+    assert same.paired == 2 and same.se == pytest.approx(0.01)
+
+
 def test_noise_of_pools_both_estimates():
     found = noise_of([{0: 1.0, 1: 3.0}, {0: 2.0, 1: 2.0, 2: 5.0}])
     assert found.within == pytest.approx(math.sqrt((2 + 6) / 3)) and found.within_dof == 3
