@@ -32,11 +32,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "speculate search": ("eval.decoding.draft_search:main", "search the draft's skip set for the fastest lossless draft"),
     "speculate run": ("eval.decoding.speedup:main", "self-speculative decoding timed against plain decoding"),
     "generate": ("eval.decoding.generate:main", "text in, text out: full, exit:K, skip:SET, speculative or dynamic depth"),
-    "sweep": ("eval.experiments.sweep:main",
+    "sweep": ("eval.experiments.sweep.runner:main",
               "a grid of pretraining runs + their evaluations (local pool or SLURM array)"),
-    "tune": ("eval.experiments.tune:main",
+    "tune": ("eval.experiments.sweep.tune:main",
              "tune a base model by successive 1-D sweeps (η, σ, τ_EMA), then confirm with seeds"),
-    "report": ("eval.experiments.report:main",
+    "report": ("eval.experiments.report.build:main",
                "the paper's tables and plots from a sweep folder (Markdown + PNG + JSON)"),
 }
 

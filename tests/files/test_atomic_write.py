@@ -74,7 +74,7 @@ ALLOWED = {
     ("data_prep/prepare.py", "shutil.copyfile(given.path, path)"):
         "inside the staging folder, published whole by one rename (framework/files/staging.py)",
     ("data_prep/prepare.py", "tokenizer.save(path)"): "the same staging folder",
-    ("eval/experiments/sweep.py", 'open(log, "a")'): "a run's log, appended while its child runs",
+    ("eval/experiments/sweep/runner.py", 'open(log, "a")'): "a run's log, appended while its child runs",
     ("benchmarks/checkpoint_cost.py", 'open(log, "w")'): "a child's log in the benchmark's scratch folder",
     ("benchmarks/startup_time.py", "tokenizer.save("): "a tokenizer in a temporary folder",
 }
