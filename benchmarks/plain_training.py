@@ -31,7 +31,7 @@ from framework.config import ModelConfig, ParametrizationConfig
 from framework.model.decoder import Decoder
 from framework.training.data import TokenDataModule
 from framework.training.lr_schedule import lr_factor
-from framework.training.parametrization import HIDDEN, group_of, init_decoder_, weight_decay
+from framework.training.parametrization import HIDDEN, groups_of, init_decoder_, weight_decay
 
 FRAMEWORK = "framework"
 LLAMA_BLOCK_MATRIX = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight")
@@ -117,7 +117,7 @@ def matched_intermediate(settings: dict, target: int) -> int:
 def is_block_matrix(model: torch.nn.Module, name: str) -> bool:
     """A transformer block's weight matrix: what the framework decays."""
     if isinstance(model, Decoder):
-        return group_of(name) == HIDDEN
+        return groups_of(model)[name] == HIDDEN
     return LLAMA_BLOCK_MATRIX.fullmatch(name) is not None
 
 

@@ -2,7 +2,7 @@
 save that cannot fit is refused before it starts (framework/files/disk_space.py's
 ``check_room``) and a save that fails says how much room it needed.
 
-    torch_save_bytes(obj)                 the exact length of ``torch.save(obj, file)``
+    torch_save_bytes(obj)                 the exact length of the file ``torch.save`` writes for obj
     dcp_part_bytes(state, replicated=...) this rank's share of a DCP folder (FSDP2)
 
 Counting tensors alone fell short: a single file adds its pickle, zip headers and
@@ -62,7 +62,7 @@ class _CountingSink(io.RawIOBase):
 
 
 def torch_save_bytes(obj: Any) -> int:
-    """The length of the file ``torch.save(obj, handle)`` writes (an open file, as
+    """The length of the file ``torch.save`` writes for ``obj`` into a handle (an open file, as
     AtomicCheckpointIO and the FSDP2 strategy write theirs)."""
     sink = _CountingSink()
     with torch.serialization.skip_data():
@@ -71,7 +71,7 @@ def torch_save_bytes(obj: Any) -> int:
 
 
 def dcp_part_bytes(state: dict[str, Any], *, replicated: bool) -> tuple[int, int]:
-    """(bytes, index bytes): what ``torch.distributed.checkpoint.save(state)`` writes for
+    """(bytes, index bytes): what ``torch.distributed.checkpoint.save`` of ``state`` writes for
     this rank, the way torch's FileSystemWriter does: every tensor (a DTensor's local
     shard) as ``torch.save`` of a compact tensor, every other value as ``torch.save`` of
     it, one after another in the rank's file; the index bytes are its allowance in

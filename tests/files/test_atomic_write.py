@@ -75,6 +75,10 @@ ALLOWED = {
         "inside the staging folder, published whole by one rename (framework/files/staging.py)",
     ("data_prep/prepare.py", "tokenizer.save(path)"): "the same staging folder",
     ("eval/experiments/sweep/runner.py", 'open(log, "a")'): "a run's log, appended while its child runs",
+    ("framework/strategies/fsdp2.py", 'open(path / LIGHTNING_META, "wb")'):
+        "inside the DCP folder, which torch's FileSystemWriter writes in place on every rank; written last, "
+        "after every shard, and a failure on any rank raises on all (FSDP2Strategy._agree)",
+    ("framework/strategies/fsdp2.py", "torch.save(checkpoint, handle)"): "the same file",
     ("benchmarks/checkpoint_cost.py", 'open(log, "w")'): "a child's log in the benchmark's scratch folder",
     ("benchmarks/startup_time.py", "tokenizer.save("): "a tokenizer in a temporary folder",
 }
