@@ -5,8 +5,9 @@ batch shape, measured in one run, repetitions interleaved.
 The two sources are the two halves of the same builtin corpus prepared with one tokenizer
 (`layerdrop prepare --corpus builtin:code` / `builtin:prose`), and the one folder is the code
 half alone, so both read the same kind of chunks; the mixture draws 50/50. For each loader
-worker count (0 and 2): ``--reps`` interleaved repetitions of ``--batches`` batches after one
-warm-up batch, a fresh loader each time; the median tokens/s of wall time and per CPU second
+worker count (0 and 2): ``--reps`` interleaved repetitions of ``--batches`` batches (rounded up to whole
+blocks of the mixture's draws, ``BLOCK``) after one block of warm-up batches, a fresh loader
+each time, so the mixture's reading ahead is inside the timed batches, never before them; the median tokens/s of wall time and per CPU second
 (this process and its loader workers), and the ratio mixture / one folder (goal >= 0.9).
 
     .venv/bin/python benchmarks/mixture_speed.py --data-root DIR   # DIR: where the two halves are prepared
@@ -56,7 +57,10 @@ def loader(halves: dict[str, str], mixture: bool, workers: int):
 
 def tokens_per_second(halves: dict[str, str], mixture: bool, workers: int, batches: int) -> tuple[float, float]:
     batches_iter = iter(loader(halves, mixture, workers))
-    next(batches_iter)  # warm-up: workers started, first chunks mapped
+    from framework.training.data.mixture_loader import BLOCK
+
+    # warm-up (workers started, first chunks mapped) to a block's end: the next block is read in the timing
+    sum(1 for _ in itertools.islice(batches_iter, BLOCK))
     _, wall, cpu = timed(lambda: sum(1 for _ in itertools.islice(batches_iter, batches)), cpu="all")
     tokens = batches * BATCH * SEQ
     return tokens / wall, tokens / cpu
@@ -66,10 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-root", required=True, help="folder for the two prepared halves (reused if there)")
     parser.add_argument("--max-tokens", default="3M", help="tokens per half (default 3M)")
-    parser.add_argument("--batches", type=int, default=400)
+    parser.add_argument("--batches", type=int, default=320, help="timed batches per repetition, rounded up to whole blocks (default 320)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", default=str(RESULTS / "mixture_speed.json"))
     args = parser.parse_args(argv)
+    from framework.training.data.mixture_loader import BLOCK
+
+    args.batches = -(-args.batches // BLOCK) * BLOCK
     halves = prepare_halves(Path(args.data_root), args.max_tokens)
     rows = []
     for workers in (0, 2):

@@ -32,11 +32,21 @@ def stack_collate(blocks: list[Any]) -> torch.Tensor:
     return torch.from_numpy(np.stack([np.asarray(block) for block in blocks]).astype(np.int64))
 
 
-def draw_sources(weights: list[float], batch_size: int, seed: int, rank: int, batch: int) -> np.ndarray:
-    """The source of each row of one batch: a pure function of (seed, rank, batch number), so
-    a resumed run draws what the uninterrupted one would have and every rank draws its own."""
-    generator = np.random.default_rng([seed, rank, batch])
-    return generator.choice(len(weights), size=batch_size, p=np.asarray(weights) / np.sum(weights))
+BLOCK = 64  # batches drawn and filled at once: the per-batch cost is a slice, not a Python step per row
+
+
+def uniforms(batch_size: int, seed: int, rank: int, block: int) -> np.ndarray:
+    """[BLOCK, batch_size] uniforms in [0, 1) for batches ``block·BLOCK ...``: a pure function of
+    (seed, rank, block), so a resumed run draws what the uninterrupted one would have and every
+    rank draws its own."""
+    return np.random.default_rng([seed, rank, block]).random((BLOCK, batch_size))
+
+
+def draw_sources(weights: list[float], row_uniforms: np.ndarray) -> np.ndarray:
+    """Each row's source: the weights' cumulative shares cut at the row's uniform (any weights,
+    so a schedule's new weights apply from the next batch on the same uniforms)."""
+    shares = np.cumsum(np.asarray(weights, dtype=np.float64))
+    return np.minimum(np.searchsorted(shares / shares[-1], row_uniforms, side="right"), len(shares) - 1)
 
 
 class MixtureLoader:
@@ -45,6 +55,12 @@ class MixtureLoader:
     ``loaders`` serve blocks of seq_len + 1 tokens (``stack_collate``) in batches of any size;
     ``weights`` are the sources' shares, or a function giving them for the next batch (a
     schedule of weights over the run's steps); ``sources`` is the int64 source index of each row.
+
+    Rows are drawn and filled ``BLOCK`` batches at a time (a source's rows taken in the order
+    per-batch draws would take them), so serving a batch is a slice. When the weights change
+    inside a block, its unserved batches give their rows back and are drawn anew. The state is
+    the block's start (each loader's state, the rows waiting) and its weights by batch: a resume
+    refills the block as it was and serves from the same batch.
     """
 
     def __init__(self, loaders: list[StreamingDataLoader], weights: list[float] | Callable[[], list[float]],
@@ -54,7 +70,9 @@ class MixtureLoader:
         self.batch_size, self.seed, self.rank = batch_size, seed, rank
         self.batches = 0  # batches served: the next draw's number
         self._iterators: list[Iterator | None] = [None] * len(loaders)
-        self._waiting: list[list[torch.Tensor]] = [[] for _ in loaders]  # rows served by a loader, not yet used
+        self._waiting: list[torch.Tensor | None] = [None] * len(loaders)  # rows a loader served, not yet in a block
+        self._block: _Block | None = None
+        self._replay: dict[str, Any] | None = None  # a loaded state's block, refilled at the next batch
 
     def __len__(self) -> int:
         # Never reached (the mixture cycles), but a length stops Lightning from fetching a
@@ -65,18 +83,64 @@ class MixtureLoader:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        sources = draw_sources(self.weights_now(), self.batch_size, self.seed, self.rank, self.batches)
-        rows = [self._take(int(source)) for source in sources]
+        weights = self.weights_now()
+        number, row = divmod(self.batches, BLOCK)
+        if self._replay is not None:
+            self._refill(self._replay)
+            self._replay = None
+        if self._block is None or self._block.number != number:
+            self._start_block(number)
+            self._fill(0, weights)
+        elif self._block.segments[-1][1] != list(weights):
+            self._fill(row, weights)
+        block = self._block
         self.batches += 1
-        blocks = torch.stack(rows)
-        return blocks[:, :-1], blocks[:, 1:], torch.from_numpy(sources.astype(np.int64))
+        return block.inputs[row], block.targets[row], block.sources[row]
 
-    def _take(self, source: int) -> torch.Tensor:
-        """The next row of one source, from its loader (a new epoch of it when it runs out)."""
-        waiting = self._waiting[source]
-        if not waiting:
-            waiting.extend(self._next_batch(source))
-        return waiting.pop(0)
+    def _start_block(self, number: int, start: dict[str, Any] | None = None) -> None:
+        if start is None:
+            start = {"loaders": [loader.state_dict() for loader in self.loaders],
+                     "waiting": [rows.tolist() if rows is not None else [] for rows in self._waiting]}
+        self._block = _Block(number, uniforms(self.batch_size, self.seed, self.rank, number), start)
+
+    def _fill(self, first: int, weights: list[float]) -> None:
+        """Draws batches ``first...`` of the block with ``weights``; rows they held go back first."""
+        block, weights = self._block, [float(weight) for weight in weights]
+        if block.rows is not None:
+            self._give_back(block, first)
+        sources = torch.from_numpy(draw_sources(weights, block.uniforms[first:]).astype(np.int64))
+        rows = None
+        for source in torch.unique(sources).tolist():
+            chosen = sources == source
+            taken = self._take(source, int(chosen.sum()))
+            if rows is None:
+                rows = torch.empty((*sources.shape, taken.shape[1]), dtype=torch.int64)
+            rows[chosen] = taken
+        if block.rows is None:
+            block.rows, block.sources = rows, sources
+            block.inputs, block.targets = rows[:, :, :-1], rows[:, :, 1:]  # views: a batch is one index
+        else:
+            block.rows[first:], block.sources[first:] = rows, sources
+        block.segments = [segment for segment in block.segments if segment[0] < first] + [(first, weights)]
+
+    def _give_back(self, block: _Block, first: int) -> None:
+        for source in range(len(self.loaders)):
+            unserved = block.rows[first:][block.sources[first:] == source]
+            if len(unserved):
+                waiting = self._waiting[source]
+                self._waiting[source] = unserved if waiting is None else torch.cat([unserved, waiting])
+
+    def _take(self, source: int, count: int) -> torch.Tensor:
+        """The next ``count`` rows of one source, from its loader (a new epoch of it when it runs out)."""
+        waiting, served = self._waiting[source], []
+        have = 0 if waiting is None else len(waiting)
+        while have < count:
+            served.append(self._next_batch(source))
+            have += len(served[-1])
+        if served:
+            waiting = torch.cat(([] if waiting is None else [waiting]) + served)
+        self._waiting[source] = waiting[count:]
+        return waiting[:count]
 
     def _next_batch(self, source: int) -> torch.Tensor:
         for attempt in range(2):
@@ -88,19 +152,56 @@ class MixtureLoader:
                 self._iterators[source] = None  # the next iter() starts the source's next epoch
         raise RuntimeError(f"source {source} of the mixture served no batch in a whole epoch")
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"batches": self.batches, "loaders": [loader.state_dict() for loader in self.loaders],
-                "waiting": [torch.stack(rows).tolist() if rows else [] for rows in self._waiting]}
+    def _refill(self, saved: dict[str, Any]) -> None:
+        """The saved block as the uninterrupted run filled it: the loaders and waiting rows at its
+        start, then its weights' segments in order."""
+        self._restore(saved["start"])
+        self._start_block(int(saved["number"]), saved["start"])
+        for first, weights in saved["segments"]:
+            self._fill(int(first), [float(weight) for weight in weights])
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if len(state["loaders"]) != len(self.loaders):
-            raise ValueError(f"the saved mixture state has {len(state['loaders'])} sources, this loader "
-                             f"{len(self.loaders)}")
-        self.batches = int(state["batches"])
-        for loader, loader_state in zip(self.loaders, state["loaders"]):
+    def _restore(self, start: dict[str, Any]) -> None:
+        for loader, loader_state in zip(self.loaders, start["loaders"]):
             loader.load_state_dict(loader_state)
         self._iterators = [None] * len(self.loaders)
-        self._waiting = [[torch.tensor(row, dtype=torch.int64) for row in rows] for rows in state["waiting"]]
+        self._waiting = [torch.tensor(rows, dtype=torch.int64) if rows else None for rows in start["waiting"]]
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._replay is not None:
+            return {"batches": self.batches, "block": self._replay}
+        if self._block is None:
+            return {"batches": self.batches, "block": None,
+                    "loaders": [loader.state_dict() for loader in self.loaders],
+                    "waiting": [rows.tolist() if rows is not None else [] for rows in self._waiting]}
+        block = self._block
+        return {"batches": self.batches,
+                "block": {"number": block.number, "start": block.start,
+                          "segments": [[first, weights] for first, weights in block.segments]}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state["block"] if "block" in state else None
+        loaders = (saved["start"] if saved is not None else state)["loaders"]
+        if len(loaders) != len(self.loaders):
+            raise ValueError(f"the saved mixture state has {len(loaders)} sources, this loader {len(self.loaders)}")
+        self.batches = int(state["batches"])
+        self._block = None
+        if saved is None:
+            self._restore(state)
+            self._replay = None
+        else:
+            self._replay = saved
 
 
-__all__ = ["MixtureLoader", "draw_sources", "stack_collate"]
+class _Block:
+    """``BLOCK`` batches' draws: their uniforms, rows and sources, and what refills them."""
+
+    def __init__(self, number: int, block_uniforms: np.ndarray, start: dict[str, Any]) -> None:
+        self.number, self.uniforms, self.start = number, block_uniforms, start
+        self.rows: torch.Tensor | None = None  # [BLOCK, batch_size, seq_len + 1]
+        self.sources: torch.Tensor | None = None  # [BLOCK, batch_size]
+        self.inputs: torch.Tensor | None = None
+        self.targets: torch.Tensor | None = None
+        self.segments: list[tuple[int, list[float]]] = []  # (first batch, weights) in order
+
+
+__all__ = ["MixtureLoader", "BLOCK", "uniforms", "draw_sources", "stack_collate"]
