@@ -10,9 +10,11 @@
 Modes (blocks are numbered 0..L-1; exit K runs blocks 0..K-1): see the list below
 (eval/decoding/modes/ holds one module per mode).
 
-A prompt starts a new document (the EOS token goes first, as between training
-documents). Generation stops at EOS, at any --stop string (cut from the text), or
-after --max-new-tokens. One prompt streams to the terminal as it is written; a prompts
+A prompt starts a new document as training documents started: after an EOS for data
+prepared with EOS between documents (`layerdrop prepare`'s own BPE), with the
+tokenizer's BOS where its post-processor adds one (Llama 3; any Hugging Face folder's
+own convention). Generation stops at any id that ends a text (the EOS, and every id of
+an eos_token_id list), at any --stop string (cut from the text), or after --max-new-tokens. One prompt streams to the terminal as it is written; a prompts
 file gives JSONL (to stdout, or --out). Statistics (tokens/s, layers per token, the
 speculative acceptance rate) go to stderr, and to --stats as JSON.
 """

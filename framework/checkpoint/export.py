@@ -39,6 +39,7 @@ from framework.files.atomic_write import copy_file, write_text
 from framework.checkpoint.base import CKPT_KEY, CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
 from framework.checkpoint.folder import finish_replacement, publish, remove_path, staging_path
 from framework.checkpoint.hf_folder import hf_config_of, write_hf_folder
+from framework.checkpoint.hf_tokens import generation_ids, read_hf_tokens, tokenizer_entries
 from framework.checkpoint.loader import Checkpoint
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.checkpoint.tokenizer_record import sha256_of
@@ -174,8 +175,9 @@ def write_config(folder: Path, config: dict[str, Any]) -> None:
 def training_record(ckpt: Checkpoint) -> dict[str, Any]:
     """What config.json keeps of the training run that wrote the checkpoint ``ckpt``."""
     metadata = ckpt.metadata
-    if ckpt.form.name == "hf":  # what an HF config says of its tokens
-        return {k: metadata[k] for k in ("bos_token_id", "eos_token_id") if metadata.get(k) is not None}
+    if ckpt.form.name == "hf":  # what an HF folder says of its tokens, each of its three files whole
+        return {**{k: metadata[k] for k in ("bos_token_id", "eos_token_id") if metadata.get(k) is not None},
+                "tokenizer": {"hf_tokens": read_hf_tokens(ckpt.path, metadata)}}
     if ckpt.form.self_contained:
         return {k: v for k, v in metadata.items() if k != "model"}
     entry = metadata.get(CKPT_KEY) or {}
@@ -241,11 +243,17 @@ def main(argv: list[str] | None = None) -> int:
 def _export_hf(args: argparse.Namespace, out: Path, decoder: Any, record: dict[str, Any],
                tokenizer: Path | None) -> int:
     source_config = record.get("tokenizer") or {}
-    # a run's tokenizer record (prepared data's BOS/EOS), else what an HF config said (an eos list stays one)
-    eos_id = source_config.get("eos_ids") or source_config.get("eos_id", record.get("eos_token_id"))
-    bos_id = source_config.get("bos_id", record.get("bos_token_id"))
-    write_staged(out, lambda folder: write_hf_folder(decoder, folder, tokenizer=tokenizer, eos_id=eos_id,
-                                                     bos_id=bos_id))
+    carried = source_config.get("hf_tokens")
+    if isinstance(carried, dict) and isinstance(carried.get("config"), dict):
+        # from an HF folder (directly or by continued pretraining): its own files' tokens, each whole
+        ids, generation = carried["config"], generation_ids(carried)
+        entries = tokenizer_entries(carried, tokenizer)
+    else:  # a run's tokenizer record (prepared data's BOS/EOS; an eos list stays one)
+        ids = {"bos_token_id": source_config.get("bos_id", record.get("bos_token_id")),
+               "eos_token_id": source_config.get("eos_ids") or source_config.get("eos_id", record.get("eos_token_id"))}
+        generation, entries = ids, None
+    write_staged(out, lambda folder: write_hf_folder(decoder, folder, tokenizer=tokenizer, ids=ids,
+                                                     generation=generation, tokenizer_config=entries))
     print(f"exported {args.ckpt} -> {args.out} (Hugging Face {hf_config_of(decoder.config)['architectures'][0]}: "
           "model.safetensors, config.json, "
           "generation_config.json" + (", tokenizer.json" if tokenizer is not None else "; no tokenizer") + ")")

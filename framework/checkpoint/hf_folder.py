@@ -28,7 +28,8 @@ from framework.files.atomic_write import copy_file, write_text
 from framework.checkpoint.base import (CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, copy_into,
                                        first_line, read_json)
 from framework.checkpoint.shape_check import check_config_against
-from framework.checkpoint.tokenizer_record import check_token_ids
+from framework.checkpoint.hf_tokens import GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE
+from framework.checkpoint.tokenizer_record import TOKEN_ID_KEYS, check_token_ids
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.config import ModelConfig
 from framework.families.family_spec import HFConfigError, HFMapping, shown
@@ -237,11 +238,18 @@ def read_tensors(path: str | os.PathLike, cfg: ModelConfig) -> Iterator[tuple[st
 
 
 def write_hf_folder(decoder: torch.nn.Module, out_dir: str | os.PathLike, *, tokenizer: str | os.PathLike | None = None,
-                    eos_id: int | list[int] | None = None, bos_id: int | None = None, overwrite: bool = False) -> Path:
+                    ids: dict[str, Any] | None = None, generation: dict[str, Any] | None = None,
+                    tokenizer_config: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
     """Write ``decoder`` (one process, unsharded, a family with a transformers class) as a
-    Hugging Face folder."""
+    Hugging Face folder. ``ids``: config.json's bos/eos/pad_token_id; ``generation``:
+    generation_config.json's (default ``ids``); ``tokenizer_config``: tokenizer_config.json's
+    special tokens and entries (framework/checkpoint/hf_tokens.py; default: the tokens of
+    ``ids``' bos and first eos)."""
     out_dir = Path(out_dir)
-    config = hf_config_of(decoder.config, bos_id=bos_id, eos_id=eos_id)
+    ids = {key: value for key, value in (ids or {}).items() if key in TOKEN_ID_KEYS}
+    config = hf_config_of(decoder.config, bos_id=ids.get("bos_token_id"), eos_id=ids.get("eos_token_id"))
+    if ids.get("pad_token_id") is not None:
+        config["pad_token_id"] = ids["pad_token_id"]
     if (out_dir / WEIGHTS_FILE).exists() and not overwrite:
         raise CheckpointError(f"{str(out_dir)!r} already holds {WEIGHTS_FILE}; pass --overwrite to replace it")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -251,13 +259,15 @@ def write_hf_folder(decoder: torch.nn.Module, out_dir: str | os.PathLike, *, tok
             writer.write(name, tensor)
     (out_dir / INDEX_FILE).unlink(missing_ok=True)  # an earlier sharded export's, now stale
     write_text(out_dir / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
-    generation = {"bos_token_id": bos_id, "eos_token_id": eos_id, "do_sample": False}
-    write_text(out_dir / "generation_config.json", json.dumps(generation, indent=2) + "\n")
+    generation = {**(ids if generation is None else generation), "do_sample": False}
+    write_text(out_dir / GENERATION_CONFIG_FILE, json.dumps(generation, indent=2) + "\n")
     if tokenizer is not None:
         copy_file(Path(tokenizer), out_dir / TOKENIZER_FILE)
-        tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": decoder.config.max_seq_len,
-                            **_special_tokens(Path(tokenizer), eos_id, bos_id)}
-        write_text(out_dir / "tokenizer_config.json", json.dumps(tokenizer_config, indent=2) + "\n")
+        entries = tokenizer_config if tokenizer_config is not None else _special_tokens(
+            Path(tokenizer), ids.get("eos_token_id"), ids.get("bos_token_id"))
+        written = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": decoder.config.max_seq_len,
+                   **entries}
+        write_text(out_dir / TOKENIZER_CONFIG_FILE, json.dumps(written, indent=2) + "\n")
     return out_dir
 
 

@@ -1,6 +1,7 @@
 """Tokenizers shaped like Hugging Face's, built here (nothing downloads): a byte-level BPE
 with Llama 3's special tokens and its post-processor (``<|begin_of_text|>`` before every
-text), and one without a BOS (GPT-2's, Qwen's convention)."""
+text), one without a BOS (GPT-2's), and Qwen2.5-Instruct's: no BOS, a chat end, and the
+special tokens its three metadata files name differently."""
 
 from __future__ import annotations
 
@@ -41,3 +42,24 @@ def no_bos_tokenizer(path: Path | None = None, vocab: int = 300) -> Tokenizer:
     if path is not None:
         tokenizer.save(str(path))
     return tokenizer
+
+
+QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
+
+
+def qwen_instruct_metadata(folder: Path, vocab: int = 300) -> None:
+    """A Qwen2.5-Instruct-like tokenizer and metadata in ``folder`` (beside its config.json):
+    config.json bos 0 / eos 2 (``<|im_end|>``); generation_config.json eos [2, 0] and pad 0;
+    tokenizer_config.json no BOS, eos ``<|im_end|>``, pad ``<|endoftext|>``, and a chat template."""
+    import json
+
+    byte_level_bpe(vocab, QWEN_SPECIALS).save(str(folder / "tokenizer.json"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "bos_token_id": 0, "eos_token_id": 2}))
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 0, "pad_token_id": 0, "eos_token_id": [2, 0], "do_sample": True, "temperature": 0.7}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}",
+        "clean_up_tokenization_spaces": False, "model_max_length": 131072}))

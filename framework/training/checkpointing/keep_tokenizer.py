@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 
 from framework.files.atomic_write import copy_file, replacing
 from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE
+from framework.checkpoint.hf_tokens import hf_tokens_of
 from framework.checkpoint.tokenizer_record import CONVENTION_KEYS, record_for, sha256_of
 from framework.files.staging import is_url
 from framework.tokenizer import check_model_tokenizer, model_stop_ids
@@ -57,6 +58,9 @@ class KeepTokenizer(pl.Callback):
             stops = model_stop_ids(init_from, self.record.get("eos_id"))
             if len(stops) > 1:  # Llama-3.x-Instruct's eos_token_id list outlives the run, into its exports
                 self.record["eos_ids"] = stops
+            carried = hf_tokens_of(init_from)
+            if carried is not None:  # the folder's own special tokens, into the run's HF exports whole
+                self.record["hf_tokens"] = carried
 
     def _sha256(self) -> str | None:
         if is_url(self.source):

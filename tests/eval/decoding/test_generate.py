@@ -339,3 +339,12 @@ def test_a_window_of_10_to_the_12_tokens_is_accepted_and_what_it_would_allocate_
     assert code == 2 and "Traceback" not in out.err
     line = out.err.strip().splitlines()[-1]
     assert line.startswith("error: the KV cache of 1 prompt(s) x 1,000,000,0") and "lower --max-new-tokens" in line
+
+
+def test_the_help_says_how_a_prompt_starts_under_either_convention(capsys):
+    """It said "the EOS token goes first" for every prompt, also for folders whose tokenizer adds a BOS."""
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "EOS token goes first" not in text
+    assert "after an EOS" in text and "BOS where its post-processor adds one" in text and "eos_token_id list" in text
