@@ -28,7 +28,7 @@ import torch
 from framework.files.atomic_write import write_json
 from eval import options
 from eval.decoding.draft_objective import CalibrationObjective, DraftCosts
-from eval.decoding.drafts import SkipDraft
+from eval.decoding.drafts import ExitDraft, SkipDraft
 from eval.decoding.skip_set_search import METHODS, run_search
 from eval.decoding.speedup import compare
 from framework.command_parser import CommandParser
@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="prompts of the objective (default 8; any lengths)")
     p.add_argument("--confirm-prompts", type=int, default=4, help="prompts of the real decoding (default 4)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per confirm prompt (default 3)")
+    p.add_argument("--confirm-exits", type=int, default=2,
+                   help="exit drafts decoded for real, the best estimated first (default 2; the fastest is "
+                        "the report's best_exit, what export --format hf --draft-from writes)")
     p.add_argument("--seed", type=int, default=0, help="seed of every search method")
     options.add_prompt_arguments(p, count=None)
     options.add_device(p)
@@ -75,9 +78,10 @@ def calibrate(model: Decoder, prompts: Sequence[torch.Tensor], *, gamma: int = 5
 
 def search(model: Decoder, objective: CalibrationObjective, confirm_prompts: Sequence[torch.Tensor], *,
            methods: Sequence[str] = METHODS, budget: int = 60, max_new_tokens: int = 64, repeats: int = 3,
-           seed: int = 0, on_step: Callable[[], None] | None = None) -> dict:
+           seed: int = 0, confirm_exits: int = 2, on_step: Callable[[], None] | None = None) -> dict:
     """Every method on ``objective``, then each winner confirmed by decoding
-    ``confirm_prompts``; the report's ``best`` is the fastest measured lossless set."""
+    ``confirm_prompts``; the report's ``best`` is the fastest measured lossless set, its
+    ``best_exit`` the fastest of the ``confirm_exits`` best-estimated exit drafts."""
     if not confirm_prompts:
         raise ValueError("no prompts left to confirm the search with: give at least one")
     started = time.perf_counter()
@@ -100,12 +104,32 @@ def search(model: Decoder, objective: CalibrationObjective, confirm_prompts: Seq
     lossless = {n: r for n, r in results.items() if r["identical_to_greedy"]} or results
     winner = max(lossless, key=lambda n: lossless[n]["measured_speedup"])
     exits = {str(e): objective.estimate(exit_layer=e) for e in range(1, len(model.blocks))}
+    best_exit = _confirm_exits(model, exits, confirm_prompts, count=confirm_exits, gamma=objective.gamma,
+                               max_new_tokens=max_new_tokens, repeats=repeats, on_step=on_step)
     return {"num_layers": len(model.blocks), "gamma": objective.gamma, "budget": budget,
             "costs": {"empty": objective.costs.empty, "verify": objective.costs.verify},
             "search_seconds": search_seconds, "calibration_prompts": len(objective.sequences),
             "confirm_prompts": len(confirm_prompts), "methods": results,
-            "exit_draft_estimates": exits,
+            "exit_draft_estimates": exits, "best_exit": best_exit,
             "best": {"method": winner, **confirmed[tuple(results[winner]["skip_layers"])]}}
+
+
+def _confirm_exits(model: Decoder, estimates: dict[str, dict], prompts: Sequence[torch.Tensor], *, count: int,
+                   gamma: int, max_new_tokens: int, repeats: int, on_step: Callable[[], None] | None) -> dict:
+    """The ``count`` exit drafts of highest estimated speedup decoded for real; the fastest
+    lossless one (what `export --format hf --draft-from` writes as ``assistant_early_exit``)."""
+    ranked = sorted(estimates, key=lambda e: estimates[e]["speedup"], reverse=True)[:count]
+    measured = {}
+    for exit_layer in ranked:
+        measured[exit_layer] = compare(model, ExitDraft(int(exit_layer)), prompts, max_new_tokens=max_new_tokens,
+                                       gamma=gamma, repeats=repeats)
+        if on_step is not None:
+            on_step()
+    lossless = [e for e in ranked if measured[e]["identical_to_greedy"]] or ranked
+    best = max(lossless, key=lambda e: measured[e]["speedup"])
+    return {"exit_layer": int(best), **measured[best],
+            "measured": {e: {key: run[key] for key in ("speedup", "acceptance_rate", "identical_to_greedy")}
+                         for e, run in measured.items()}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = _parser()
     args = parser.parse_args(argv)
-    options.check_positive(parser, args, ("budget", "gamma", "calibration_prompts", "confirm_prompts", "repeats",
+    options.check_positive(parser, args, ("budget", "gamma", "calibration_prompts", "confirm_prompts", "repeats", "confirm_exits",
                                           "prompt_len", "max_new_tokens", "threads"))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods or any(m not in METHODS for m in methods):
@@ -143,17 +167,22 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         parser.error(str(err))
     limit.report()
-    with progress(len(methods) * args.budget + len(methods), "speculate search: evaluations + confirmations") as bar:
+    confirm_exits = min(args.confirm_exits, cfg.n_layers - 1)
+    with progress(len(methods) * args.budget + len(methods) + confirm_exits,
+                  "speculate search: evaluations + confirmations") as bar:
         objective = calibrate(model, prompts[:args.calibration_prompts], gamma=args.gamma, cost=args.cost,
                               max_new_tokens=args.max_new_tokens)
         report = search(model, objective, prompts[args.calibration_prompts:], methods=methods,
                         budget=args.budget, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                        seed=args.seed, on_step=bar.advance)
+                        seed=args.seed, confirm_exits=confirm_exits, on_step=bar.advance)
     report.update(cost_model=args.cost, label=options.checkpoint_label(args.ckpt), ckpt=str(args.ckpt))
     write_json(args.out, report)
     for name, r in report["methods"].items():
         print(f"{name:>20}: skip {r['skip_layers']}  estimated {r['estimated_speedup']:.2f}x  measured "
               f"{r['measured_speedup']:.2f}x  ({r['evaluations']} evaluations)")
+    exit_draft = report["best_exit"]
+    print(f"{'exit draft':>20}: exit {exit_draft['exit_layer']}  measured {exit_draft['speedup']:.2f}x  "
+          f"(the best of exits {', '.join(exit_draft['measured'])} by estimate)")
     print(f"{report['label']}: best: {report['best']['method']} skip {report['best']['skip_layers']} "
           f"{report['best']['speedup']:.2f}x; wrote {args.out}")
     return 0

@@ -4,8 +4,10 @@ finds, resumes, proves harmless and exports them.
     base.py             names, the one error (CheckpointError), Pieces, the Form protocol
     forms.py            the registry of forms, in matching order:
       lightning_file.py   a single .ckpt file (single device, DDP)
-      hf_folder.py        a Hugging Face folder (any family with a transformers class; also
-                          written by export --format hf), checked against its headers
+      hf/folder.py        a Hugging Face folder (any family with a transformers class; also
+                          written by export --format hf), checked against its headers;
+                          hf/tokens.py its special tokens carried whole, hf/draft.py the
+                          self-speculative draft an export hands transformers' generate
       exported.py         model.safetensors + config.json (+ tokenizer.json)
       sharded/dcp.py      an FSDP2 folder (torch.distributed.checkpoint; sharded/dcp_reader.py reads it)
       sharded/zero.py     a DeepSpeed ZeRO-2/3 folder

@@ -4,7 +4,7 @@
     layerdrop export --ckpt runs/x/checkpoints/step-00001000.ckpt --out exports/x-1000 --no-tokenizer
     layerdrop export --ckpt runs/qwen/export --out hf/qwen --format hf    # Qwen2ForCausalLM
 
-``--format hf`` writes a Hugging Face folder (framework/checkpoint/hf_folder.py) that
+``--format hf`` writes a Hugging Face folder (framework/checkpoint/hf/folder.py) that
 transformers loads as the family's class (its framework/families/<name>/hf.py); the
 default Celerity family has none.
 
@@ -38,8 +38,9 @@ from typing import Any
 from framework.files.atomic_write import copy_file, write_text
 from framework.checkpoint.base import CKPT_KEY, CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError
 from framework.checkpoint.folder import finish_replacement, publish, remove_path, staging_path
-from framework.checkpoint.hf_folder import hf_config_of, write_hf_folder
-from framework.checkpoint.hf_tokens import generation_ids, read_hf_tokens, tokenizer_entries
+from framework.checkpoint.hf.folder import hf_config_of, write_hf_folder
+from framework.checkpoint.hf.draft import draft_generation_entries
+from framework.checkpoint.hf.tokens import generation_ids, read_hf_tokens, tokenizer_entries
 from framework.checkpoint.loader import Checkpoint
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.checkpoint.tokenizer_record import sha256_of
@@ -205,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=("layerdrop", "hf"), default="layerdrop",
                         help="layerdrop: model.safetensors + config.json (every family); hf: a Hugging Face "
                              "folder (LlamaForCausalLM, Qwen2ForCausalLM, ...: every family but celerity)")
+    parser.add_argument("--draft-from", default=None, metavar="SEARCH_REPORT",
+                        help="with --format hf: the report of `layerdrop speculate search`; its fastest lossless "
+                             "exit draft goes into generation_config.json (assistant_early_exit), so "
+                             "transformers' generate self-speculates")
     tokenizer = parser.add_mutually_exclusive_group()
     tokenizer.add_argument("--tokenizer", default=None, help="the tokenizer.json to include (default: the run's)")
     tokenizer.add_argument("--no-tokenizer", action="store_true", help="export the weights without a tokenizer")
@@ -216,18 +221,23 @@ def main(argv: list[str] | None = None) -> int:
         if (busy := in_use(out)) is not None:  # a run writing there (its export/) right now
             raise CheckpointError(f"--out {busy}")
         check_export_target(out, args.overwrite)
+        if args.draft_from is not None and args.format != "hf":
+            raise CheckpointError(f"--draft-from {args.draft_from!r} needs --format hf: the draft goes into a Hugging "
+                                  "Face generation_config.json (layerdrop's own commands take --draft)")
         if args.tokenizer is not None and not Path(args.tokenizer).is_file():
             raise CheckpointError(f"--tokenizer {args.tokenizer!r} does not exist")
         ckpt = Checkpoint.open(args.ckpt)
         if args.format == "hf":
             hf_config_of(ckpt.model_config)  # a family without a transformers class: refused before any weight is read
+        draft = (draft_generation_entries(args.draft_from, ckpt.model_config.n_layers)
+                 if args.draft_from is not None else None)
         tokenizer_file = _tokenizer_for(args, ckpt)
         if tokenizer_file is not None:
             check_tokenizer(tokenizer_file, ckpt.model_config.vocab_size)
         decoder, _ = ckpt.load_decoder()
         record = training_record(ckpt)
         if args.format == "hf":
-            return _export_hf(args, out, decoder, record, tokenizer_file)
+            return _export_hf(args, out, decoder, record, tokenizer_file, draft)
         if tokenizer_file is not None:
             record["tokenizer"] = {**record.get("tokenizer", {}), "file": TOKENIZER_FILE,
                                    "sha256": sha256_of(tokenizer_file)}
@@ -241,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _export_hf(args: argparse.Namespace, out: Path, decoder: Any, record: dict[str, Any],
-               tokenizer: Path | None) -> int:
+               tokenizer: Path | None, draft: dict[str, Any] | None) -> int:
     source_config = record.get("tokenizer") or {}
     carried = source_config.get("hf_tokens")
     if isinstance(carried, dict) and isinstance(carried.get("config"), dict):
@@ -252,11 +262,15 @@ def _export_hf(args: argparse.Namespace, out: Path, decoder: Any, record: dict[s
         ids = {"bos_token_id": source_config.get("bos_id", record.get("bos_token_id")),
                "eos_token_id": source_config.get("eos_ids") or source_config.get("eos_id", record.get("eos_token_id"))}
         generation, entries = ids, None
+    if draft is not None:
+        generation = {**generation, **draft}
     write_staged(out, lambda folder: write_hf_folder(decoder, folder, tokenizer=tokenizer, ids=ids,
                                                      generation=generation, tokenizer_config=entries))
     print(f"exported {args.ckpt} -> {args.out} (Hugging Face {hf_config_of(decoder.config)['architectures'][0]}: "
           "model.safetensors, config.json, "
-          "generation_config.json" + (", tokenizer.json" if tokenizer is not None else "; no tokenizer") + ")")
+          "generation_config.json" + (", tokenizer.json" if tokenizer is not None else "; no tokenizer") + ")"
+          + (f"; self-speculates in transformers' generate: exit draft {draft['assistant_early_exit']}, "
+             f"{draft['num_assistant_tokens']} tokens a round" if draft is not None else ""))
     return 0
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from framework.checkpoint.base import CheckpointError, Form
 from framework.checkpoint.sharded.dcp import DcpFolder
 from framework.checkpoint.exported import ExportedFolder
-from framework.checkpoint.hf_folder import HfFolder
+from framework.checkpoint.hf.folder import HfFolder
 from framework.checkpoint.lightning_file import LightningFile
 from framework.checkpoint.sharded.zero import ZeroFolder
 

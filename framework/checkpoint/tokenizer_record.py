@@ -8,7 +8,7 @@ checkpoint under ``checkpoint["layerdrop"]``, an export's config.json)::
                  bos_token?, bos_id?, document_start?,   (framework/tokenizer.py: the conventions)
                  eos_ids?,   (every id that ends a text: a run from a folder with an eos_token_id list)
                  hf_tokens?} (a run or export from an HF folder: its special tokens as its
-                              files say them, framework/checkpoint/hf_tokens.py)
+                              files say them, framework/checkpoint/hf/tokens.py)
     data_dir    (training checkpoints) the prepared data folder, absolute (or its URL)
 
 ``find_tokenizer_of`` looks, in order, in: an exported folder; the checkpoint's own

@@ -19,7 +19,7 @@ import lightning.pytorch as pl
 
 from framework.files.atomic_write import copy_file, replacing
 from framework.checkpoint.base import CKPT_KEY, TOKENIZER_FILE
-from framework.checkpoint.hf_tokens import hf_tokens_of
+from framework.checkpoint.hf.tokens import hf_tokens_of
 from framework.checkpoint.tokenizer_record import CONVENTION_KEYS, record_for, sha256_of
 from framework.files.staging import is_url
 from framework.tokenizer import check_model_tokenizer, model_stop_ids

@@ -45,6 +45,11 @@ def test_cli_search_reports_every_method(exported, model, prompts, capsys, monke
     assert best["skip_layers"] == report["methods"][best["method"]]["skip_layers"]
     assert report["exit_draft_estimates"] == {str(e): pytest.approx(reference.estimate(exit_layer=e))
                                               for e in (1, 2, 3)}
+    exit_draft = report["best_exit"]  # the 2 best-estimated exits decoded for real, the faster one kept
+    ranked = sorted(report["exit_draft_estimates"], key=lambda e: report["exit_draft_estimates"][e]["speedup"])
+    assert set(exit_draft["measured"]) == set(ranked[-2:]) and exit_draft["identical_to_greedy"] is True
+    assert exit_draft["speedup"] == max(run["speedup"] for run in exit_draft["measured"].values())
+    assert exit_draft["speedup"] == exit_draft["measured"][str(exit_draft["exit_layer"])]["speedup"]
     assert "best:" in capsys.readouterr().out
 
 

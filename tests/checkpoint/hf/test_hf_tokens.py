@@ -1,4 +1,4 @@
-"""framework/checkpoint/hf_tokens.py: a Hugging Face folder's special tokens, each of its three
+"""framework/checkpoint/hf/tokens.py: a Hugging Face folder's special tokens, each of its three
 files whole, in every --format hf export made from it: directly, and after continued
 pretraining (#46 item 11). On the main before this module, the Qwen2.5-Instruct layout lost
 generation_config's eos list [2, 0] and its pad (so the export never stopped at the chat's end
@@ -15,7 +15,7 @@ import pytest
 
 from data_prep.prepare import main as prepare_main
 from framework.checkpoint.export import main as export_main
-from framework.checkpoint.hf_tokens import read_hf_tokens
+from framework.checkpoint.hf.tokens import read_hf_tokens
 from framework.training.pretrain import main as pretrain_main
 from tests.families.test_llama_continued import cpu_args
 from tests.helpers.hf_qwen import tiny_hf_qwen

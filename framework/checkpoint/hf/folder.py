@@ -28,7 +28,7 @@ from framework.files.atomic_write import copy_file, write_text
 from framework.checkpoint.base import (CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE, CheckpointError, copy_into,
                                        first_line, read_json)
 from framework.checkpoint.shape_check import check_config_against
-from framework.checkpoint.hf_tokens import GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE
+from framework.checkpoint.hf.tokens import GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE
 from framework.checkpoint.tokenizer_record import TOKEN_ID_KEYS, check_token_ids
 from framework.checkpoint.safetensors_writer import SafetensorsWriter
 from framework.config import ModelConfig
@@ -242,9 +242,9 @@ def write_hf_folder(decoder: torch.nn.Module, out_dir: str | os.PathLike, *, tok
                     tokenizer_config: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
     """Write ``decoder`` (one process, unsharded, a family with a transformers class) as a
     Hugging Face folder. ``ids``: config.json's bos/eos/pad_token_id; ``generation``:
-    generation_config.json's (default ``ids``); ``tokenizer_config``: tokenizer_config.json's
-    special tokens and entries (framework/checkpoint/hf_tokens.py; default: the tokens of
-    ``ids``' bos and first eos)."""
+    generation_config.json's entries (default ``ids``; a draft's too: draft.py);
+    ``tokenizer_config``: tokenizer_config.json's special tokens and entries (tokens.py;
+    default: the tokens of ``ids``' bos and first eos)."""
     out_dir = Path(out_dir)
     ids = {key: value for key, value in (ids or {}).items() if key in TOKEN_ID_KEYS}
     config = hf_config_of(decoder.config, bos_id=ids.get("bos_token_id"), eos_id=ids.get("eos_token_id"))
