@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ckpt", required=True, help="a layerdrop checkpoint of a family with a transformers class")
     parser.add_argument("--data", required=True, help="the prepared folder its prompts come from (validation split)")
+    parser.add_argument("--label", default=None, help="what the JSON calls the model (default: the checkpoint's "
+                                                       "file name; no machine path is written)")
     parser.add_argument("--search", default=None, help="a `speculate search` report of --ckpt (default: made here)")
     parser.add_argument("--search-budget", type=int, default=20, help="objective evaluations per method of the "
                                                                      "search made here (default 20)")
@@ -107,12 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     ours = layerdrop_side(args.ckpt, prompts, report["best_exit"]["exit_layer"], report["gamma"],
                           args.max_new_tokens, args.repeats)["report"]
     same_model = hf.pop("plain_outputs") == [output["tokens"][-args.max_new_tokens:] for output in ours["outputs"]]
-    result = {"ckpt": args.ckpt, "exit": report["best_exit"]["exit_layer"], "gamma": report["gamma"],
+    result = {"model": args.label or Path(args.ckpt).name, "exit": report["best_exit"]["exit_layer"], "gamma": report["gamma"],
               "prompts": args.prompts, "prompt_len": args.prompt_len, "max_new_tokens": args.max_new_tokens,
               "repeats": args.repeats, "transformers": hf,
               "layerdrop": {"plain_tokens_per_s": ours["plain_tokens_per_s"], "spec_tokens_per_s": ours["tokens_per_s"],
                             **{key: ours[key] for key in ("speedup", "acceptance_rate", "identical_to_greedy")}},
-              "search_best_exit": {k: v for k, v in report["best_exit"].items() if k != "measured"},
+              "search_best_exit": {k: v for k, v in report["best_exit"].items() if k not in ("measured", "outputs")},
               "same_greedy_tokens_both_sides": same_model, "environment": environment()}
     result["transformers_spec_vs_layerdrop_spec"] = (hf["self_speculative_tokens_per_s"]
                                                      / result["layerdrop"]["spec_tokens_per_s"])
