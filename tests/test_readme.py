@@ -1,5 +1,7 @@
-"""The README runs as written: every ```bash block is executed, in README order, on the CPU,
-in a scratch folder laid out like a clone (recipes/ copied, the code and .venv linked).
+"""The README and its guides run as written: every ```bash block of README.md and of every
+page of docs/guide/ is executed on the CPU, the README's first, then each guide's in the order
+of the README's guide list (a later page may use what an earlier one made), in one scratch
+folder laid out like a clone (recipes/ copied, the code and .venv linked).
 
 A block that needs what CI does not have is marked on the line directly above its fence:
 
@@ -30,6 +32,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+GUIDES = REPO / "docs" / "guide"
+GUIDE_LINK = re.compile(r"^\d+\. \[[^\]]+\]\((docs/guide/[\w-]+\.md)\)", flags=re.MULTILINE)
+README_LINES = 400  # what the README may grow to: the manual lives in the guides
 MARK = re.compile(r"^<!--\s*readme:\s*not-run\s*\(([a-z-]+)\)\s*-->$")
 REASONS = ("gpu", "cluster", "hours", "placeholders")
 
@@ -50,9 +55,29 @@ class Block:
     line: int  # of the opening fence, 1-based
     text: str
     not_run: str | None  # the marker's reason
+    page: str = "README.md"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
 
-def readme_blocks(text: str) -> list[Block]:
+def pages() -> list[Path]:
+    """README.md, then the guides in the order its guide list gives them."""
+    return [README] + [REPO / link for link in GUIDE_LINK.findall(README.read_text())]
+
+
+def all_blocks() -> list[Block]:
+    """Every page's blocks, in the order they run."""
+    return [block for page in pages()
+            for block in readme_blocks(page.read_text(), str(page.relative_to(REPO)))]
+
+
+def all_text() -> str:
+    return "\n".join(page.read_text() for page in pages())
+
+
+def readme_blocks(text: str, page: str = "README.md") -> list[Block]:
     """The ```bash blocks of ``text`` in order, with the not-run marker directly above each."""
     lines, blocks, index = text.splitlines(), [], 0
     while index < len(lines):
@@ -61,7 +86,8 @@ def readme_blocks(text: str) -> list[Block]:
             while end < len(lines) and lines[end].strip() != "```":
                 end += 1
             above = MARK.match(lines[index - 1].strip()) if index else None
-            blocks.append(Block(index + 1, "\n".join(lines[index + 1:end]) + "\n", above.group(1) if above else None))
+            blocks.append(Block(index + 1, "\n".join(lines[index + 1:end]) + "\n", above.group(1) if above else None,
+                                page))
             index = end
         index += 1
     return blocks
@@ -93,12 +119,30 @@ def test_commands_joins_continuations_and_drops_comments():
 
 
 def test_every_marker_names_a_known_reason_and_sits_on_a_fence():
-    lines = README.read_text().splitlines()
-    for number, line in enumerate(lines):
-        if "readme:" in line and line.strip().startswith("<!--"):
-            match = MARK.match(line.strip())
-            assert match and match.group(1) in REASONS, f"README.md:{number + 1}: {line!r} (reasons: {REASONS})"
-            assert lines[number + 1].strip() == "```bash", f"README.md:{number + 1}: the marker must sit on a fence"
+    for page in pages():
+        lines = page.read_text().splitlines()
+        for number, line in enumerate(lines):
+            if "readme:" in line and line.strip().startswith("<!--"):
+                where = f"{page.relative_to(REPO)}:{number + 1}"
+                match = MARK.match(line.strip())
+                assert match and match.group(1) in REASONS, f"{where}: {line!r} (reasons: {REASONS})"
+                assert lines[number + 1].strip() == "```bash", f"{where}: the marker must sit on a fence"
+
+
+def test_the_readme_is_short_and_lists_every_guide():
+    """The manual is in docs/guide/: a page missing from the README's list would never run."""
+    assert len(README.read_text().splitlines()) <= README_LINES
+    listed = [page.name for page in pages()[1:]]
+    assert listed and sorted(listed) == sorted(path.name for path in GUIDES.glob("*.md"))
+    assert len(set(listed)) == len(listed)
+
+
+def test_every_relative_link_of_every_page_resolves():
+    """Moving the manual into docs/guide/ moved every relative link's base."""
+    link = re.compile(r"\]\(([^)#:]+)(?:#[^)]*)?\)")
+    for page in pages():
+        for target in link.findall(page.read_text()):
+            assert (page.parent / target).exists(), f"{page.relative_to(REPO)}: link {target!r} resolves to nothing"
 
 
 def scratch_clone(root: Path) -> Path:
@@ -126,7 +170,7 @@ def run_block(block: Block, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def failure(block: Block, done: subprocess.CompletedProcess) -> str:
-    return (f"README.md:{block.line}: the block exits {done.returncode}\n{block.text}\n--- last output ---\n"
+    return (f"{block.where}: the block exits {done.returncode}\n{block.text}\n--- last output ---\n"
             + "\n".join(done.stdout.splitlines()[-40:]))
 
 
@@ -141,15 +185,15 @@ def children_cpu_seconds() -> float:
 def test_readme_runs_as_written(tmp_path):
     root = scratch_clone(tmp_path)
     wall, cpu = time.monotonic(), children_cpu_seconds()
-    for block in readme_blocks(README.read_text()):
+    for block in all_blocks():
         if block.not_run is None:
             started, used = time.monotonic(), children_cpu_seconds()
             done = run_block(block, root)
             # shown with -s; CPU time is the figure to compare (wall time follows the machine's load)
-            print(f"README.md:{block.line}: {children_cpu_seconds() - used:.0f} CPU s, "
+            print(f"{block.where}: {children_cpu_seconds() - used:.0f} CPU s, "
                   f"{time.monotonic() - started:.0f} s", flush=True)
             assert done.returncode == 0, failure(block, done)
-    print(f"README.md: all blocks {children_cpu_seconds() - cpu:.0f} CPU s, {time.monotonic() - wall:.0f} s",
+    print(f"README and guides: all blocks {children_cpu_seconds() - cpu:.0f} CPU s, {time.monotonic() - wall:.0f} s",
           flush=True)
 
 
@@ -158,21 +202,21 @@ def test_not_run_blocks_are_commands_that_exist(tmp_path):
     root = scratch_clone(tmp_path)
     layerdrop = REPO / ".venv" / "bin" / "layerdrop"
     asked: set[tuple[str, ...]] = set()
-    for block in readme_blocks(README.read_text()):
+    for block in all_blocks():
         if block.not_run is None:
             continue
         syntax = subprocess.run(["bash", "-n"], input=block.text, text=True, capture_output=True)
-        assert syntax.returncode == 0, f"README.md:{block.line}: {syntax.stderr}"
+        assert syntax.returncode == 0, f"{block.where}: {syntax.stderr}"
         for words in commands(block.text):
             command = tuple(w for w in words[1:3] if not w.startswith("-") and "/" not in w and "." not in w)
             if command not in asked:
                 asked.add(command)
                 done = subprocess.run([str(layerdrop), *command, "--help"], cwd=root, env=environment(),
                                       capture_output=True, text=True, timeout=300)
-                assert done.returncode == 0, f"README.md:{block.line}: layerdrop {' '.join(command)} --help: " \
+                assert done.returncode == 0, f"{block.where}: layerdrop {' '.join(command)} --help: " \
                                              f"{done.stderr.strip()[-500:]}"
         for path in re.findall(r"\brecipes/[\w./-]+", block.text):
-            assert (root / path).exists(), f"README.md:{block.line}: {path} does not exist"
+            assert (root / path).exists(), f"{block.where}: {path} does not exist"
 
 
 def test_the_command_list_names_every_command():
@@ -189,7 +233,7 @@ def test_the_command_list_names_every_command():
 def test_the_strategy_table_names_every_strategy_and_auto():
     from framework.strategies import STRATEGIES
 
-    rows = set(re.findall(r"^\| `([\w-]+)` \|", README.read_text(), flags=re.MULTILINE))
+    rows = set(re.findall(r"^\| `([\w-]+)` \|", all_text(), flags=re.MULTILINE))
     assert {"auto", *STRATEGIES} <= rows
 
 
@@ -202,12 +246,12 @@ def test_the_progress_interval_the_readme_gives_is_pretrains_default():
     default = re.search(r'"--progress_every", type=float \| None, default=([\d.]+)',
                         inspect.getsource(pretrain.PretrainCLI.add_arguments_to_parser))
     seconds = f"{float(default.group(1)):g}"
-    assert f"`layerdrop pretrain`: every {seconds} s by default" in README.read_text()
+    assert f"`layerdrop pretrain`: every {seconds} s by default" in all_text()
 
 
 def test_every_knob_of_a_run_block_is_set_small_by_this_test():
     """A `${NAME:-default}` the README defines but SCALE does not set runs at full size."""
-    knobs = {name for block in readme_blocks(README.read_text()) if block.not_run is None
+    knobs = {name for block in all_blocks() if block.not_run is None
              for name in re.findall(r"\$\{(\w+):-", block.text)}
     assert knobs <= set(SCALE), f"not scaled by the test: {sorted(knobs - set(SCALE))}"
 
@@ -215,6 +259,6 @@ def test_every_knob_of_a_run_block_is_set_small_by_this_test():
 def test_the_timed_decoding_commands_scale_their_length():
     """`speculate search` / `run` decode 64 tokens a prompt in timed repeats: a third of this
     test's time until NEW_TOKENS scaled them."""
-    found = [words for block in readme_blocks(README.read_text()) if block.not_run is None
+    found = [words for block in all_blocks() if block.not_run is None
              for words in commands(block.text) if words[1] == "speculate"]
     assert found and all("${NEW_TOKENS:-64}" in words for words in found)

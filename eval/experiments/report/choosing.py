@@ -8,7 +8,7 @@ executed FLOPs against a dense run trained to them with its own schedule, the tr
 saved, and what the middle exit gains. This module reads them out of report.json documents
 (this report and every ``--across`` one), one row per listed configuration and budget — the numbers
 and verdicts (after Holm) the findings already computed, nothing re-derived — so the
-README's table is a copy of the report's and a test can hold them equal.
+The reproducing guide's table (docs/guide/reproducing.md) is a copy of the report's and a test can hold them equal.
 
 Listed: the paper's recommended form, "ILD+DTS p_max=X" (layer granularity, per-sequence masks,
 r_train = 1/ρ), and beside it at the same P̄ the same with the schedule increasing (ILD+ITS) or

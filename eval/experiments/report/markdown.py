@@ -206,7 +206,8 @@ def _choosing(report: dict) -> list[str]:
             "heads; negative: it costs more); equal FLOPs: against the dense run trained to the same FLOPs with "
             "its own schedule; middle-exit gain: the exit loss at L/2 minus dense's (minus its twin's without the "
             "loss for the early-exit loss; negative: better). Dense's row gives its loss (mean ± std over seeds). "
-            "README.md's \"Choosing a configuration\" table is this one (eval/experiments/report/choosing.py).", "",
+            "The \"Choosing a configuration\" table of docs/guide/reproducing.md is this one "
+            "(eval/experiments/report/choosing.py).", "",
             *markdown_table(table), ""]
 
 

@@ -1,5 +1,5 @@
 """The "Choosing a configuration" table: numbers read out of hand-made reports, known by hand, and the
-README's table held equal to the committed reports'."""
+the reproducing guide's table held equal to the committed reports'."""
 
 from __future__ import annotations
 
@@ -115,11 +115,11 @@ def test_a_configuration_without_a_compute_matched_baseline_says_so():
 
 
 def test_the_readme_table_is_the_committed_reports_table():
-    """README.md's "Choosing a configuration" table is a copy of the newest report's (which carries the
-    other budgets through --across): re-reporting without updating README fails here."""
+    """The "Choosing a configuration" table (docs/guide/reproducing.md) is a copy of the newest report's
+    (which carries the other budgets through --across): re-reporting without updating the guide fails here."""
     report = json.loads((ROOT / "docs" / "reproduction-6tpp" / "report.json").read_text())
     expected = markdown_table(report["choosing"])
-    readme = (ROOT / "README.md").read_text().splitlines()
+    readme = GUIDE.read_text().splitlines()
     section = readme[readme.index("### Choosing a configuration"):]
     start = section.index(expected[0])
     assert section[start:start + len(expected)] == expected
@@ -131,7 +131,8 @@ def test_the_readme_table_is_the_committed_reports_table():
 # A number in prose: signed or not, with thousands commas, decimals or a percent sign (plain integers,
 # counts of seeds, steps and exits, are left out); "−" is the minus sign the README writes.
 NUMBER = re.compile(r"(?<![\w.])[+−-]?\d+(?:\.\d+)?%?(?![\w.%])")
-LINK = re.compile(r"\]\((docs/[^)#]+\.md)\)")
+LINK = re.compile(r"\]\(\.\./([^)#]+\.md)\)")  # the guide's links to the report pages, from docs/guide/
+GUIDE = ROOT / "docs" / "guide" / "reproducing.md"
 
 
 def _numbers(text: str) -> list[tuple[str, float, int]]:
@@ -151,18 +152,19 @@ def _backed(value: float, decimals: int, page_values: list[float]) -> bool:
 
 
 def test_every_number_the_advice_sentences_name_is_in_the_report_pages_they_cite():
-    """README.md's "Choosing a configuration" prose (the table has its own test above): each number a
+    """The "Choosing a configuration" prose (the table has its own test above): each number a
     sentence names must be one the committed reports print (docs/reproduction, docs/reproduction-6tpp) or
     one of the pages the section links, so re-reporting without rewriting the advice fails here."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Choosing a configuration"):readme.index("## Tuning the base")]
+    readme = GUIDE.read_text()
+    section = readme[readme.index("### Choosing a configuration"):]
     prose = "\n".join(line for line in section.splitlines() if not line.startswith("|"))
-    pages = {"docs/reproduction/README.md", "docs/reproduction-6tpp/README.md", *LINK.findall(prose)}
+    pages = {"docs/reproduction/README.md", "docs/reproduction-6tpp/README.md",
+             *(f"docs/{page}" for page in LINK.findall(prose))}
     page_values = [value for page in sorted(pages) for _, value, _ in _numbers((ROOT / page).read_text())]
     sentences = _numbers(prose)
     assert len(sentences) > 30  # the advice names its numbers
     unbacked = [word for word, value, decimals in sentences if not _backed(value, decimals, page_values)]
-    assert unbacked == [], f"README's advice names numbers no report page has: {unbacked}"
+    assert unbacked == [], f"the guide's advice names numbers no report page has: {unbacked}"
 
 
 def test_the_sentence_check_catches_a_number_no_page_has():
