@@ -145,6 +145,7 @@ class SelfSpeculativeDecoder:
         inputs = torch.cat([pending] + drafts, dim=1)
         mid = time.perf_counter()
         target_logits = self.draft.verify(self.model, inputs, cache, start)
+        verified = time.perf_counter()
         if self.sampling.greedy:
             accepted, nexts = self._accept_greedy(inputs[:, 1:], target_logits, limits)
         else:
@@ -156,7 +157,8 @@ class SelfSpeculativeDecoder:
         for row, (row_tokens, count, nxt) in enumerate(zip(inputs[:, 1:].tolist(), accepted, nexts)):
             book.add(row, row_tokens[:count] + [nxt], [blocks / (count + 1)] * (count + 1))
         stats.draft_seconds += mid - tick
-        stats.verify_seconds += time.perf_counter() - mid
+        stats.verify_seconds += verified - mid
+        stats.bookkeeping_seconds += time.perf_counter() - verified
         stats.rounds += 1
         stats.draft_steps += k
         stats.drafted += sum(limits)

@@ -111,6 +111,7 @@ def _report(model: Decoder, draft: Draft, decoder: SelfSpeculativeDecoder, resul
         "adaptive": decoder.adaptive is not None,
         "final_threshold": decoder.adaptive.threshold if decoder.adaptive else None,
         "tokens_per_round": spec.new_tokens / spec.rounds if spec.rounds else float("nan"),
+        "time_shares": spec.time_shares(),  # of the speculative runs' wall time, summed over batches and repeats
         "tokens_per_s": result.tokens / spec_total,
         "plain_tokens_per_s": result.tokens / plain_total,
         "layers_per_token": spec.block_evaluations / spec.new_tokens if spec.new_tokens else float("nan"),
@@ -210,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{report['label']}: speedup {report['speedup']:.2f}x  acceptance {report['acceptance_rate']:.2%}  "
           f"T_draft/T_target {report['draft_time_ratio']:.2f}  identical_to_greedy {report['identical_to_greedy']}"
           f"  ({report['tokens_per_s']:.0f} vs {report['plain_tokens_per_s']:.0f} tokens/s); wrote {args.out}")
+    print("speculative time: " + ", ".join(f"{name.replace('_', ' ')} {share:.0%}"
+                                          for name, share in report["time_shares"].items()))
     return 0
 
 

@@ -116,8 +116,9 @@ class GenerationStats:
     drafted: int = 0  # draft tokens proposed, summed over rows
     accepted: int = 0  # of which the verifier accepted (each row's own acceptance)
     draft_steps: int = 0
-    draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
+    draft_seconds: float = 0.0  # the draft's forwards (and sampling its tokens)
+    verify_seconds: float = 0.0  # the verifying forward
+    bookkeeping_seconds: float = 0.0  # acceptance, cache crop, transcripts: a round's work beside the forwards
 
     def add(self, other: "GenerationStats") -> None:
         for name in self.__dataclass_fields__:
@@ -131,8 +132,17 @@ class GenerationStats:
         if self.rounds:
             out.update(rounds=self.rounds, drafted=self.drafted, accepted=self.accepted,
                        acceptance_rate=self.accepted / self.drafted if self.drafted else float("nan"),
-                       tokens_per_round=self.new_tokens / self.rounds)
+                       tokens_per_round=self.new_tokens / self.rounds, time_shares=self.time_shares())
         return out
+
+    def time_shares(self) -> dict[str, float]:
+        """Where a speculative run's wall time went, as shares of it: the prompt's prefill, the
+        draft's forwards, the verifying forwards, the rounds' bookkeeping, and the rest (the
+        loop between rounds: finished rows dropped from the batch and the cache)."""
+        parts = {"prefill": self.prefill_seconds, "draft": self.draft_seconds, "verify": self.verify_seconds,
+                 "bookkeeping": self.bookkeeping_seconds}
+        parts["between_rounds"] = max(0.0, self.seconds - sum(parts.values()))
+        return {name: value / self.seconds if self.seconds else float("nan") for name, value in parts.items()}
 
 
 class Clock:

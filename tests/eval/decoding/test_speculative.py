@@ -10,6 +10,7 @@ import copy
 import json
 import math
 import re
+import time
 
 import pytest
 import torch
@@ -288,6 +289,31 @@ def test_compare_reports_the_fixed_keys(model, prompts_and_references):
     assert report["identical_to_greedy"] is True
     assert report["skip_layers"] == [1]
     assert 0.0 <= report["acceptance_rate"] <= 1.0 and report["speedup"] > 0
+
+
+def test_a_rounds_time_is_split_into_its_parts_with_nothing_counted_twice(model, prompts_and_references,
+                                                                          monkeypatch):
+    """The breakdown of #44 item 3: prefill, draft, verify, bookkeeping and the rest sum to the run's
+    wall time; a slowed verifying forward shows up under verify, and only there."""
+    from eval.decoding.speculative import SelfSpeculativeDecoder
+
+    prompts = [p.tolist() for p, _ in prompts_and_references[:3]]
+    decoder = SelfSpeculativeDecoder(model, ExitDraft(2), gamma=3)
+    _, stats = decoder.generate_batch(prompts, 8)
+    shares = stats.summary()["time_shares"]
+    assert set(shares) == {"prefill", "draft", "verify", "bookkeeping", "between_rounds"}
+    assert all(value >= 0 for value in shares.values()) and sum(shares.values()) == pytest.approx(1.0)
+    verify = ExitDraft.verify
+
+    def slow_verify(self, *args, **kwargs):
+        time.sleep(0.02)
+        return verify(self, *args, **kwargs)
+
+    monkeypatch.setattr(ExitDraft, "verify", slow_verify)
+    _, slowed = decoder.generate_batch(prompts, 8)
+    assert slowed.verify_seconds >= 0.02 * slowed.rounds
+    assert slowed.draft_seconds + slowed.bookkeeping_seconds < 0.02 * slowed.rounds
+    assert slowed.summary()["time_shares"]["verify"] > shares["verify"]
 
 
 @pytest.mark.parametrize("draft,message", [
