@@ -15,6 +15,23 @@ import pytest
 from tests.helpers.tiny_training import prepare_tiny_data, shared_once
 
 
+# The one test longer than any two others (the README's and the guides' blocks, ~6 minutes): first of all.
+LONGEST = "tests/test_readme.py::test_readme_runs_as_written"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long tests first: the README's blocks, then the slow ones, then the multi-process ones,
+    then the rest (each group in collection order). Under `make test`'s `--dist worksteal` a worker
+    whose queue runs dry takes the other's short tests from the end of its queue, so no long test
+    starts last while the other core idles (the suite's wall time is set by its tail)."""
+    def rank(item: pytest.Item) -> int:
+        if item.nodeid == LONGEST:
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2 if item.get_closest_marker("multiprocess") else 3
+
+    items.sort(key=rank)
+
+
 @pytest.fixture(scope="session")
 def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder every xdist worker of this session sees (the parent of their base temps)."""

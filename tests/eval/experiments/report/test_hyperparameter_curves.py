@@ -172,6 +172,7 @@ def heldout(root: Path) -> dict[str, float]:
             for p in (root / "runs").iterdir()}
 
 
+@pytest.mark.slow  # two real sweeps: ~2.5 minutes on 2 cores
 def test_a_real_transfer_sweep_and_a_real_figure3_sweep_report_their_optima(tmp_path, prepared_tokens):
     """Both checks end to end on test-sized runs: `layerdrop sweep`, then `layerdrop report`,
     whose optima, drifts, regrets and verdicts are recomputed here from the runs' own
