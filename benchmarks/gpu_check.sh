@@ -14,6 +14,9 @@
 #                                        graphs torch._dynamo makes over the run while the
 #                                        kept-row counts and r_train change every step
 #                                        (bound: 2 graphs per block, no recompile limit hit)
+#   decode                               greedy decoding tokens/s of the 504M shape (random bf16
+#                                        weights), batch 1 and 8, the full model and exit L/3,
+#                                        eager (benchmarks/gpu_decoding.py -> decoding.json; ~1 min)
 #
 # Budget: the device lends 15 minutes per session, start included, and 10 per command.
 # DEADLINE=S (seconds since the script began) skips a run that could not finish before it,
@@ -59,12 +62,14 @@ if [[ "${SMOKE:-0}" == 1 ]]; then
     RECIPE=recipes/tiny.yaml ACCELERATOR=cpu PRECISION=32-true WORKERS=0
     STEPS=${STEPS:-12} WARMUP=${WARMUP:-2} RUN_TIMEOUT=${RUN_TIMEOUT:-600}
     SMOKE_ARGS=(--model.lr_schedule.warmup_steps 1)  # the recipe's 20 would outlast the run
-    DEFAULT_RUNS="fsdp-fp32-dense fsdp-bf16-dense fsdp-bf16-ild-dts fsdp-bf16-ild-dts-compile"
+    DEFAULT_RUNS="fsdp-fp32-dense fsdp-bf16-dense fsdp-bf16-ild-dts fsdp-bf16-ild-dts-compile decode"
+    DECODE=(--shape tiny --device cpu --dtype float32 --new-tokens 8 --repeats 1)
 else
     RECIPE=recipes/271m.yaml ACCELERATOR=gpu PRECISION=bf16-mixed WORKERS=4
     STEPS=${STEPS:-60} WARMUP=${WARMUP:-10} RUN_TIMEOUT=${RUN_TIMEOUT:-150}
     SMOKE_ARGS=()
-    DEFAULT_RUNS="fsdp-fp32-dense fsdp-bf16-dense fsdp-bf16-ild-dts fsdp-bf16-ild-dts-compile deepspeed2-dense deepspeed2-ild-dts"
+    DEFAULT_RUNS="fsdp-fp32-dense fsdp-bf16-dense fsdp-bf16-ild-dts fsdp-bf16-ild-dts-compile deepspeed2-dense deepspeed2-ild-dts decode"
+    DECODE=(--shape 504M --device cuda --dtype bfloat16)
 fi
 RUNS=${RUNS:-$DEFAULT_RUNS}
 
@@ -102,6 +107,7 @@ CORE_TIMEOUT=${CORE_TIMEOUT:-540}
 CORE_JOBS=${CORE_JOBS:-3} CORE_THREADS=${CORE_THREADS:-4}
 DEADLINE=${DEADLINE:-0}  # 0: none
 throughput_runs=${RUNS//paper-gpu-core/}
+throughput_runs=${throughput_runs//decode/}
 [[ -z "${throughput_runs// /}" || -d "$DATA" ]] || prepare_data || exit 1
 
 fsdp2() {  # FSDP2Strategy on one device, all-gathers in $1
@@ -131,6 +137,15 @@ run_one() {  # name, strategy, pretrain args...
     local code=$?
     tail -n 25 "$OUT_DIR/$name.log"
     [[ $code -eq 0 ]] || echo "=== $name FAILED (exit $code)"
+}
+
+decode() {  # decoding tokens/s (benchmarks/gpu_decoding.py), its JSON straight into what comes back
+    fits 180 || { echo "=== decode skipped: 180 s would pass DEADLINE ($SECONDS of $DEADLINE s gone)"; return; }
+    echo "=== decode"
+    timeout 300 "$PYTHON" benchmarks/gpu_decoding.py "${DECODE[@]}" --out "$RESULTS" > "$OUT_DIR/decode.log" 2>&1
+    local code=$?
+    tail -n 8 "$OUT_DIR/decode.log"
+    [[ $code -eq 0 ]] || echo "=== decode FAILED (exit $code)"
 }
 
 paper_gpu_core() {  # the 20-TPP core subset of recipes/sweeps/paper-gpu.yaml, then its report
@@ -164,6 +179,7 @@ yaml.safe_dump(s, open(sys.argv[2], 'w'), sort_keys=False)" recipes/sweeps/paper
 for name in $RUNS; do
     case $name in
         paper-gpu-core)            paper_gpu_core ;;
+        decode)                    decode ;;
         fsdp-fp32-dense)           run_one "$name" "$(fsdp2 float32)" "${dense[@]}" ;;
         fsdp-bf16-dense)           run_one "$name" "$(fsdp2 bfloat16)" "${dense[@]}" ;;
         fsdp-bf16-ild-dts)         run_one "$name" "$(fsdp2 bfloat16)" "${ild_dts[@]}" ;;

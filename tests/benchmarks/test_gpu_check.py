@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.sh's 20-TPP core subset, dry-run on the CPU (SMOKE=1): the one device
 call the day a GPU is lent runs exactly these six runs of recipes/sweeps/paper-gpu.yaml at the
-paper's budget, and an unknown run name is refused."""
+paper's budget; its decoding run writes tokens/s for both modes at batch 1 and 8; an unknown run name
+is refused."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,3 +37,13 @@ def test_the_core_subset_is_six_runs_at_20_tokens_per_parameter(tmp_path):
 def test_an_unknown_run_is_named(tmp_path):
     done = gpu_check(tmp_path, "paper-gpu-cor")
     assert "unknown run 'paper-gpu-cor'" in done.stderr
+
+
+def test_the_decoding_run_writes_both_modes_at_batch_1_and_8_without_preparing_data(tmp_path):
+    done = gpu_check(tmp_path, "decode")
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads((tmp_path / "out" / "decoding.json").read_text())
+    assert {(row["mode"], row["batch"]) for row in result["rows"]} == {("full", 1), ("full", 8), ("exit:2", 1),
+                                                                          ("exit:2", 8)}
+    assert all(row["tokens_per_s"] > 0 for row in result["rows"]) and result["compiled"] is False
+    assert not (tmp_path / "no-data").exists()
