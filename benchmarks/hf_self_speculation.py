@@ -62,14 +62,14 @@ def hf_side(folder: Path, prompts: list[list[int]], new_tokens: int, repeats: in
 
 def layerdrop_side(ckpt: str, prompts: list[list[int]], exit_layer: int, gamma: int, new_tokens: int,
                    repeats: int) -> dict:
+    """Plain greedy vs the exit draft in layerdrop's decoder (eval/decoding/speedup.py's report)."""
     from eval.decoding.drafts import ExitDraft
     from eval.decoding.speedup import compare
     from framework.checkpoint import load_decoder
 
     model, _ = load_decoder(ckpt)
-    report = compare(model, ExitDraft(exit_layer), prompts, max_new_tokens=new_tokens, gamma=gamma,
-                     repeats=repeats, eos_id=None)
-    return {"report": report}
+    return compare(model, ExitDraft(exit_layer), prompts, max_new_tokens=new_tokens, gamma=gamma,
+                   repeats=repeats, eos_id=None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = validation_prompts(args.data, count=args.prompts, length=args.prompt_len)
         hf = hf_side(folder, prompts, args.max_new_tokens, args.repeats)
     ours = layerdrop_side(args.ckpt, prompts, report["best_exit"]["exit_layer"], report["gamma"],
-                          args.max_new_tokens, args.repeats)["report"]
+                          args.max_new_tokens, args.repeats)
     same_model = hf.pop("plain_outputs") == [output["tokens"][-args.max_new_tokens:] for output in ours["outputs"]]
     result = {"model": args.label or Path(args.ckpt).name, "exit": report["best_exit"]["exit_layer"], "gamma": report["gamma"],
               "prompts": args.prompts, "prompt_len": args.prompt_len, "max_new_tokens": args.max_new_tokens,

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from framework.checkpoint.base import CheckpointError
+from framework.checkpoint.base import CheckpointError, first_line
 from framework.files.nesting import json_document
 
 
@@ -33,7 +33,7 @@ def draft_generation_entries(report_path: str | Path, num_layers: int) -> dict[s
     try:
         report = json_document(path.read_text(), where)
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise CheckpointError(f"{where} is not a readable JSON report ({str(err).splitlines()[0]})") from None
+        raise CheckpointError(f"{where} is not a readable JSON report ({first_line(err)})") from None
     best = report.get("best_exit") if isinstance(report, dict) else None
     if not isinstance(best, dict):
         raise CheckpointError(f"{where} has no best_exit: not a report of `layerdrop speculate search` (or one "
