@@ -77,6 +77,12 @@ def add_threads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
+def add_compile(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the decoding steps (eval/decoding/compiled_step.py): faster per token "
+                             "once compiled, which costs seconds to a minute first; the same tokens")
+
+
 def add_tokenizer(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default=None, metavar="JSON",
                         help="tokenizer.json (default: beside the checkpoint, or in the data folder it trained on)")

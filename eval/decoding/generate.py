@@ -5,6 +5,7 @@
     layerdrop generate --ckpt CKPT --prompt "def main(" --mode skip:1,3        # blocks 1 and 3 skipped
     layerdrop generate --ckpt CKPT --prompt "def main(" --mode speculative     # full's text, drafted and verified
     layerdrop generate --ckpt CKPT --prompt "def main(" --mode dynamic --threshold 0.8
+    layerdrop generate --ckpt CKPT --prompts prompts.jsonl --compile                 # compiled steps, same tokens
     layerdrop generate --ckpt CKPT --prompts prompts.jsonl --batch-size 16 --out out.jsonl
 
 Modes (blocks are numbered 0..L-1; exit K runs blocks 0..K-1): see the list below
@@ -76,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     options.add_tokenizer(p)
     options.add_device(p)
     options.add_threads(p)
+    options.add_compile(p)
     options.add_output(p, required=False, what="write results as JSONL here (default: stdout)")
     p.add_argument("--stats", default=None, metavar="JSON", help="write the run's statistics here")
     return p
@@ -106,6 +108,7 @@ def _prompt_texts(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 def main(argv: list[str] | None = None) -> int:
     from eval.decoding import modes
     from eval.decoding.dynamic_exit import check_threshold, parse_candidates
+    from eval.decoding.compiled_step import CompiledStep
     from eval.decoding.sampling import Sampling
     from eval.inputs import ContextLimit, check_vocabulary
     from framework.tokenizer import TextCodec
@@ -114,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     options.check_positive(parser, args, ("gamma", "max_new_tokens", "batch_size", "threads"))
+    if args.compile and args.mode.partition(":")[0] == "dynamic":
+        parser.error("--compile is for --mode full, exit:K, skip:SET and speculative: dynamic decides each token's "
+                     "exit in Python, which would compile a graph a token")
     options.refuse_existing(parser, [args.out, args.stats], args.overwrite)
     options.check_checkpoint(parser, args.ckpt)
     device = options.resolve_device(parser, args.device)
@@ -140,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         positions = max(map(len, prompts)) + args.max_new_tokens + (args.gamma or 5) + 2
         options.check_cache_fits(model, min(args.batch_size, len(prompts)), positions, device)
         decode = mode.build(model, value, _settings(args, sampling, _adapters(args.adapters, model)))
+        compiled = CompiledStep.install(model) if args.compile else None
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         parser.error(str(err))
     limit.report()
@@ -149,10 +156,14 @@ def main(argv: list[str] | None = None) -> int:
     _write(results, texts, args, from_file, codec)
     summary = {"mode": args.mode, "ckpt": str(args.ckpt), "num_layers": cfg.n_layers, "batch_size": args.batch_size,
                "device": str(device), **stats.summary()}
+    if compiled is not None:  # its compile time is in the seconds above: a first run pays it
+        summary["compiled"] = compiled.summary()
     line = (f"{summary['new_tokens']} tokens in {summary['seconds']:.2f} s: {summary['tokens_per_s']:.1f} tokens/s, "
             + blocks_per_token(summary["layers_per_token"], cfg.n_layers, adapters=args.adapters is not None))
     if "acceptance_rate" in summary:
         line += f", acceptance {summary['acceptance_rate']:.0%}"
+    if compiled is not None:
+        line += f"; compiled: {compiled.graphs} graphs in {compiled.compile_seconds:.1f} s (included)"
     print(f"[{args.mode}] {line}", file=sys.stderr)
     if args.stats:
         write_json(args.stats, summary)

@@ -20,6 +20,7 @@ import torch
 from framework.files.atomic_write import write_json
 from eval import options
 from eval.decoding.batch import BatchGenerator
+from eval.decoding.compiled_step import CompiledStep
 from eval.decoding.drafts import Draft, make_draft
 from eval.decoding.sampling import Sampling
 from eval.decoding.speculative import AdaptiveThreshold, SelfSpeculativeDecoder
@@ -50,9 +51,14 @@ def compare(model: Decoder, draft: Draft, prompts: Sequence[torch.Tensor | Seque
             max_new_tokens: int = 64, gamma: int = 5, adaptive: AdaptiveThreshold | None = None,
             temperature: float = 0.0, sampling: Sampling | None = None, repeats: int = 3, warmup: int = 1,
             seed: int = 0, batch_size: int = 1, eos_id: int | Sequence[int] | None = None,
-            on_batch: Callable[[int], None] | None = None) -> dict:
+            on_batch: Callable[[int], None] | None = None, compile: bool = False) -> dict:
     """Time plain decoding and self-speculative decoding on every batch of prompts
-    (median of ``repeats`` after ``warmup`` untimed runs each) and return the report."""
+    (median of ``repeats`` after ``warmup`` untimed runs each) and return the report.
+    ``compile``: both decode through compiled steps (eval/decoding/compiled_step.py), the
+    compiling done in the warm-up runs (``warmup`` >= 1 then)."""
+    if compile and warmup < 1:
+        raise ValueError(f"warmup={warmup!r} is invalid with compile: the untimed warm-up run is where it compiles "
+                         "(give warmup >= 1)")
     if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: must be an integer >= 1")
     if not prompts:
@@ -61,6 +67,22 @@ def compare(model: Decoder, draft: Draft, prompts: Sequence[torch.Tensor | Seque
     rows = [torch.as_tensor(p).view(-1).tolist() for p in prompts]
     plain = BatchGenerator(model, StaticRoute(model), sampling=sampling, seed=seed)
     spec = SelfSpeculativeDecoder(model, draft, gamma=gamma, adaptive=adaptive, sampling=sampling, seed=seed)
+    timing = dict(batch_size=batch_size, warmup=warmup, repeats=repeats, eos_id=eos_id, on_batch=on_batch)
+    compiled = None
+    if compile:
+        with CompiledStep.installed(model) as compiled:
+            result = _time_batches(plain, spec, rows, max_new_tokens, **timing)
+    else:
+        result = _time_batches(plain, spec, rows, max_new_tokens, **timing)
+    report = _report(model, draft, spec, result, max_new_tokens=max_new_tokens, repeats=repeats,
+                     batch_size=batch_size)
+    report["compiled"] = compiled.summary() if compiled is not None else None
+    return report
+
+
+def _time_batches(plain: BatchGenerator, spec: SelfSpeculativeDecoder, rows: list[list[int]], max_new_tokens: int,
+                  *, batch_size: int, warmup: int, repeats: int, eos_id, on_batch) -> Comparison:
+    """Both decoders on every batch of ``rows``, interleaved: ``warmup`` untimed runs, then ``repeats`` timed."""
     result = Comparison()
     for start in range(0, len(rows), batch_size):
         numbers = list(range(start, min(start + batch_size, len(rows))))
@@ -84,8 +106,7 @@ def compare(model: Decoder, draft: Draft, prompts: Sequence[torch.Tensor | Seque
         result.tokens += sum(len(item.tokens) for item in output)
         if on_batch is not None:
             on_batch(len(batch))
-    return _report(model, draft, spec, result, max_new_tokens=max_new_tokens, repeats=repeats,
-                   batch_size=batch_size)
+    return result
 
 
 def _report(model: Decoder, draft: Draft, decoder: SelfSpeculativeDecoder, result: Comparison,
@@ -158,6 +179,7 @@ def _parser() -> argparse.ArgumentParser:
     options.add_prompt_arguments(p)
     options.add_device(p)
     options.add_threads(p)
+    options.add_compile(p)
     options.add_output(p)
     return p
 
@@ -201,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     with progress(len(prompts), "speculate run: prompts") as bar:
         report = compare(model, draft, prompts, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
                          adaptive=adaptive, sampling=sampling, repeats=args.repeats, seed=args.seed,
-                         batch_size=args.batch_size, eos_id=eos_id, on_batch=bar.advance)
+                         batch_size=args.batch_size, eos_id=eos_id, on_batch=bar.advance, compile=args.compile)
     for row, item in enumerate(report["outputs"]):
         item["prompt"] = texts[row] if texts is not None else prompts[row]
         if codec.loaded is not None:
@@ -213,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
           f"  ({report['tokens_per_s']:.0f} vs {report['plain_tokens_per_s']:.0f} tokens/s); wrote {args.out}")
     print("speculative time: " + ", ".join(f"{name.replace('_', ' ')} {share:.0%}"
                                           for name, share in report["time_shares"].items()))
+    if report["compiled"] is not None:
+        print(f"compiled: {report['compiled']['graphs']} graphs in {report['compiled']['compile_seconds']:.1f} s "
+              "(in the untimed warm-up)")
     return 0
 
 

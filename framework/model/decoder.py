@@ -270,7 +270,9 @@ class Decoder(nn.Module):
         reads: dict[int, torch.Tensor] = {}
         running: torch.Tensor | None = None  # [B, T] bool: the positions blocks still update (None: all)
         done = 0
-        for exit_layer, adapter in sorted((exits or {}).items()):
+        exits = exits or {}
+        for exit_layer in sorted(exits):  # the keys alone: torch.compile sorts ints, not (int, module) pairs
+            adapter = exits[exit_layer]
             below = [i for i in layers[done:] if i < exit_layer]
             h = self._run_blocks(below, h, bias, plan, cache, running, collected)
             done += len(below)

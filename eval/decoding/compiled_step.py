@@ -1,0 +1,134 @@
+"""Compiled decoding (`generate --compile`, `speculate run --compile`).
+
+Every decoding route calls the model's one forward, ``Decoder.step``, with a few fixed
+structural arguments (which blocks, which exits are read, an exit rule) and tensors whose
+shapes change in two ways only: the cache grows by the tokens fed, and rows leave the batch.
+At the CPU base model's size a step is mostly per-operation overhead, which one compiled
+graph removes.
+
+``CompiledStep`` stands in for the model's ``step``: each structural key (the blocks, the
+exits and their adapters, whether the inputs are token ids or a residual stream) gets its own ``torch.compile``'d function, with those arguments as
+constants of the function, so no Python integer of the route becomes a symbolic value and
+the blocks unroll. Shapes are dynamic: the growing cache length, a verify pass's gamma + 1
+tokens and a shrinking batch reuse one graph instead of compiling one per length. A call
+without a cache (training, measurements), with a drop plan, keeping every state, or marking
+padding (the prefill: once per prompt, and its padding check is a data-dependent branch)
+runs eagerly, exactly as before, and so does a call with an exit rule (the dynamic mode's:
+it decides per token, in Python, which rows go on, a new rule each step, which would
+compile a graph a token; `generate` refuses `--compile` with that mode).
+
+Graphs are counted per key and in all (``graphs``), and the wall time of every call that
+compiled one is summed (``compile_seconds``: tracing and code generation, whole). Each key
+may compile at most ``limit`` graphs; past it a key runs eagerly from then on, counted in
+``eager_fallbacks``, so a route whose shapes keep changing costs compile time once, not per
+token. An exit rule (the dynamic mode's) decides per token which rows go on, in Python:
+torch.compile breaks its graph there, and the pieces between the candidate exits are
+compiled.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+
+from framework.model.decoder import Decoder, StepOutput
+
+# Graphs one key may compile before it runs eagerly: under dynamo's own cap per code object
+# (torch._dynamo.config.recompile_limit, 8), past which dynamo would fall back uncounted.
+LIMIT = 6
+
+
+class CompiledStep:
+    """``model.step``, compiled per route (see the module docstring); ``install`` puts it in place."""
+
+    def __init__(self, model: Decoder, *, limit: int = LIMIT, backend: str | Callable = "inductor") -> None:
+        if not (isinstance(limit, int) and limit >= 1):
+            raise ValueError(f"limit={limit!r} is invalid: must be an integer >= 1")
+        self.model, self.eager, self.limit, self.backend = model, model.step, limit, backend
+        self.functions: dict[tuple, Callable[..., StepOutput]] = {}
+        self.graphs_by_key: dict[tuple, int] = {}
+        self.graphs = 0
+        self.compile_seconds = 0.0
+        self.eager_fallbacks = 0
+
+    @classmethod
+    def install(cls, model: Decoder, **options: Any) -> "CompiledStep":
+        """Replace ``model.step`` (an instance attribute over the class's method) by a
+        CompiledStep and return it; ``uninstall`` puts the method back."""
+        if isinstance(model.__dict__.get("step"), CompiledStep):
+            return model.__dict__["step"]
+        compiled = cls(model, **options)
+        model.step = compiled  # type: ignore[method-assign]
+        return compiled
+
+    def uninstall(self) -> None:
+        if self.model.__dict__.get("step") is self:
+            del self.model.__dict__["step"]
+
+    @classmethod
+    @contextmanager
+    def installed(cls, model: Decoder, **options: Any) -> Iterator["CompiledStep"]:
+        """``install`` for a block of code; the method comes back after it unless a
+        CompiledStep was in place before (then that one is used and stays)."""
+        before = model.__dict__.get("step")
+        compiled = cls.install(model, **options)
+        try:
+            yield compiled
+        finally:
+            if before is None:
+                compiled.uninstall()
+
+    def __call__(self, inputs: torch.Tensor, cache=None, *, layers=None, padding=None, plan=None, exits=None,
+                 leave=None, states: bool = False) -> StepOutput:
+        if cache is None or plan is not None or states or padding is not None or leave is not None:
+            return self.eager(inputs, cache, layers=layers, padding=padding, plan=plan, exits=exits, leave=leave,
+                              states=states)
+        exits = dict(exits or {})
+        layers = None if layers is None else tuple(int(i) for i in layers)
+        key = (layers, tuple(sorted((k, id(a)) for k, a in exits.items())), inputs.dim())
+        if self.graphs_by_key.get(key, 0) > self.limit:
+            return self.eager(inputs, cache, layers=layers, exits=exits)
+        function = self.functions.get(key)
+        if function is None:
+            function = self.functions[key] = self._compile(key, layers, exits)
+        before = self.graphs
+        started = time.perf_counter()
+        out = function(inputs.contiguous(), cache)  # one stride pattern: a slice would recompile
+        if self.graphs > before:
+            self.compile_seconds += time.perf_counter() - started
+        return out
+
+    def summary(self) -> dict:
+        return {"graphs": self.graphs, "routes": len(self.functions), "compile_seconds": self.compile_seconds,
+                "eager_fallbacks": self.eager_fallbacks}
+
+    def _compile(self, key: tuple, layers: tuple | None, exits: dict) -> Callable[..., StepOutput]:
+        eager = self.eager
+
+        def run_step(inputs: torch.Tensor, cache) -> StepOutput:
+            return eager(inputs, cache, layers=layers, exits=exits)
+
+        def backend(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+            self.graphs += 1
+            self.graphs_by_key[key] = count = self.graphs_by_key.get(key, 0) + 1
+            if count > self.limit:  # this key's shapes keep changing: the rest of its calls run eagerly
+                self.eager_fallbacks += 1
+                return graph.forward
+            if callable(self.backend):
+                return self.backend(graph, example_inputs)
+            from torch._dynamo.backends.registry import lookup_backend
+
+            return lookup_backend(self.backend)(graph, example_inputs)
+
+        # dynamo keeps compiled graphs (and caps their number) per code object: each key's function gets
+        # its own, so keys and CompiledSteps do not share entries or the cap, and they go with this object.
+        own = types.FunctionType(run_step.__code__.replace(), run_step.__globals__, run_step.__name__, None,
+                                 run_step.__closure__)
+        return torch.compile(own, dynamic=True, backend=backend)
+
+
+__all__ = ["CompiledStep", "LIMIT"]

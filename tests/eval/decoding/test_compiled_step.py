@@ -1,0 +1,150 @@
+"""Compiled decoding: the same tokens as eager in every mode, the same sampling distribution,
+bounded and counted graphs, and the `--compile` switches of `generate` and `speculate run`.
+
+Most tests compile with the ``aot_eager`` backend: it runs what torch.compile captures (the
+graphs, their guards, the cache written in place) without inductor's C++ code generation,
+which takes many seconds per graph on a CPU; one test runs the default inductor backend, as
+`--compile` does. The models are float64 with a wide init (test_speculative.py's), so two
+logits never tie by rounding: a token that differs is a real difference.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eval.adapters.exit_adapters import ExitAdapters
+from eval.decoding import modes
+from eval.decoding.compiled_step import CompiledStep
+from eval.decoding.drafts import ExitDraft, SkipDraft
+from eval.decoding.speculative import SelfSpeculativeDecoder
+from eval.decoding.speedup import compare
+from tests.eval.decoding.test_speculative import _chi_square, _critical_value, _joint_second_third, tiny_model
+from tests.helpers.in_process import run_main
+from tiny_lm import export_tiny_model
+
+PROMPTS = [[3, 9, 4, 1, 7], [5, 2], [8, 8, 1, 30, 2, 6, 11, 4, 2]]
+EOS = [25, 11, 47]  # ends some rows early in every mode tested: the batch shrinks as it goes
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model()
+
+
+@pytest.fixture(scope="module")
+def adapters(model):
+    found = ExitAdapters(model.config, [1, 2]).double()
+    found.initialise(model, "last")
+    return found
+
+
+def decode(spec: str, model, loaded, prompts, max_new_tokens: int, **settings):
+    if "adapters" in settings:
+        settings["adapters"] = loaded
+    items, _ = modes.decoder(spec, model, modes.Settings(**settings))(prompts, max_new_tokens, eos_id=EOS)
+    return [item.tokens for item in items]
+
+
+@pytest.mark.parametrize("spec,settings", [
+    ("full", {}), ("skip:1,2", {}), ("exit:2", {"adapters": True}),
+    ("speculative", {}), ("speculative", {"adapters": True, "draft": "adapter:2", "gamma": 3}),
+], ids=lambda value: value if isinstance(value, str) else "+".join(sorted(value)) or "-")
+def test_compiled_decoding_gives_the_eager_tokens(model, adapters, spec, settings):
+    """A padded batch whose rows end at different steps (EOS: they leave the batch and the
+    cache), the shapes changing as it goes: the cache grows, the batch shrinks, a verify
+    pass feeds several positions."""
+    eager = decode(spec, model, adapters, PROMPTS, 14, **settings)
+    with CompiledStep.installed(model, backend="aot_eager") as compiled:
+        got = decode(spec, model, adapters, PROMPTS, 14, **settings)
+    assert got == eager
+    assert len({len(tokens) for tokens in got}) > 1  # rows ended at different steps
+    assert compiled.graphs >= 1 and compiled.eager_fallbacks == 0
+    assert compiled.graphs <= 4 * len(compiled.functions)  # bounded: not one graph per token or length
+    assert "step" not in model.__dict__  # the eager method is back
+
+
+def test_inductor_the_default_backend_gives_the_eager_tokens(model, adapters):
+    eager = decode("exit:3", model, adapters, PROMPTS, 10)
+    with CompiledStep.installed(model) as compiled:
+        assert decode("exit:3", model, adapters, PROMPTS, 10) == eager
+    assert compiled.graphs >= 1 and compiled.compile_seconds > 0
+
+
+def test_an_exit_rule_runs_eagerly_and_generate_refuses_compile_for_dynamic(model, adapters, tmp_path, capsys):
+    from eval.decoding.generate import main
+
+    eager = decode("dynamic", model, adapters, PROMPTS, 8, threshold=0.2)
+    with CompiledStep.installed(model, backend="aot_eager") as compiled:
+        assert decode("dynamic", model, adapters, PROMPTS, 8, threshold=0.2) == eager
+    assert compiled.graphs == 0
+    code, out = run_main(main, ["--ckpt", str(tmp_path / "missing"), "--prompt", "x", "--mode", "dynamic",
+                                "--compile"], capsys)
+    assert code == 2 and "--compile is for --mode full, exit:K, skip:SET and speculative" in out.err
+
+
+def test_a_key_past_its_graph_limit_runs_eagerly_and_is_counted(model, adapters):
+    eager = decode("full", model, adapters, PROMPTS, 6) + decode("full", model, adapters, PROMPTS[:1], 6)
+    with CompiledStep.installed(model, backend="aot_eager", limit=1) as compiled:
+        got = decode("full", model, adapters, PROMPTS, 6) + decode("full", model, adapters, PROMPTS[:1], 6)
+    assert got == eager
+    assert compiled.eager_fallbacks >= 1 and compiled.summary()["eager_fallbacks"] == compiled.eager_fallbacks
+
+
+def test_training_and_measurement_calls_stay_eager(model):
+    tokens = torch.tensor([PROMPTS[0]])
+    expected = model(tokens)
+    with CompiledStep.installed(model, backend="aot_eager") as compiled:
+        assert torch.equal(model(tokens), expected)  # no cache: the eager method
+    assert compiled.graphs == 0 and not compiled.functions
+
+
+def test_compiled_speculative_sampling_keeps_the_full_models_distribution():
+    """test_speculative.py's batched χ² test through compiled steps: (t2, t3) of 3000 rows
+    against the full model's exact joint, and far from the draft's."""
+    model = tiny_model(vocab=8, layers=2, d=16, std=0.6, seed=3)
+    prompt = [1, 5, 2]
+    exact, drafty = _joint_second_third(model, torch.tensor(prompt), None), \
+        _joint_second_third(model, torch.tensor(prompt), (1,))
+    runs = 3000
+    decoder = SelfSpeculativeDecoder(model, SkipDraft((1,)), gamma=2, temperature=1.0, seed=0, seed_by="position")
+    with CompiledStep.installed(model, backend="aot_eager") as compiled:
+        items, stats = decoder.generate_batch([prompt] * runs, 4)
+    assert compiled.graphs >= 2
+    counts = torch.zeros(8, 8)
+    for item in items:
+        counts[item.tokens[1], item.tokens[2]] += 1
+    assert stats.drafted - stats.accepted > runs // 10
+    stat, dof = _chi_square(counts, exact)
+    assert stat < _critical_value(dof), f"χ²={stat:.1f} on {dof} dof against the full model"
+    stat_draft, dof_draft = _chi_square(counts, drafty)
+    assert stat_draft > _critical_value(dof_draft)
+
+
+def test_compare_with_compile_reports_its_graphs_and_puts_the_method_back(model):
+    with CompiledStep.installed(model, backend="aot_eager") as outer:
+        report = compare(model, ExitDraft(2), PROMPTS, max_new_tokens=8, repeats=1, compile=True)
+        assert model.__dict__["step"] is outer  # an installed one is used and stays
+    assert report["identical_to_greedy"] is True
+    assert report["compiled"]["graphs"] == outer.graphs >= 2
+    plain = compare(model, ExitDraft(2), PROMPTS, max_new_tokens=8, repeats=1)
+    assert plain["compiled"] is None and plain["outputs"] == report["outputs"]
+    with pytest.raises(ValueError, match=r"warmup=0 is invalid with compile"):
+        compare(model, ExitDraft(2), PROMPTS, max_new_tokens=8, repeats=1, warmup=0, compile=True)
+
+
+def test_generate_compile_gives_the_eager_text_and_states_its_compile_time(tmp_path, capsys):
+    from eval.decoding.generate import main
+
+    folder = export_tiny_model(tmp_path / "model", seed=5)
+    args = ["--ckpt", str(folder), "--prompt", "The sun rises in the", "--max-new-tokens", "6", "--no-echo",
+            "--mode", "exit:2"]
+    code, eager = run_main(main, args, capsys)
+    assert code == 0
+    code, compiled = run_main(main, [*args, "--compile", "--stats", str(tmp_path / "stats.json")], capsys)
+    assert code == 0 and compiled.out == eager.out
+    assert "compiled: " in compiled.err and " s (included)" in compiled.err
+    stats = json.loads((tmp_path / "stats.json").read_text())
+    assert stats["compiled"]["graphs"] >= 1 and stats["compiled"]["compile_seconds"] > 0
