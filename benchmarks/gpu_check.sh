@@ -16,7 +16,8 @@
 #                                        (bound: 2 graphs per block, no recompile limit hit)
 #   decode                               greedy decoding tokens/s of the 504M shape (random bf16
 #                                        weights), batch 1 and 8, the full model and exit L/3,
-#                                        eager (benchmarks/gpu_decoding.py -> decoding.json; ~1 min)
+#                                        eager and compiled (benchmarks/gpu_decoding.py --compile
+#                                        -> decoding.json; ~3 min, most of it compiling)
 #
 # Budget: the device lends 15 minutes per session, start included, and 10 per command.
 # DEADLINE=S (seconds since the script began) skips a run that could not finish before it,
@@ -69,7 +70,7 @@ else
     STEPS=${STEPS:-60} WARMUP=${WARMUP:-10} RUN_TIMEOUT=${RUN_TIMEOUT:-150}
     SMOKE_ARGS=()
     DEFAULT_RUNS="fsdp-fp32-dense fsdp-bf16-dense fsdp-bf16-ild-dts fsdp-bf16-ild-dts-compile deepspeed2-dense deepspeed2-ild-dts decode"
-    DECODE=(--shape 504M --device cuda --dtype bfloat16)
+    DECODE=(--shape 504M --device cuda --dtype bfloat16 --compile)
 fi
 RUNS=${RUNS:-$DEFAULT_RUNS}
 
@@ -140,9 +141,9 @@ run_one() {  # name, strategy, pretrain args...
 }
 
 decode() {  # decoding tokens/s (benchmarks/gpu_decoding.py), its JSON straight into what comes back
-    fits 180 || { echo "=== decode skipped: 180 s would pass DEADLINE ($SECONDS of $DEADLINE s gone)"; return; }
+    fits 300 || { echo "=== decode skipped: 300 s would pass DEADLINE ($SECONDS of $DEADLINE s gone)"; return; }
     echo "=== decode"
-    timeout 300 "$PYTHON" benchmarks/gpu_decoding.py "${DECODE[@]}" --out "$RESULTS" > "$OUT_DIR/decode.log" 2>&1
+    timeout 420 "$PYTHON" benchmarks/gpu_decoding.py "${DECODE[@]}" --out "$RESULTS" > "$OUT_DIR/decode.log" 2>&1
     local code=$?
     tail -n 8 "$OUT_DIR/decode.log"
     [[ $code -eq 0 ]] || echo "=== decode FAILED (exit $code)"

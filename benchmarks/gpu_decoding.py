@@ -1,10 +1,12 @@
 """Decoding tokens/s at a paper shape, for benchmarks/gpu_check.sh: greedy, batch 1 and 8, the full
-model and an early exit at L/3 (what an exit draft costs a token), eager.
+model and an early exit at L/3 (what an exit draft costs a token), eager and compiled.
 
 Random weights (a speed figure needs no trained model: every token runs the same blocks), the
 prompts random ids of ``--prompt-len`` tokens, ``--new-tokens`` new ones each (no EOS), one
 untimed warm-up then ``--repeats`` timed runs, medians; on CUDA every timed run ends with a
-synchronize. Compiled decoding is not measured: `generate` has no compiled path yet (#44 item 2).
+synchronize. ``--compile`` adds each case through compiled steps (eval/decoding/compiled_step.py,
+`generate --compile`'s path): its warm-up run compiles (the time it took is recorded), and the
+timed runs must give the eager run's tokens.
 
     python benchmarks/gpu_decoding.py --shape 504M --device cuda --dtype bfloat16 --out DIR
     python benchmarks/gpu_decoding.py --shape tiny --device cpu --new-tokens 8 --repeats 1 --out DIR   # smoke
@@ -22,6 +24,7 @@ import torch
 
 from harness import environment, write_results  # noqa: E402  (first: the repository's packages)
 from eval.decoding.batch import BatchGenerator  # noqa: E402
+from eval.decoding.compiled_step import CompiledStep  # noqa: E402
 from eval.decoding.static_route import StaticRoute  # noqa: E402
 from framework.config import ModelConfig  # noqa: E402
 from framework.model.decoder import Decoder  # noqa: E402
@@ -29,13 +32,21 @@ from framework.model.decoder import Decoder  # noqa: E402
 TINY = dict(vocab_size=512, d_model=64, n_layers=6, n_heads=2, max_seq_len=256)
 
 
-def decode_seconds(generator: BatchGenerator, prompts: list[list[int]], new_tokens: int, device: str) -> float:
+def decode_seconds(generator: BatchGenerator, prompts: list[list[int]], new_tokens: int, device: str
+                   ) -> tuple[float, list[list[int]]]:
     started = time.perf_counter()
     items, _ = generator.generate(prompts, new_tokens)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     assert all(len(item.tokens) == new_tokens for item in items)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, [item.tokens for item in items]
+
+
+def timed(generator: BatchGenerator, prompts: list[list[int]], args: argparse.Namespace) -> tuple[float, list]:
+    """(median seconds of the timed runs, the tokens), after one untimed warm-up run."""
+    decode_seconds(generator, prompts, args.new_tokens, args.device)
+    runs = [decode_seconds(generator, prompts, args.new_tokens, args.device) for _ in range(args.repeats)]
+    return statistics.median(seconds for seconds, _ in runs), runs[0][1]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--compile", action="store_true", help="also each case through compiled steps")
     parser.add_argument("--out", required=True, help="folder for decoding.json")
     args = parser.parse_args(argv)
     cfg = ModelConfig(**TINY) if args.shape == "tiny" else ModelConfig.paper(args.shape)
@@ -58,18 +70,26 @@ def main(argv: list[str] | None = None) -> int:
         prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt_len)).tolist()
         for name, route in routes.items():
             generator = BatchGenerator(model, route)
-            decode_seconds(generator, prompts, args.new_tokens, args.device)  # warm-up
-            seconds = statistics.median(decode_seconds(generator, prompts, args.new_tokens, args.device)
-                                        for _ in range(args.repeats))
-            rows.append({"mode": name, "batch": batch, "seconds": seconds,
+            seconds, eager_tokens = timed(generator, prompts, args)
+            rows.append({"mode": name, "batch": batch, "compiled": False, "seconds": seconds,
                          "tokens_per_s": batch * args.new_tokens / seconds})
-            print(f"{args.shape} {name:>8} batch {batch}: {rows[-1]['tokens_per_s']:,.0f} tokens/s", flush=True)
-    full = {row["batch"]: row["tokens_per_s"] for row in rows if row["mode"] == "full"}
+            print(f"{args.shape} {name:>8} batch {batch} eager: {rows[-1]['tokens_per_s']:,.0f} tokens/s", flush=True)
+            if not args.compile:
+                continue
+            with CompiledStep.installed(model) as compiled:
+                seconds, tokens = timed(generator, prompts, args)
+            rows.append({"mode": name, "batch": batch, "compiled": True, "seconds": seconds,
+                         "tokens_per_s": batch * args.new_tokens / seconds, "same_tokens": tokens == eager_tokens,
+                         "vs_eager": rows[-1]["seconds"] / seconds, **compiled.summary()})
+            print(f"{args.shape} {name:>8} batch {batch} compiled: {rows[-1]['tokens_per_s']:,.0f} tokens/s "
+                  f"({rows[-1]['vs_eager']:.2f}x eager, {compiled.compile_seconds:.0f} s compiling, same tokens: "
+                  f"{rows[-1]['same_tokens']})", flush=True)
+    full = {(row["batch"], row["compiled"]): row["tokens_per_s"] for row in rows if row["mode"] == "full"}
     for row in rows:
-        row["vs_full"] = row["tokens_per_s"] / full[row["batch"]]
+        row["vs_full"] = row["tokens_per_s"] / full[row["batch"], row["compiled"]]
     write_results(Path(args.out) / "decoding.json",
                   {"shape": args.shape, "dtype": args.dtype, "prompt_len": args.prompt_len,
-                   "new_tokens": args.new_tokens, "repeats": args.repeats, "compiled": False, "rows": rows,
+                   "new_tokens": args.new_tokens, "repeats": args.repeats, "compiled": args.compile, "rows": rows,
                    "environment": environment(device=args.device)})
     return 0
 
