@@ -10,6 +10,8 @@ timed runs must give the eager run's tokens.
 
     python benchmarks/gpu_decoding.py --shape 504M --device cuda --dtype bfloat16 --out DIR
     python benchmarks/gpu_decoding.py --shape tiny --device cpu --new-tokens 8 --repeats 1 --out DIR   # smoke
+    python benchmarks/gpu_decoding.py --shape cpu-base --device cpu --dtype float32 --prompt-len 32 \
+        --new-tokens 64 --compile --out DIR   # BENCHMARKS.md's CPU rows
 """
 
 from __future__ import annotations
@@ -17,12 +19,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from harness import environment, write_results  # noqa: E402  (first: the repository's packages)
+from harness import environment, timed, write_results  # noqa: E402  (first: the repository's packages)
 from eval.decoding.batch import BatchGenerator  # noqa: E402
 from eval.decoding.compiled_step import CompiledStep  # noqa: E402
 from eval.decoding.static_route import StaticRoute  # noqa: E402
@@ -30,28 +31,30 @@ from framework.config import ModelConfig  # noqa: E402
 from framework.model.decoder import Decoder  # noqa: E402
 
 TINY = dict(vocab_size=512, d_model=64, n_layers=6, n_heads=2, max_seq_len=256)
+CPU_BASE = dict(vocab_size=2048, d_model=64, n_layers=12, n_heads=2, ffn_mult=8, max_seq_len=128,
+                attention="sdpa")  # recipes/cpu-base.yaml's decoder
 
 
-def decode_seconds(generator: BatchGenerator, prompts: list[list[int]], new_tokens: int, device: str
-                   ) -> tuple[float, list[list[int]]]:
-    started = time.perf_counter()
+def decode(generator: BatchGenerator, prompts: list[list[int]], new_tokens: int, device: str) -> list[list[int]]:
     items, _ = generator.generate(prompts, new_tokens)
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     assert all(len(item.tokens) == new_tokens for item in items)
-    return time.perf_counter() - started, [item.tokens for item in items]
+    return [item.tokens for item in items]
 
 
-def timed(generator: BatchGenerator, prompts: list[list[int]], args: argparse.Namespace) -> tuple[float, list]:
-    """(median seconds of the timed runs, the tokens), after one untimed warm-up run."""
-    decode_seconds(generator, prompts, args.new_tokens, args.device)
-    runs = [decode_seconds(generator, prompts, args.new_tokens, args.device) for _ in range(args.repeats)]
-    return statistics.median(seconds for seconds, _ in runs), runs[0][1]
+def median_seconds(generator: BatchGenerator, prompts: list[list[int]], args: argparse.Namespace
+                   ) -> tuple[float, list]:
+    """(median wall seconds of the timed runs, the tokens), after one untimed warm-up run."""
+    decode(generator, prompts, args.new_tokens, args.device)
+    runs = [timed(lambda: decode(generator, prompts, args.new_tokens, args.device)) for _ in range(args.repeats)]
+    return statistics.median(wall for _, wall, _ in runs), runs[0][0]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="504M", help="a Table A.1 shape (271M … 8.2B), or tiny (a CPU smoke run)")
+    parser.add_argument("--shape", default="504M",
+                        help="a Table A.1 shape (271M … 8.2B), cpu-base (recipes/cpu-base.yaml's), or tiny (a smoke run)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--prompt-len", type=int, default=128)
@@ -60,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", action="store_true", help="also each case through compiled steps")
     parser.add_argument("--out", required=True, help="folder for decoding.json")
     args = parser.parse_args(argv)
-    cfg = ModelConfig(**TINY) if args.shape == "tiny" else ModelConfig.paper(args.shape)
+    cfg = ModelConfig(**{"tiny": TINY, "cpu-base": CPU_BASE}[args.shape]) if args.shape in ("tiny", "cpu-base") \
+        else ModelConfig.paper(args.shape)
     torch.manual_seed(0)
     model = Decoder(cfg).to(device=args.device, dtype=getattr(torch, args.dtype)).eval()
     exit_layer = max(1, round(cfg.n_layers / 3))
@@ -70,14 +74,14 @@ def main(argv: list[str] | None = None) -> int:
         prompts = torch.randint(0, cfg.vocab_size, (batch, args.prompt_len)).tolist()
         for name, route in routes.items():
             generator = BatchGenerator(model, route)
-            seconds, eager_tokens = timed(generator, prompts, args)
+            seconds, eager_tokens = median_seconds(generator, prompts, args)
             rows.append({"mode": name, "batch": batch, "compiled": False, "seconds": seconds,
                          "tokens_per_s": batch * args.new_tokens / seconds})
             print(f"{args.shape} {name:>8} batch {batch} eager: {rows[-1]['tokens_per_s']:,.0f} tokens/s", flush=True)
             if not args.compile:
                 continue
             with CompiledStep.installed(model) as compiled:
-                seconds, tokens = timed(generator, prompts, args)
+                seconds, tokens = median_seconds(generator, prompts, args)
             rows.append({"mode": name, "batch": batch, "compiled": True, "seconds": seconds,
                          "tokens_per_s": batch * args.new_tokens / seconds, "same_tokens": tokens == eager_tokens,
                          "vs_eager": rows[-1]["seconds"] / seconds, **compiled.summary()})
