@@ -17,7 +17,9 @@ runs eagerly, exactly as before, and so does a call with an exit rule (the dynam
 it decides per token, in Python, which rows go on, a new rule each step, which would
 compile a graph a token; `generate` refuses `--compile` with that mode).
 
-Graphs are counted per key and in all (``graphs``), and the wall time of every call that
+Each step is one graph (``fullgraph``): a route whose step would break into pieces runs
+eagerly instead, counted in ``eager_fallbacks`` with the reason in ``graph_breaks``. Graphs
+are counted per key and in all (``graphs``), and the wall time of every call that
 compiled one is summed (``compile_seconds``: tracing and code generation, whole). Each key
 may compile at most ``limit`` graphs; past it a key runs eagerly from then on, counted in
 ``eager_fallbacks``, so a route whose shapes keep changing costs compile time once, not per
@@ -54,6 +56,7 @@ class CompiledStep:
         self.graphs = 0
         self.compile_seconds = 0.0
         self.eager_fallbacks = 0
+        self.graph_breaks: dict[tuple, str] = {}  # key -> why its step could not be one graph
 
     @classmethod
     def install(cls, model: Decoder, **options: Any) -> "CompiledStep":
@@ -97,14 +100,20 @@ class CompiledStep:
             function = self.functions[key] = self._compile(key, layers, exits)
         before = self.graphs
         started = time.perf_counter()
-        out = function(inputs.contiguous(), cache)  # one stride pattern: a slice would recompile
-        if self.graphs > before:
+        try:
+            out = function(inputs.clone(memory_format=torch.contiguous_format), cache)  # one stride pattern, offset 0
+        except torch._dynamo.exc.Unsupported as err:  # a graph break (found while tracing, before anything ran)
+            self.graph_breaks[key] = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            self.graphs_by_key[key] = self.limit + 1
+            self.eager_fallbacks += 1
+            out = self.eager(inputs, cache, layers=layers, exits=exits)
+        if self.graphs > before or key in self.graph_breaks:
             self.compile_seconds += time.perf_counter() - started
         return out
 
     def summary(self) -> dict:
         return {"graphs": self.graphs, "routes": len(self.functions), "compile_seconds": self.compile_seconds,
-                "eager_fallbacks": self.eager_fallbacks}
+                "eager_fallbacks": self.eager_fallbacks, "graph_breaks": sorted(set(self.graph_breaks.values()))}
 
     def _compile(self, key: tuple, layers: tuple | None, exits: dict) -> Callable[..., StepOutput]:
         eager = self.eager
@@ -128,7 +137,7 @@ class CompiledStep:
         # its own, so keys and CompiledSteps do not share entries or the cap, and they go with this object.
         own = types.FunctionType(run_step.__code__.replace(), run_step.__globals__, run_step.__name__, None,
                                  run_step.__closure__)
-        return torch.compile(own, dynamic=True, backend=backend)
+        return torch.compile(own, dynamic=True, fullgraph=True, backend=backend)
 
 
 __all__ = ["CompiledStep", "LIMIT"]

@@ -102,7 +102,12 @@ class GroupedQueryAttention(nn.Module):
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """q [B, H, T, D], k/v [B, H_kv, K, D]; without a mask, causal over T = K keys (or one query)."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and q.shape[2] > 1,
+    # A branch, not an expression: under torch.compile's dynamic shapes T > 1 is symbolic, which SDPA's
+    # flag cannot take; the branch makes it a guard (one graph for T = 1, one for T > 1).
+    causal = False
+    if mask is None and q.shape[2] > 1:
+        causal = True
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                           enable_gqa=k.shape[1] != q.shape[1])
 
 

@@ -21,6 +21,8 @@ from eval.decoding.compiled_step import CompiledStep
 from eval.decoding.drafts import ExitDraft, SkipDraft
 from eval.decoding.speculative import SelfSpeculativeDecoder
 from eval.decoding.speedup import compare
+from framework.config import ModelConfig
+from framework.families.registry import build_decoder
 from tests.eval.decoding.test_speculative import _chi_square, _critical_value, _joint_second_third, tiny_model
 from tests.helpers.in_process import run_main
 from tiny_lm import export_tiny_model
@@ -64,6 +66,22 @@ def test_compiled_decoding_gives_the_eager_tokens(model, adapters, spec, setting
     assert compiled.graphs >= 1 and compiled.eager_fallbacks == 0
     assert compiled.graphs <= 4 * len(compiled.functions)  # bounded: not one graph per token or length
     assert "step" not in model.__dict__  # the eager method is back
+
+
+def test_a_llama_family_model_compiles_without_a_graph_break():
+    """RoPE, grouped K/V and SDPA's causal flag (symbolic under dynamic shapes unless the
+    family branches on it, which once broke every step's graph into one per block)."""
+    torch.manual_seed(0)
+    llama = build_decoder(ModelConfig(vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=64,
+                                      family="llama", bias=False, ffn_hidden=48, attention="sdpa"))
+    llama.init_weights(std=0.3)
+    llama = llama.double().eval()
+    same_length = [PROMPTS[0], PROMPTS[0][::-1]]  # no padding: no mask, SDPA's causal flag decides
+    eager = decode("speculative", llama, None, same_length, 10)
+    with CompiledStep.installed(llama, backend="aot_eager") as compiled:
+        assert decode("speculative", llama, None, same_length, 10) == eager
+    assert compiled.summary()["graph_breaks"] == [] and compiled.eager_fallbacks == 0
+    assert compiled.graphs <= 4 * len(compiled.functions)
 
 
 def test_inductor_the_default_backend_gives_the_eager_tokens(model, adapters):
