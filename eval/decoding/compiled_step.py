@@ -7,9 +7,9 @@ At the CPU base model's size a step is mostly per-operation overhead, which one 
 graph removes.
 
 ``CompiledStep`` stands in for the model's ``step``: each structural key (the blocks, the
-exits and their adapters, whether the inputs are token ids or a residual stream) gets its own ``torch.compile``'d function, with those arguments as
-constants of the function, so no Python integer of the route becomes a symbolic value and
-the blocks unroll. Shapes are dynamic: the growing cache length, a verify pass's gamma + 1
+exits and their adapters, whether the inputs are token ids or a residual stream) gets its
+own ``torch.compile``'d function, with those arguments as constants of the function, so
+no Python integer of the route becomes a symbolic value and the blocks unroll. Shapes are dynamic: the growing cache length, a verify pass's gamma + 1
 tokens and a shrinking batch reuse one graph instead of compiling one per length. A call
 without a cache (training, measurements), with a drop plan, keeping every state, or marking
 padding (the prefill: once per prompt, and its padding check is a data-dependent branch)
@@ -23,9 +23,7 @@ are counted per key and in all (``graphs``), and the wall time of every call tha
 compiled one is summed (``compile_seconds``: tracing and code generation, whole). Each key
 may compile at most ``limit`` graphs; past it a key runs eagerly from then on, counted in
 ``eager_fallbacks``, so a route whose shapes keep changing costs compile time once, not per
-token. An exit rule (the dynamic mode's) decides per token which rows go on, in Python:
-torch.compile breaks its graph there, and the pieces between the candidate exits are
-compiled.
+token.
 """
 
 from __future__ import annotations
