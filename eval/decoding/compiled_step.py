@@ -8,14 +8,15 @@ graph removes.
 
 ``CompiledStep`` stands in for the model's ``step``: each structural key (the blocks, the
 exits and their adapters, whether the inputs are token ids or a residual stream) gets its
-own ``torch.compile``'d function, with those arguments as constants of the function, so
-no Python integer of the route becomes a symbolic value and the blocks unroll. Shapes are dynamic: the growing cache length, a verify pass's gamma + 1
-tokens and a shrinking batch reuse one graph instead of compiling one per length. A call
-without a cache (training, measurements), with a drop plan, keeping every state, or marking
-padding (the prefill: once per prompt, and its padding check is a data-dependent branch)
-runs eagerly, exactly as before, and so does a call with an exit rule (the dynamic mode's:
-it decides per token, in Python, which rows go on, a new rule each step, which would
-compile a graph a token; `generate` refuses `--compile` with that mode).
+own ``torch.compile``'d function, with those arguments as constants of the function, so no
+Python integer of the route becomes a symbolic value and the blocks unroll. Shapes are
+dynamic: the growing cache length, a verify pass's gamma + 1 tokens and a shrinking batch
+reuse one graph instead of compiling one per length. A call without a cache (training,
+measurements), with a drop plan, keeping every state, or marking padding (the prefill: once
+per prompt, and its padding check is a data-dependent branch) runs eagerly, exactly as
+before, and so does a call with an exit rule (the dynamic mode's: it decides per token, in
+Python, which rows go on, a new rule each step, which would compile a graph a token;
+`generate` refuses `--compile` with that mode).
 
 Each step is one graph (``fullgraph``): a route whose step would break into pieces runs
 eagerly instead, counted in ``eager_fallbacks`` with the reason in ``graph_breaks``. Graphs
