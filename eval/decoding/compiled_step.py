@@ -54,7 +54,6 @@ class CompiledStep:
         self.graphs_by_key: dict[tuple, int] = {}
         self.graphs = 0
         self.compile_seconds = 0.0
-        self.eager_fallbacks = 0
         self.graph_breaks: dict[tuple, str] = {}  # key -> why its step could not be one graph
 
     @classmethod
@@ -104,11 +103,15 @@ class CompiledStep:
         except torch._dynamo.exc.Unsupported as err:  # a graph break (found while tracing, before anything ran)
             self.graph_breaks[key] = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             self.graphs_by_key[key] = self.limit + 1
-            self.eager_fallbacks += 1
             out = self.eager(inputs, cache, layers=layers, exits=exits)
         if self.graphs > before or key in self.graph_breaks:
             self.compile_seconds += time.perf_counter() - started
         return out
+
+    @property
+    def eager_fallbacks(self) -> int:
+        """The keys that run eagerly: past their graph limit, or whose step broke into pieces."""
+        return sum(count > self.limit for count in self.graphs_by_key.values())
 
     def summary(self) -> dict:
         return {"graphs": self.graphs, "routes": len(self.functions), "compile_seconds": self.compile_seconds,
@@ -124,7 +127,6 @@ class CompiledStep:
             self.graphs += 1
             self.graphs_by_key[key] = count = self.graphs_by_key.get(key, 0) + 1
             if count > self.limit:  # this key's shapes keep changing: the rest of its calls run eagerly
-                self.eager_fallbacks += 1
                 return graph.forward
             if callable(self.backend):
                 return self.backend(graph, example_inputs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -68,11 +69,7 @@ def compare(model: Decoder, draft: Draft, prompts: Sequence[torch.Tensor | Seque
     plain = BatchGenerator(model, StaticRoute(model), sampling=sampling, seed=seed)
     spec = SelfSpeculativeDecoder(model, draft, gamma=gamma, adaptive=adaptive, sampling=sampling, seed=seed)
     timing = dict(batch_size=batch_size, warmup=warmup, repeats=repeats, eos_id=eos_id, on_batch=on_batch)
-    compiled = None
-    if compile:
-        with CompiledStep.installed(model) as compiled:
-            result = _time_batches(plain, spec, rows, max_new_tokens, **timing)
-    else:
+    with CompiledStep.installed(model) if compile else nullcontext() as compiled:
         result = _time_batches(plain, spec, rows, max_new_tokens, **timing)
     report = _report(model, draft, spec, result, max_new_tokens=max_new_tokens, repeats=repeats,
                      batch_size=batch_size)
