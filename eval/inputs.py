@@ -153,18 +153,22 @@ def check_text_prompts(prompts: Sequence[str], flag: str = "--prompt") -> None:
             raise ValueError(f"{flag}: prompt {number} is empty: give some text to continue")
 
 
-def validation_prompts(data_dir: str, *, count: int, length: int, model_vocab_size: int | None = None
-                       ) -> list[list[int]]:
-    """The first ``count`` validation sequences of a prepared folder, ``length`` tokens each."""
+def validation_prompts(data_dir: str, *, count: int, length: int, model_vocab_size: int | None = None,
+                       offset: int = 0) -> list[list[int]]:
+    """``count`` validation sequences of a prepared folder, ``length`` tokens each, from the
+    ``offset``-th (the first 0..offset-1 passed over)."""
     out: list[list[int]] = []
-    for inputs, _ in validation_batches(data_dir, seq_len=length, batch_size=count, max_batches=1,
+    batches = math.ceil((offset + count) / count)  # batches of ``count``, in order, as without an offset
+    for inputs, _ in validation_batches(data_dir, seq_len=length, batch_size=count, max_batches=batches,
                                         model_vocab_size=model_vocab_size):
         out.extend(row.tolist() for row in inputs)
-        if len(out) >= count:
+        if len(out) >= offset + count:
             break
-    if not out:
-        raise ValueError(f"--data {data_dir!r} has no validation sequences of {length} tokens")
-    return out[:count]
+    if len(out) <= offset:
+        raise ValueError(f"--data {data_dir!r} has {len(out)} validation sequences of {length} tokens: none is left "
+                         f"past --prompt-offset {offset}" if offset else
+                         f"--data {data_dir!r} has no validation sequences of {length} tokens")
+    return out[offset:offset + count]
 
 
 def check_vocabulary(prompts: Sequence[Sequence[int]], vocab_size: int) -> None:
@@ -175,11 +179,12 @@ def check_vocabulary(prompts: Sequence[Sequence[int]], vocab_size: int) -> None:
 
 
 def load_prompts(*, texts: Sequence[str] | None = None, prompts_file: str | None = None, data: str | None = None,
-                 count: int | None = None, length: int = 32, codec=None, vocab_size: int | None = None
-                 ) -> tuple[list[list[int]], list[str] | None]:
+                 count: int | None = None, length: int = 32, codec=None, vocab_size: int | None = None,
+                 offset: int = 0) -> tuple[list[list[int]], list[str] | None]:
     """(token ids, texts or None) of at most ``count`` prompts from one source: ``texts``
-    (``--prompt``), a file (``--prompts``) or a prepared folder (``--data``). Text needs
-    ``codec`` (a ``framework.tokenizer.TextCodec``, or a callable returning one)."""
+    (``--prompt``), a file (``--prompts``) or a prepared folder (``--data``), the first
+    ``offset`` passed over. Text needs ``codec`` (a ``framework.tokenizer.TextCodec``, or a
+    callable returning one)."""
     if texts is not None:
         check_text_prompts(texts)
         rows: list[str] | list[list[int]] = list(texts)
@@ -188,7 +193,12 @@ def load_prompts(*, texts: Sequence[str] | None = None, prompts_file: str | None
         if rows and isinstance(rows[0], str):
             check_text_prompts(rows, f"--prompts {prompts_file!r}")  # type: ignore[arg-type]
     else:
-        rows = validation_prompts(str(data), count=count or 8, length=length, model_vocab_size=vocab_size)
+        rows = validation_prompts(str(data), count=count or 8, length=length, model_vocab_size=vocab_size,
+                                  offset=offset)
+        offset = 0
+    if offset and len(rows) <= offset:
+        raise ValueError(f"--prompt-offset {offset} is invalid: it passes over all {len(rows)} prompts")
+    rows = rows[offset:]
     rows = rows[:count] if count is not None else rows
     if rows and isinstance(rows[0], str):
         codec = codec if hasattr(codec, "encode_prompt") else codec()  # a TextCodec, or what loads one

@@ -109,6 +109,9 @@ def add_prompt_arguments(parser: argparse.ArgumentParser, *, count: int | None =
         parser.add_argument("--num-prompts", type=int, default=count,
                             help=f"at most this many prompts (default {count})")
     parser.add_argument("--prompt-len", type=int, default=32, help="prompt tokens, with --data (default 32)")
+    parser.add_argument("--prompt-offset", type=int, default=0, metavar="N",
+                        help="pass over the first N prompts (e.g. those a `speculate search` calibrated on, to "
+                             "decode held-out ones; default 0)")
     add_max_new_tokens(parser)
     add_tokenizer(parser)
 

@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     options.check_positive(parser, args, ("budget", "gamma", "calibration_prompts", "confirm_prompts", "repeats", "confirm_exits",
-                                          "prompt_len", "max_new_tokens", "threads"))
+                                          "prompt_len", "max_new_tokens", "threads", "prompt_offset"),
+                           zero_ok=("prompt_offset",))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods or any(m not in METHODS for m in methods):
         parser.error(f"--methods {args.methods!r} is invalid: allowed: {', '.join(METHODS)}")
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = Checkpoint.open(args.ckpt)  # proven harmless and read once for the whole command
         codec = CodecLoader(ckpt, args.tokenizer, args.eot_token)
         prompts, _ = load_prompts(texts=args.prompt, prompts_file=args.prompts, data=args.data, count=count,
-                                  length=args.prompt_len, codec=codec)
+                                  length=args.prompt_len, codec=codec, offset=args.prompt_offset)
         if len(prompts) < count:
             raise ValueError(f"{len(prompts)} prompts are too few: --calibration-prompts "
                              f"{args.calibration_prompts} + --confirm-prompts {args.confirm_prompts} need {count}")

@@ -17,7 +17,8 @@ what "layers per token" charges.
 
 from __future__ import annotations
 
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 
@@ -162,4 +163,49 @@ def make_draft(spec: str | None, num_layers: int, adapters=None) -> Draft:
     return draft
 
 
-__all__ = ["SkipDraft", "ExitDraft", "Draft", "default_draft_exit", "make_draft"]
+def searched_draft(report_path: str | Path, num_layers: int) -> tuple[str, int]:
+    """(draft spec, γ) of the fastest lossless draft a `speculate search` report measured:
+    its best skip set or its best exit draft, whichever decoded faster on the search's
+    confirmation prompts (the two were timed on the same prompts, in the same process).
+    ValueError (one line) for a file that is not such a report of a ``num_layers`` model."""
+    from framework.checkpoint.base import first_line
+    from framework.files.nesting import json_document
+
+    where = f"--draft-from {str(report_path)!r}"
+    path = Path(report_path)
+    if not path.is_file():
+        raise ValueError(f"{where} does not exist (a report of `layerdrop speculate search --out FILE`)")
+    try:
+        report = json_document(path.read_text(), where)
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ValueError(f"{where} is not a readable JSON report ({first_line(err)})") from None
+    if not isinstance(report, dict) or not isinstance(report.get("best"), dict):
+        raise ValueError(f"{where} has no best draft: not a report of `layerdrop speculate search`")
+    if report.get("num_layers") != num_layers:
+        raise ValueError(f"{where} was searched on a model of {report.get('num_layers')!r} layers, this one has "
+                         f"{num_layers}: search this model's draft")
+    gamma = report.get("gamma")
+    if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
+        raise ValueError(f"{where}: gamma={gamma!r} is invalid: draft tokens per round, an integer >= 1")
+    candidates = [(_searched_spec(entry, num_layers, where), entry["speedup"])
+                  for entry in (report["best"], report.get("best_exit"))
+                  if isinstance(entry, dict) and entry.get("identical_to_greedy") is True
+                  and isinstance(entry.get("speedup"), (int, float))]
+    if not candidates:
+        raise ValueError(f"{where}: no draft of the search was lossless when measured (identical_to_greedy "
+                         "is not true for its best skip set nor its best exit)")
+    return max(candidates, key=lambda c: c[1])[0], gamma
+
+
+def _searched_spec(entry: dict[str, Any], num_layers: int, where: str) -> str:
+    exit_layer, skip = entry.get("exit_layer"), entry.get("skip_layers")
+    if exit_layer is not None:
+        if not isinstance(exit_layer, int) or isinstance(exit_layer, bool) or not 1 <= exit_layer < num_layers:
+            raise ValueError(f"{where}: exit_layer={exit_layer!r} is invalid: an exit in 1..{num_layers - 1}")
+        return f"exit:{exit_layer}"
+    if not isinstance(skip, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in skip):
+        raise ValueError(f"{where}: skip_layers={skip!r} is invalid: a list of block indices")
+    return "skip:" + (",".join(map(str, skip)) if skip else "none")
+
+
+__all__ = ["SkipDraft", "ExitDraft", "Draft", "default_draft_exit", "make_draft", "searched_draft"]

@@ -22,7 +22,7 @@ from framework.files.atomic_write import write_json
 from eval import options
 from eval.decoding.batch import BatchGenerator
 from eval.decoding.compiled_step import CompiledStep
-from eval.decoding.drafts import Draft, make_draft
+from eval.decoding.drafts import Draft, make_draft, searched_draft
 from eval.decoding.sampling import Sampling
 from eval.decoding.speculative import AdaptiveThreshold, SelfSpeculativeDecoder
 from eval.decoding.static_route import StaticRoute
@@ -158,9 +158,13 @@ def _parser() -> argparse.ArgumentParser:
     draft.add_argument("--exit-layer", type=int, metavar="E",
                        help="LayerSkip-style draft: early exit E, blocks 0..E-1 (E in 1..L-1); with --adapters, "
                             "through the adapter at E")
+    draft.add_argument("--draft-from", metavar="SEARCH_REPORT",
+                       help="the fastest lossless draft a `layerdrop speculate search` report measured (its best "
+                            "skip set or its best exit, whichever decoded faster), at the report's γ")
     options.add_adapters(p, "the draft reads its exit through the adapter (default exit: the adapter exit "
                             "nearest L/3)")
-    p.add_argument("--gamma", type=int, default=5, help="draft tokens per round (the most, if --adaptive; default 5)")
+    p.add_argument("--gamma", type=int, default=None,
+                   help="draft tokens per round (the most, if --adaptive; default 5, or the report's with --draft-from)")
     p.add_argument("--adaptive", action="store_true",
                    help="stop drafting when the draft's top probability < a threshold adapted online")
     p.add_argument("--target-acceptance", type=float, default=None, help="with --adaptive (default 0.8)")
@@ -190,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     options.check_positive(parser, args, ("gamma", "repeats", "num_prompts", "prompt_len", "max_new_tokens",
-                                          "threads", "batch_size"))
+                                          "threads", "batch_size", "prompt_offset"), zero_ok=("prompt_offset",))
     options.refuse_existing(parser, [args.out], args.overwrite)
     options.check_checkpoint(parser, args.ckpt)
     device = options.resolve_device(parser, args.device)
@@ -201,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         ckpt = Checkpoint.open(args.ckpt)  # proven harmless and read once for the whole command
         codec = CodecLoader(ckpt, args.tokenizer, args.eot_token)
         prompts, texts = load_prompts(texts=args.prompt, prompts_file=args.prompts, data=args.data,
-                                      count=args.num_prompts, length=args.prompt_len, codec=codec)
+                                      count=args.num_prompts, length=args.prompt_len, codec=codec,
+                                      offset=args.prompt_offset)
         cfg = ckpt.model_config
+        spec, args.gamma = _draft_spec(args, cfg.n_layers)  # a bad --draft-from fails before the model loads
         check_vocabulary(prompts, cfg.vocab_size)
         args.max_new_tokens = options.max_new_tokens(args, cfg.max_seq_len)
         limit = ContextLimit(cfg.max_seq_len)
@@ -210,9 +216,6 @@ def main(argv: list[str] | None = None) -> int:
         eos_id = None if args.ignore_eos else codec.stop_ids_or_none()
         model, cfg = ckpt.load_decoder(device)
         adapters = _load_adapters(args.adapters, model)
-        spec = (f"skip:{args.skip_layers}" if args.skip_layers is not None
-                else f"{'adapter' if adapters is not None else 'exit'}:{args.exit_layer}"
-                if args.exit_layer is not None else None)
         draft = make_draft(spec, cfg.n_layers, adapters)
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         parser.error(str(err))
@@ -225,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
         item["prompt"] = texts[row] if texts is not None else prompts[row]
         if codec.loaded is not None:
             item["text"] = codec.loaded.decode(item["tokens"])
-    report.update(label=options.checkpoint_label(args.ckpt), ckpt=str(args.ckpt), adapters=args.adapters)
+    report.update(label=options.checkpoint_label(args.ckpt), ckpt=str(args.ckpt), adapters=args.adapters,
+                  draft_from=args.draft_from)
     write_json(args.out, report)
     print(f"{report['label']}: speedup {report['speedup']:.2f}x  acceptance {report['acceptance_rate']:.2%}  "
           f"T_draft/T_target {report['draft_time_ratio']:.2f}  identical_to_greedy {report['identical_to_greedy']}"
@@ -236,6 +240,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compiled: {report['compiled']['graphs']} graphs in {report['compiled']['compile_seconds']:.1f} s "
               "(in the untimed warm-up)")
     return 0
+
+
+def _draft_spec(args: argparse.Namespace, num_layers: int) -> tuple[str | None, int]:
+    """(make_draft's spec, γ) from --skip-layers, --exit-layer or --draft-from."""
+    if args.draft_from is not None:
+        if args.adapters is not None:
+            raise ValueError(f"--draft-from {args.draft_from!r} names a draft of the model's own layers: "
+                             "it does not combine with --adapters")
+        spec, gamma = searched_draft(args.draft_from, num_layers)
+        return spec, gamma if args.gamma is None else args.gamma
+    gamma = 5 if args.gamma is None else args.gamma
+    if args.skip_layers is not None:
+        return f"skip:{args.skip_layers}", gamma
+    if args.exit_layer is not None:
+        return f"{'adapter' if args.adapters is not None else 'exit'}:{args.exit_layer}", gamma
+    return None, gamma
 
 
 def _adaptive(args: argparse.Namespace) -> AdaptiveThreshold | None:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from eval.inputs import ContextLimit, load_prompts, read_prompt_file
+from eval.inputs import ContextLimit, load_prompts, read_prompt_file, validation_prompts
 from tests.helpers.hostile_files import deep_json
 
 
@@ -56,3 +56,15 @@ def test_long_contexts_keep_their_last_tokens_and_say_so_once(capsys):
     assert ContextLimit(8).report() is None
     assert ContextLimit(8, "sequence").fit_length(16, "--seq-len") == 8
     assert "--seq-len 16 is longer than the model's context (max_seq_len 8)" in capsys.readouterr().err
+
+
+def test_a_prompt_offset_passes_over_the_first_prompts(tmp_path, prepared_tokens):
+    (tmp_path / "ids.json").write_text(json.dumps([[1], [2], [3], [4]]))
+    assert load_prompts(prompts_file=str(tmp_path / "ids.json"), count=2, offset=1)[0] == [[2], [3]]
+    first = validation_prompts(str(prepared_tokens), count=6, length=16)
+    assert validation_prompts(str(prepared_tokens), count=3, length=16, offset=3) == first[3:]
+    assert load_prompts(data=str(prepared_tokens), count=2, length=16, offset=4)[0] == first[4:]
+    with pytest.raises(ValueError, match="--prompt-offset 4 is invalid: it passes over all 4 prompts"):
+        load_prompts(prompts_file=str(tmp_path / "ids.json"), offset=4)
+    with pytest.raises(ValueError, match="none is left past --prompt-offset 100000"):
+        validation_prompts(str(prepared_tokens), count=1, length=16, offset=100_000)

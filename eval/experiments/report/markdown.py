@@ -388,12 +388,18 @@ def _speculative(report: dict) -> list[str]:
 def _drafts(report: dict) -> list[str]:
     if not report.get("drafts"):
         return []
-    lines = ["## Fixed drafts (`speculate run`)", "",
-             "Exit drafts (blocks 0..E-1, LayerSkip-style) and fixed skip sets, decoded greedily against the "
-             "full model; means over seeds (timings on a shared machine: treat them as rough).", ""]
-    rows = [[r["configuration"], r["draft"], str(r["seeds"]), " / ".join(f"{s:.2f}×" for s in r["speedup_per_seed"]),
-             f"{r['acceptance_rate_mean']:.0%}", str(r["identical_to_greedy"])] for r in report["drafts"]]
-    return lines + _table(["configuration", "draft", "seeds", "speedup", "α", "identical to greedy"], rows) + [""]
+    lines = ["## Drafts decoded with `speculate run`", "",
+             "Exit drafts (blocks 0..E-1, LayerSkip-style), skip sets, and a search's best draft (`--draft-from`; "
+             "per seed, it may differ), decoded against the full model, greedily (identical to plain decoding "
+             "is checked) or sampled (the rejection step keeps the full model's distribution); one value per "
+             "seed (timings on a shared machine: treat them as rough).", ""]
+    rows = [[r["configuration"], r["evaluation"], r["draft"],
+             r.get("mode", "greedy") + (f" T={r['temperature']:g}" if r.get("mode") == "sample" else ""),
+             str(r["seeds"]), " / ".join(f"{s:.2f}×" for s in r["speedup_per_seed"]),
+             f"{r['acceptance_rate_mean']:.0%}", "n/a" if r["identical_to_greedy"] is None else
+             str(r["identical_to_greedy"])] for r in report["drafts"]]
+    return lines + _table(["configuration", "evaluation", "draft", "decoding", "seeds", "speedup", "α",
+                           "identical to greedy"], rows) + [""]
 
 
 def _downstream(report: dict) -> list[str]:

@@ -417,15 +417,22 @@ def draft_table(configurations: list[Configuration]) -> list[dict]:
         names = sorted({n for r in configuration.runs for n, e in r.evals.items() if "speedup" in e and "best" not in e})
         for name in names:
             reports = [r.evals[name] for r in configuration.runs if name in r.evals]
-            first = reports[0]
-            draft = f"exit {first['exit_layer']}" if first.get("exit_layer") else \
-                "skip " + ",".join(map(str, first.get("skip_layers") or []))
-            rows.append({"configuration": configuration.label, "evaluation": name, "draft": draft,
+            drafts = list(dict.fromkeys(map(_draft_label, reports)))  # a searched draft may differ by seed
+            rows.append({"configuration": configuration.label, "evaluation": name,
+                         "draft": " / ".join(map(_draft_label, reports)) if len(drafts) > 1 else drafts[0],
+                         "mode": reports[0].get("mode", "greedy"), "temperature": reports[0].get("temperature"),
                          "seeds": len(reports), "speedup_per_seed": [e["speedup"] for e in reports],
                          "speedup_mean": statistics.fmean(e["speedup"] for e in reports),
                          "acceptance_rate_mean": statistics.fmean(e["acceptance_rate"] for e in reports),
-                         "identical_to_greedy": all(e.get("identical_to_greedy") for e in reports)})
+                         "identical_to_greedy": all(e.get("identical_to_greedy") for e in reports)
+                         if reports[0].get("mode", "greedy") == "greedy" else None})
     return rows
+
+
+def _draft_label(report: dict) -> str:
+    if report.get("exit_layer"):
+        return f"exit {report['exit_layer']}"
+    return "skip " + (",".join(map(str, report.get("skip_layers") or [])) or "none")
 
 
 __all__ = ["Configuration", "group", "configuration_table", "compare_configurations", "Comparison", "pooled_std",

@@ -230,8 +230,10 @@ def test_path_aliases_leave_no_machine_path_in_what_the_report_writes(sweep, tmp
 
 def test_fixed_drafts_and_the_early_exit_loss_in_the_labels(tmp_path):
     """`speculate run` reports (exit and skip drafts) become one row per configuration and
-    draft; a run with the early-exit loss is labelled with it."""
+    draft; a run with the early-exit loss is labelled with it. A searched draft decoded with
+    `--draft-from` is labelled per seed, and its greedy speedup is the run's Table 4 value."""
     from eval.experiments.report.build import build_report
+    from eval.experiments.report.findings.inference import _exit_draft_speedup, speculative_speedup
 
     root = tmp_path / "sweep"
     for name, seed, extra in (("ild", 0, {}), ("ild", 1, {}), ("eel", 0, {"scale": 0.5, "curriculum": "rotational",
@@ -247,8 +249,19 @@ def test_fixed_drafts_and_the_early_exit_loss_in_the_labels(tmp_path):
             (evals / f"{eval_name}.json").write_text(json.dumps({
                 "speedup": 1.1 + seed + (exit_layer or 0) / 10, "acceptance_rate": 0.5, "draft_time_ratio": 0.4,
                 "identical_to_greedy": True, "skip_layers": skip, "exit_layer": exit_layer}))
-    report, _ = build_report(root)
-    drafts = {(r["configuration"], r["draft"]): r for r in report["drafts"]}
+        for eval_name, mode in (("greedy-best", "greedy"), ("sampled-best", "sample")):
+            (evals / f"{eval_name}.json").write_text(json.dumps({
+                "speedup": 5.0 + seed + (mode == "sample"), "acceptance_rate": 0.6, "draft_time_ratio": 0.3,
+                "identical_to_greedy": True if mode == "greedy" else None, "mode": mode, "temperature": 0.8,
+                "skip_layers": [1, 3] if seed else [], "exit_layer": None if seed else 2, "draft_from": "s.json"}))
+    report, results = build_report(root)
+    assert [speculative_speedup(r) for r in results] == [5.0, 5.0, 6.0]
+    assert [_exit_draft_speedup(2)(r) for r in results] == pytest.approx([1.3, 1.3, 2.3])  # the fixed draft only
+    searched = {(r["configuration"], r["evaluation"]): r for r in report["drafts"] if r["evaluation"].endswith("best")}
+    assert searched[("ILD+DTS p_max=0.4", "greedy-best")]["draft"] == "exit 2 / skip 1,3"
+    assert searched[("ILD+DTS p_max=0.4", "sampled-best")]["mode"] == "sample"
+    assert searched[("ILD+DTS p_max=0.4", "sampled-best")]["identical_to_greedy"] is None
+    drafts = {(r["configuration"], r["draft"]): r for r in report["drafts"] if not r["evaluation"].endswith("best")}
     eel_label = "ILD+DTS p_max=0.4 + early-exit loss 0.5 (rotational 3, uniform)"
     assert set(drafts) == {(label, draft) for label in ("ILD+DTS p_max=0.4", eel_label)
                            for draft in ("exit 2", "skip 1,3")}
@@ -256,7 +269,8 @@ def test_fixed_drafts_and_the_early_exit_loss_in_the_labels(tmp_path):
     assert drafts[("ILD+DTS p_max=0.4", "exit 2")]["speedup_mean"] == pytest.approx(1.8)
     assert drafts[(eel_label, "skip 1,3")]["seeds"] == 1
     assert main([str(root), "--out", str(tmp_path / "out")]) == 0
-    assert "## Fixed drafts (`speculate run`)" in (tmp_path / "out" / "README.md").read_text()
+    page = (tmp_path / "out" / "README.md").read_text()
+    assert "## Drafts decoded with `speculate run`" in page and "| sample T=0.8 |" in page
 
 
 def _downstream(folder: Path, piqa: float, arc: float) -> None:
