@@ -38,7 +38,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt Makefile
 	touch $(STAMP)
 
 test: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal --timeout 600 tests
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n 2 --dist worksteal --timeout 600 --durations 25 tests
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -x -m "not slow and not multiprocess" tests
