@@ -25,6 +25,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
+from eval.decoding.compiled_step import CompiledStep
 from eval.decoding.sampling import Sampling, row_generators, sequence_keys
 from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import Clock, GenerationStats, OnTokens, StopStrings, Transcript, Transcripts
@@ -97,9 +98,8 @@ class BatchGenerator:
         generators = row_generators(self.seed, sequence_keys(prompts, numbers, self.seed_by))
         last = tokens[:, -1:]
         while True:
-            logits, blocks = self.route.step(self.model, last, cache)
+            chosen, blocks = self._next(last, cache, generators)
             stats.steps += 1
-            chosen, _ = self.sampling.choose(logits, generators)
             for row, (token, cost) in enumerate(zip(chosen.tolist(), blocks.tolist())):
                 book.add(row, [token], [cost])
             keep = book.finished_rows()
@@ -113,6 +113,23 @@ class BatchGenerator:
             last = chosen[:, None]
         clock.stop(stats)
         return book.items, book.count(stats)
+
+    def _next(self, last: torch.Tensor, cache: KVCache, generators: list[torch.Generator]
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next token of every row [B] after ``last`` [B, 1], and the blocks each row ran."""
+        compiled = self.model.__dict__.get("step")
+        if isinstance(compiled, CompiledStep) and self.sampling.greedy and isinstance(self.route, StaticRoute):
+            route, model = self.route, self.model  # the step, its head and its argmax as one compiled graph
+
+            def greedy(forward, last: torch.Tensor, cache: KVCache) -> torch.Tensor:
+                return route.step(model, last, cache, forward)[0].argmax(-1)
+
+            blocks = torch.full((last.shape[0],), route.blocks_per_token, dtype=torch.long)
+            # the route's structure names the graph: another route through the same blocks and exits reuses it
+            key = ("greedy step", tuple(route.layers), tuple((k, route.exits[k]) for k in sorted(route.exits)))
+            return compiled.fused(key, greedy, last, cache), blocks
+        logits, blocks = self.route.step(self.model, last, cache)
+        return self.sampling.choose(logits, generators)[0], blocks
 
 
 def generate_in_batches(decode: Callable[..., tuple[list[Transcript], GenerationStats]],

@@ -18,6 +18,11 @@ before, and so does a call with an exit rule (the dynamic mode's: it decides per
 Python, which rows go on, a new rule each step, which would compile a graph a token;
 `generate` refuses `--compile` with that mode).
 
+``fused`` compiles a function of several steps as one graph (speculative decoding's
+greedy rounds: the draft's γ forwards with each one's head and argmax, and the verifying
+forward with its argmax), so a round pays two calls' fixed cost instead of γ + 1 calls and
+γ + 1 eager heads.
+
 Each step is one graph (``fullgraph``): a route whose step would break into pieces runs
 eagerly instead, counted in ``eager_fallbacks`` with the reason in ``graph_breaks``. Graphs
 are counted per key and in all (``graphs``), and the wall time of every call that
@@ -41,6 +46,14 @@ from framework.model.decoder import Decoder, StepOutput
 # Graphs one key may compile before it runs eagerly: under dynamo's own cap per code object
 # (torch._dynamo.config.recompile_limit, 8), past which dynamo would fall back uncounted.
 LIMIT = 6
+
+# A decoding step at these sizes is mostly the cost of calling its kernels. No re-check of every
+# input's size and stride inside the compiled code (dynamo's guards have checked them before the
+# call) and, on a CPU, inductor's wrapper in C++ instead of Python cut a compiled step's time by
+# about a quarter at the CPU base model (BENCHMARKS.md, "Compiled decoding"); the C++ wrapper
+# costs compile time. Not tried on a GPU, which keeps inductor's Python wrapper.
+INDUCTOR_OPTIONS = {"size_asserts": False}
+CPU_INDUCTOR_OPTIONS = {**INDUCTOR_OPTIONS, "cpp_wrapper": True}
 
 
 class CompiledStep:
@@ -91,19 +104,48 @@ class CompiledStep:
         exits = dict(exits or {})
         layers = None if layers is None else tuple(int(i) for i in layers)
         key = (layers, tuple(sorted((k, id(a)) for k, a in exits.items())), inputs.dim())
+        eager = self.eager
+
+        def run_step(inputs: torch.Tensor, cache) -> StepOutput:
+            return eager(inputs, cache, layers=layers, exits=exits)
+
+        return self._run(key, run_step, lambda: eager(inputs, cache, layers=layers, exits=exits), inputs, cache)
+
+    def fused(self, key: tuple, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(forward, *args)`` compiled as one graph, ``forward`` being the model's eager
+        step: several forwards and what lies between them (a greedy draft's γ steps, each
+        one's head and argmax) pay the per-call cost of one compiled call instead of one
+        each. ``key`` holds every object and constant the function closes over (objects
+        themselves, not their ids: a key keeps them alive) — the first function given for a
+        key is the one compiled and called from then on, so whatever varies between calls
+        must come in ``args``. Past the key's graph limit, or if
+        it breaks, ``function`` runs with this object as ``forward``: a compiled call per step."""
+        eager = self.eager
+
+        def run_fused(*args: Any) -> Any:
+            return function(eager, *args)
+
+        return self._run(("fused",) + tuple(key), run_fused, lambda: function(self, *args), *args)
+
+    def _run(self, key: tuple, body: Callable[..., Any], fallback: Callable[[], Any], *args: Any) -> Any:
+        """``body(*args)`` through the key's compiled function (compiled from ``body`` on the
+        key's first call), or ``fallback()`` where the key runs eagerly."""
         if self.graphs_by_key.get(key, 0) > self.limit:
-            return self.eager(inputs, cache, layers=layers, exits=exits)
+            return fallback()
         function = self.functions.get(key)
         if function is None:
-            function = self.functions[key] = self._compile(key, layers, exits)
+            function = self.functions[key] = self._compile(key, body)
+        # one stride pattern and offset 0 for every tensor, whatever view the caller holds
+        args = tuple(a.clone(memory_format=torch.contiguous_format) if isinstance(a, torch.Tensor) else a
+                     for a in args)
         before = self.graphs
         started = time.perf_counter()
         try:
-            out = function(inputs.clone(memory_format=torch.contiguous_format), cache)  # one stride pattern, offset 0
+            out = function(*args)
         except torch._dynamo.exc.Unsupported as err:  # a graph break (found while tracing, before anything ran)
             self.graph_breaks[key] = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             self.graphs_by_key[key] = self.limit + 1
-            out = self.eager(inputs, cache, layers=layers, exits=exits)
+            out = fallback()
         if self.graphs > before or key in self.graph_breaks:
             self.compile_seconds += time.perf_counter() - started
         return out
@@ -117,12 +159,7 @@ class CompiledStep:
         return {"graphs": self.graphs, "routes": len(self.functions), "compile_seconds": self.compile_seconds,
                 "eager_fallbacks": self.eager_fallbacks, "graph_breaks": sorted(set(self.graph_breaks.values()))}
 
-    def _compile(self, key: tuple, layers: tuple | None, exits: dict) -> Callable[..., StepOutput]:
-        eager = self.eager
-
-        def run_step(inputs: torch.Tensor, cache) -> StepOutput:
-            return eager(inputs, cache, layers=layers, exits=exits)
-
+    def _compile(self, key: tuple, body: Callable[..., Any]) -> Callable[..., Any]:
         def backend(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
             self.graphs += 1
             self.graphs_by_key[key] = count = self.graphs_by_key.get(key, 0) + 1
@@ -132,12 +169,13 @@ class CompiledStep:
                 return self.backend(graph, example_inputs)
             from torch._dynamo.backends.registry import lookup_backend
 
-            return lookup_backend(self.backend)(graph, example_inputs)
+            on_cpu = next(self.model.parameters()).device.type == "cpu"
+            with torch._inductor.config.patch(CPU_INDUCTOR_OPTIONS if on_cpu else INDUCTOR_OPTIONS):
+                return lookup_backend(self.backend)(graph, example_inputs)
 
         # dynamo keeps compiled graphs (and caps their number) per code object: each key's function gets
         # its own, so keys and CompiledSteps do not share entries or the cap, and they go with this object.
-        own = types.FunctionType(run_step.__code__.replace(), run_step.__globals__, run_step.__name__, None,
-                                 run_step.__closure__)
+        own = types.FunctionType(body.__code__.replace(), body.__globals__, body.__name__, None, body.__closure__)
         return torch.compile(own, dynamic=True, fullgraph=True, backend=backend)
 
 

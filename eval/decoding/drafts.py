@@ -10,7 +10,8 @@
   reads the exit through a Balcony exit adapter, whose block keeps its own K/V in an
   extra cache slot.
 
-Every forward is one ``Decoder.step``. ``layers_run`` and ``verify_blocks`` count the
+Every forward is one ``Decoder.step`` (``forward``: the one to call instead of
+``model.step``, e.g. the eager step inside a compiled loop of draft steps). ``layers_run`` and ``verify_blocks`` count the
 blocks a draft forward and a round's verification run per row (per position verified),
 what "layers per token" charges.
 """
@@ -18,13 +19,15 @@ what "layers per token" charges.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
 from eval.skip_sets import parse_skip_set
 from framework.model.kv_cache import KVCache
-from framework.model.decoder import Block, Decoder
+from framework.model.decoder import Block, Decoder, StepOutput
+
+Forward = Callable[..., StepOutput]  # Decoder.step's signature
 
 
 class SkipDraft:
@@ -56,13 +59,15 @@ class SkipDraft:
                 ) -> torch.Tensor:
         return model.logits(model.step(tokens, cache, padding=padding).hidden[:, -1])
 
-    def step(self, model: Decoder, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def step(self, model: Decoder, token: torch.Tensor, cache: KVCache, forward: Forward | None = None
+             ) -> torch.Tensor:
         layers = model.active_layers(skip_layers=self.skip_layers)
-        return model.logits(model.step(token, cache, layers=layers).hidden[:, -1])
+        return model.logits((forward or model.step)(token, cache, layers=layers).hidden[:, -1])
 
-    def verify(self, model: Decoder, inputs: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+    def verify(self, model: Decoder, inputs: torch.Tensor, cache: KVCache, start: int,
+               forward: Forward | None = None) -> torch.Tensor:
         cache.crop(start)
-        return model.logits(model.step(inputs, cache).hidden)
+        return model.logits((forward or model.step)(inputs, cache).hidden)
 
     def describe(self) -> dict:
         return {"draft": self.kind, "skip_layers": list(self.skip_layers), "exit_layer": None}
@@ -103,21 +108,24 @@ class ExitDraft:
         exits = {} if self.adapter is None else {self.exit_layer: self.adapter}
         return model.logits(model.step(tokens, cache, padding=padding, exits=exits).hidden[:, -1])
 
-    def _lower(self, model: Decoder, tokens: torch.Tensor, cache: KVCache):
+    def _lower(self, model: Decoder, tokens: torch.Tensor, cache: KVCache, forward: Forward | None = None):
         """Layers 0..E-1 (and the adapter) on ``tokens`` at the cache's length."""
-        return model.step(tokens, cache, layers=range(self.exit_layer), exits={self.exit_layer: self.adapter})
+        return (forward or model.step)(tokens, cache, layers=range(self.exit_layer),
+                                       exits={self.exit_layer: self.adapter})
 
-    def step(self, model: Decoder, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        out = self._lower(model, token, cache)
+    def step(self, model: Decoder, token: torch.Tensor, cache: KVCache, forward: Forward | None = None
+             ) -> torch.Tensor:
+        out = self._lower(model, token, cache, forward)
         self.states.append(out.hidden)
         return model.logits(out.reads[self.exit_layer][:, -1])
 
-    def verify(self, model: Decoder, inputs: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+    def verify(self, model: Decoder, inputs: torch.Tensor, cache: KVCache, start: int,
+               forward: Forward | None = None) -> torch.Tensor:
         # The draft already ran the lower layers on every input but the last one.
-        last = self._lower(model, inputs[:, -1:], cache).hidden
+        last = self._lower(model, inputs[:, -1:], cache, forward).hidden
         cache.crop(start)  # the upper layers write every position from ``start`` again
-        upper = model.step(torch.cat(self.states + [last], dim=1), cache,
-                           layers=range(self.exit_layer, len(model.blocks)))
+        upper = (forward or model.step)(torch.cat(self.states + [last], dim=1), cache,
+                                        layers=range(self.exit_layer, len(model.blocks)))
         return model.logits(upper.hidden)
 
     def describe(self) -> dict:

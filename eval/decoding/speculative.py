@@ -40,7 +40,8 @@ from typing import Sequence
 import torch
 
 from eval.decoding.batch import BatchGenerator, check_prompts, left_padded
-from eval.decoding.drafts import Draft
+from eval.decoding.compiled_step import CompiledStep
+from eval.decoding.drafts import Draft, Forward
 from eval.decoding.sampling import Sampling, draw, row_generators, sequence_keys, uniforms
 from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import Clock, GenerationStats, OnTokens, StopStrings, Transcript, Transcripts
@@ -144,12 +145,12 @@ class SelfSpeculativeDecoder:
         limits = [min(limit, k) for limit in limits]  # adaptive drafting may stop before
         inputs = torch.cat([pending] + drafts, dim=1)
         mid = time.perf_counter()
-        target_logits = self.draft.verify(self.model, inputs, cache, start)
+        verified_as = self._verify(inputs, cache, start, k)
         verified = time.perf_counter()
         if self.sampling.greedy:
-            accepted, nexts = self._accept_greedy(inputs[:, 1:], target_logits, limits)
+            accepted, nexts = self._accept_greedy(inputs[:, 1:], verified_as, limits)
         else:
-            accepted, nexts = self._accept_sampled(inputs[:, 1:], draft_probs, target_logits, generators, limits)
+            accepted, nexts = self._accept_sampled(inputs[:, 1:], draft_probs, verified_as, generators, limits)
         cache.crop_rows([start + 1 + count for count in accepted])
         # What ran for every row this round: k draft forwards and one verification.
         num_layers = len(self.model.blocks)
@@ -172,9 +173,22 @@ class SelfSpeculativeDecoder:
         """Up to ``limits[r]`` proposals for row r; a row draws random numbers only for
         the drafts it may use (what it draws alone)."""
         self.draft.begin_round()
+        steps = max(limits)
+        compiled, forward = self._fusing(steps)
+        if compiled is not None:  # the round's γ steps, each one's head and argmax, as one compiled graph
+            draft, model = self.draft, self.model
+
+            def propose(forward, token: torch.Tensor, cache: KVCache) -> list[torch.Tensor]:
+                tokens = []
+                for _ in range(steps):
+                    token = draft.step(model, token, cache, forward).argmax(-1, keepdim=True)
+                    tokens.append(token)
+                return tokens
+
+            return compiled.fused(("greedy draft", draft, steps), propose, pending, cache), [None] * steps
         drafts, probs, token = [], [], pending
-        for step in range(max(limits)):
-            logits = self.draft.step(self.model, token, cache)
+        for step in range(steps):
+            logits = self.draft.step(self.model, token, cache, forward)
             drawing = [g if limit > step else None for g, limit in zip(generators, limits)]
             chosen, q = self.sampling.choose(logits, drawing)
             token = chosen[:, None]
@@ -188,11 +202,36 @@ class SelfSpeculativeDecoder:
                     break
         return drafts, probs
 
+    def _verify(self, inputs: torch.Tensor, cache: KVCache, start: int, k: int) -> torch.Tensor:
+        """The full model on the round's inputs: greedy, its own token at every position
+        [B, k + 1]; sampling, its logits [B, k + 1, V]."""
+        compiled, forward = self._fusing(k)
+        if compiled is None:
+            logits = self.draft.verify(self.model, inputs, cache, start, forward)
+            return logits.argmax(-1) if self.sampling.greedy else logits
+        draft, model = self.draft, self.model
+
+        def verify(forward, inputs: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
+            return draft.verify(model, inputs, cache, start, forward).argmax(-1)
+
+        return compiled.fused(("greedy verify", draft, k), verify, inputs, cache, start)
+
+    def _fusing(self, steps: int) -> tuple[CompiledStep | None, Forward | None]:
+        """With compiled steps installed: a greedy round of γ drafts runs as fused graphs (the
+        CompiledStep to fuse with); a greedy round cut short (the last of a sequence, its
+        budget nearly spent) runs eagerly (the eager forward: compiling its shapes would cost
+        more than its one round saves). Otherwise (None, None): ``model.step`` as installed,
+        a compiled call per forward for sampling and ``adaptive``."""
+        compiled = self.model.__dict__.get("step")
+        if not isinstance(compiled, CompiledStep) or not self.sampling.greedy or self.adaptive is not None:
+            return None, None
+        return (compiled, None) if steps == self.gamma else (None, compiled.eager)
+
     @staticmethod
-    def _accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor, limits: list[int]
+    def _accept_greedy(drafts: torch.Tensor, targets: torch.Tensor, limits: list[int]
                        ) -> tuple[list[int], list[int]]:
-        """Per row: accepted draft tokens (at most its limit), and the verifier's token after them."""
-        targets = target_logits.argmax(-1)  # [B, k + 1]
+        """Per row: accepted draft tokens (at most its limit), and the verifier's token after
+        them (``targets`` [B, k + 1]: the full model's greedy token at each position)."""
         if drafts.shape[1] == 0:
             return [0] * targets.shape[0], targets[:, 0].tolist()
         agreed = (drafts == targets[:, :-1]).int().cumprod(1).sum(1)

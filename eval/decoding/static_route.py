@@ -7,12 +7,12 @@ state before the shared final norm + head and keeps its K/V in an extra cache sl
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from framework.model.kv_cache import KVCache
-from framework.model.decoder import Block, Decoder
+from framework.model.decoder import Block, Decoder, StepOutput
 
 
 class StaticRoute:
@@ -30,9 +30,11 @@ class StaticRoute:
     def prefill(self, model: Decoder, tokens: torch.Tensor, cache: KVCache, padding: torch.Tensor) -> None:
         model.step(tokens, cache, layers=self.layers, padding=padding, exits=self.exits)
 
-    def step(self, model: Decoder, tokens: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [B, V] of the next token after ``tokens`` [B, 1], and blocks run per row."""
-        out = model.step(tokens, cache, layers=self.layers, exits=self.exits)
+    def step(self, model: Decoder, tokens: torch.Tensor, cache: KVCache, forward: Callable[..., StepOutput] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [B, V] of the next token after ``tokens`` [B, 1], and blocks run per row
+        (``forward``: the step to call instead of ``model.step``)."""
+        out = (forward or model.step)(tokens, cache, layers=self.layers, exits=self.exits)
         read = out.reads[next(iter(self.exits))] if self.exits else out.hidden
         blocks = torch.full((tokens.shape[0],), self.blocks_per_token, dtype=torch.long)
         return model.logits(read[:, -1]), blocks

@@ -65,6 +65,9 @@ def test_compiled_decoding_gives_the_eager_tokens(model, adapters, spec, setting
     assert len({len(tokens) for tokens in got}) > 1  # rows ended at different steps
     assert compiled.graphs >= 1 and compiled.eager_fallbacks == 0
     assert compiled.graphs <= 4 * len(compiled.functions)  # bounded: not one graph per token or length
+    # greedy: the step with its head and argmax (a speculative round: its γ drafts, its verification) fused
+    fused = {key[1] for key in compiled.functions if key[0] == "fused"}
+    assert fused == ({"greedy draft", "greedy verify"} if spec == "speculative" else {"greedy step"})
     assert "step" not in model.__dict__  # the eager method is back
 
 
@@ -109,6 +112,33 @@ def test_a_key_past_its_graph_limit_runs_eagerly_and_is_counted(model, adapters)
         got = decode("full", model, adapters, PROMPTS, 6) + decode("full", model, adapters, PROMPTS[:1], 6)
     assert got == eager
     assert compiled.eager_fallbacks >= 1 and compiled.summary()["eager_fallbacks"] == compiled.eager_fallbacks
+
+
+def test_a_fused_function_is_one_graph_and_one_that_breaks_runs_a_compiled_step_per_forward(model):
+    def two_steps(forward, token, cache):
+        first = forward(token, cache, layers=[0, 1]).hidden
+        if fails:
+            torch._dynamo.graph_break()
+        return first, forward(token, cache, layers=[0, 1]).hidden
+
+    tokens = torch.tensor([PROMPTS[0]])
+    for fails in (False, True):
+        with torch.inference_mode():  # as decoding runs
+            got, expected, cache, compiled = fused_and_eager(model, tokens, two_steps)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)) and cache.length == len(PROMPTS[0]) + 2
+        broke = [key for key in compiled.graph_breaks if key[0] == "fused"]
+        assert broke == ([("fused", "two steps")] if fails else [])
+        # breaking, it ran a compiled step per forward: the plain step's key got its graph
+        assert compiled.eager_fallbacks == fails and ((((0, 1), (), 2) in compiled.functions) == fails)
+
+
+def fused_and_eager(model, tokens, function):
+    cache = model.new_cache(1, 32)
+    expected = [model.step(tokens, cache).hidden] + list(function(model.step, tokens[:, -1:], cache))
+    cache = model.new_cache(1, 32)
+    with CompiledStep.installed(model, backend="aot_eager") as compiled:
+        got = [model.step(tokens, cache).hidden] + list(compiled.fused(("two steps",), function, tokens[:, -1:], cache))
+    return got, expected, cache, compiled
 
 
 def test_training_and_measurement_calls_stay_eager(model):
