@@ -11,9 +11,9 @@
   extra cache slot.
 
 Every forward is one ``Decoder.step`` (``forward``: the one to call instead of
-``model.step``, e.g. the eager step inside a compiled loop of draft steps). ``layers_run`` and ``verify_blocks`` count the
-blocks a draft forward and a round's verification run per row (per position verified),
-what "layers per token" charges.
+``model.step``, e.g. the eager step inside a compiled loop of draft steps).
+``layers_run`` and ``verify_blocks`` count the blocks a draft forward and a round's
+verification run per row (per position verified), what "layers per token" charges.
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ class StaticRoute:
     def prefill(self, model: Decoder, tokens: torch.Tensor, cache: KVCache, padding: torch.Tensor) -> None:
         model.step(tokens, cache, layers=self.layers, padding=padding, exits=self.exits)
 
-    def step(self, model: Decoder, tokens: torch.Tensor, cache: KVCache, forward: Callable[..., StepOutput] | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, model: Decoder, tokens: torch.Tensor, cache: KVCache,
+             forward: Callable[..., StepOutput] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, V] of the next token after ``tokens`` [B, 1], and blocks run per row
         (``forward``: the step to call instead of ``model.step``)."""
         out = (forward or model.step)(tokens, cache, layers=self.layers, exits=self.exits)
