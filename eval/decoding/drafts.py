@@ -176,22 +176,12 @@ def searched_draft(report_path: str | Path, num_layers: int) -> tuple[str, int]:
     its best skip set or its best exit draft, whichever decoded faster on the search's
     confirmation prompts (the two were timed on the same prompts, in the same process).
     ValueError (one line) for a file that is not such a report of a ``num_layers`` model."""
-    from framework.checkpoint.base import first_line
-    from framework.files.nesting import json_document
+    from framework.checkpoint.hf.draft import check_searched_depth, read_search_report
 
-    where = f"--draft-from {str(report_path)!r}"
-    path = Path(report_path)
-    if not path.is_file():
-        raise ValueError(f"{where} does not exist (a report of `layerdrop speculate search --out FILE`)")
-    try:
-        report = json_document(path.read_text(), where)
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise ValueError(f"{where} is not a readable JSON report ({first_line(err)})") from None
+    report, where = read_search_report(report_path, ValueError)
     if not isinstance(report, dict) or not isinstance(report.get("best"), dict):
         raise ValueError(f"{where} has no best draft: not a report of `layerdrop speculate search`")
-    if report.get("num_layers") != num_layers:
-        raise ValueError(f"{where} was searched on a model of {report.get('num_layers')!r} layers, this one has "
-                         f"{num_layers}: search this model's draft")
+    check_searched_depth(report, num_layers, where, ValueError)
     gamma = report.get("gamma")
     if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 1:
         raise ValueError(f"{where}: gamma={gamma!r} is invalid: draft tokens per round, an integer >= 1")
