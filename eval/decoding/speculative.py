@@ -175,17 +175,8 @@ class SelfSpeculativeDecoder:
         self.draft.begin_round()
         steps = max(limits)
         compiled, forward = self._fusing(steps)
-        if compiled is not None:  # the round's γ steps, each one's head and argmax, as one compiled graph
-            draft, model = self.draft, self.model
-
-            def propose(forward, token: torch.Tensor, cache: KVCache) -> list[torch.Tensor]:
-                tokens = []
-                for _ in range(steps):
-                    token = draft.step(model, token, cache, forward).argmax(-1, keepdim=True)
-                    tokens.append(token)
-                return tokens
-
-            return compiled.fused(("greedy draft", draft, steps), propose, pending, cache), [None] * steps
+        if compiled is not None:
+            return self._fused_draft(compiled, pending, cache, limits, generators)
         drafts, probs, token = [], [], pending
         for step in range(steps):
             logits = self.draft.step(self.model, token, cache, forward)
@@ -202,6 +193,36 @@ class SelfSpeculativeDecoder:
                     break
         return drafts, probs
 
+    def _fused_draft(self, compiled: CompiledStep, pending: torch.Tensor, cache: KVCache, limits: list[int],
+                     generators: list[torch.Generator]) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """``_draft``'s γ steps, each one's head and its choice, as one compiled graph. Sampling
+        draws the round's uniforms first, step by step as the loop would (a row only for the
+        drafts it may use), so every row's stream is the one it has uncompiled."""
+        draft, model, sampling, steps = self.draft, self.model, self.sampling, max(limits)
+        if sampling.greedy:
+            def propose(forward, token: torch.Tensor, cache: KVCache) -> list[torch.Tensor]:
+                tokens = []
+                for _ in range(steps):
+                    token = draft.step(model, token, cache, forward).argmax(-1, keepdim=True)
+                    tokens.append(token)
+                return tokens
+
+            return compiled.fused(("greedy draft", draft, steps), propose, pending, cache), [None] * steps
+
+        u = torch.stack([uniforms([g if limit > step else None for g, limit in zip(generators, limits)],
+                                  pending.device) for step in range(steps)], dim=1)
+
+        def propose_sampled(forward, token: torch.Tensor, cache: KVCache, u: torch.Tensor):
+            tokens, probs = [], []
+            for step in range(steps):
+                q = sampling.probabilities(draft.step(model, token, cache, forward))
+                token = draw(q, u[:, step])[:, None]
+                tokens.append(token)
+                probs.append(q)
+            return tokens, probs
+
+        return compiled.fused(("sampled draft", draft, sampling, steps), propose_sampled, pending, cache, u)
+
     def _verify(self, inputs: torch.Tensor, cache: KVCache, start: int, k: int) -> torch.Tensor:
         """The full model on the round's inputs: greedy, its own token at every position
         [B, k + 1]; sampling, its logits [B, k + 1, V]."""
@@ -209,21 +230,22 @@ class SelfSpeculativeDecoder:
         if compiled is None:
             logits = self.draft.verify(self.model, inputs, cache, start, forward)
             return logits.argmax(-1) if self.sampling.greedy else logits
-        draft, model = self.draft, self.model
+        draft, model, greedy = self.draft, self.model, self.sampling.greedy
 
         def verify(forward, inputs: torch.Tensor, cache: KVCache, start: int) -> torch.Tensor:
-            return draft.verify(model, inputs, cache, start, forward).argmax(-1)
+            logits = draft.verify(model, inputs, cache, start, forward)
+            return logits.argmax(-1) if greedy else logits
 
-        return compiled.fused(("greedy verify", draft, k), verify, inputs, cache, start)
+        return compiled.fused(("greedy verify" if greedy else "verify", draft, k), verify, inputs, cache, start)
 
     def _fusing(self, steps: int) -> tuple[CompiledStep | None, Forward | None]:
-        """With compiled steps installed: a greedy round of γ drafts runs as fused graphs (the
-        CompiledStep to fuse with); a greedy round cut short (the last of a sequence, its
-        budget nearly spent) runs eagerly (the eager forward: compiling its shapes would cost
-        more than its one round saves). Otherwise (None, None): ``model.step`` as installed,
-        a compiled call per forward for sampling and ``adaptive``."""
+        """With compiled steps installed: a round of γ drafts runs as fused graphs (the
+        CompiledStep to fuse with); a round cut short (the last of a sequence, its budget
+        nearly spent) runs eagerly (the eager forward: compiling its shapes would cost more
+        than its one round saves). Otherwise (None, None): ``model.step`` as installed, a
+        compiled call per forward for ``adaptive`` (whose rounds stop at any length)."""
         compiled = self.model.__dict__.get("step")
-        if not isinstance(compiled, CompiledStep) or not self.sampling.greedy or self.adaptive is not None:
+        if not isinstance(compiled, CompiledStep) or self.adaptive is not None:
             return None, None
         return (compiled, None) if steps == self.gamma else (None, compiled.eager)
 

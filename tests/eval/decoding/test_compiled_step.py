@@ -11,6 +11,7 @@ logits never tie by rounding: a token that differs is a real difference.
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from eval.adapters.exit_adapters import ExitAdapters
 from eval.decoding import modes
 from eval.decoding.compiled_step import CompiledStep
 from eval.decoding.drafts import ExitDraft, SkipDraft
+from eval.decoding.sampling import Sampling
 from eval.decoding.speculative import SelfSpeculativeDecoder
 from eval.decoding.speedup import compare
 from framework.config import ModelConfig
@@ -53,11 +55,13 @@ def decode(spec: str, model, loaded, prompts, max_new_tokens: int, **settings):
 @pytest.mark.parametrize("spec,settings", [
     ("full", {}), ("skip:1,2", {}), ("exit:2", {"adapters": True}),
     ("speculative", {}), ("speculative", {"adapters": True, "draft": "adapter:2", "gamma": 3}),
+    ("speculative", {"sampling": Sampling(temperature=0.8), "draft": "skip:1"}),
 ], ids=lambda value: value if isinstance(value, str) else "+".join(sorted(value)) or "-")
 def test_compiled_decoding_gives_the_eager_tokens(model, adapters, spec, settings):
     """A padded batch whose rows end at different steps (EOS: they leave the batch and the
     cache), the shapes changing as it goes: the cache grows, the batch shrinks, a verify
-    pass feeds several positions."""
+    pass feeds several positions. Sampled, the same tokens too: the fused draft draws each
+    row's uniforms in the order the eager loop does (aot_eager computes what eager does)."""
     eager = decode(spec, model, adapters, PROMPTS, 14, **settings)
     with CompiledStep.installed(model, backend="aot_eager") as compiled:
         got = decode(spec, model, adapters, PROMPTS, 14, **settings)
@@ -67,7 +71,10 @@ def test_compiled_decoding_gives_the_eager_tokens(model, adapters, spec, setting
     assert compiled.graphs <= 4 * len(compiled.functions)  # bounded: not one graph per token or length
     # greedy: the step with its head and argmax (a speculative round: its γ drafts, its verification) fused
     fused = {key[1] for key in compiled.functions if key[0] == "fused"}
-    assert fused == ({"greedy draft", "greedy verify"} if spec == "speculative" else {"greedy step"})
+    if spec != "speculative":
+        assert fused == {"greedy step"}
+    else:
+        assert fused == ({"sampled draft", "verify"} if "sampling" in settings else {"greedy draft", "greedy verify"})
     assert "step" not in model.__dict__  # the eager method is back
 
 
@@ -104,6 +111,21 @@ def test_an_exit_rule_runs_eagerly_and_generate_refuses_compile_for_dynamic(mode
     code, out = run_main(main, ["--ckpt", str(tmp_path / "missing"), "--prompt", "x", "--mode", "dynamic",
                                 "--compile"], capsys)
     assert code == 2 and "--compile is for --mode full, exit:K, skip:SET and speculative" in out.err
+
+
+def test_a_fused_sampled_round_draws_what_the_eager_loop_draws(model):
+    """Rows with different budgets share fused rounds of γ drafts: each row must draw only for
+    the drafts it may use, so its generator ends where the eager loop leaves it."""
+    def run(compiled: bool):
+        generators = [torch.Generator().manual_seed(seed) for seed in (1, 2, 3)]
+        decoder = SelfSpeculativeDecoder(model, SkipDraft((1,)), gamma=3, temperature=0.8)
+        with CompiledStep.installed(model, backend="aot_eager") if compiled else nullcontext():
+            items, _ = decoder.generate_batch(PROMPTS, 13, generators=generators)
+        return [item.tokens for item in items], [g.get_state() for g in generators]
+
+    (eager, eager_states), (got, states) = run(False), run(True)
+    assert got == eager and all(torch.equal(a, b) for a, b in zip(states, eager_states))
+    assert len({len(tokens) for tokens in got}) == 1  # no EOS: every row ran to its budget, each at its pace
 
 
 def test_a_key_past_its_graph_limit_runs_eagerly_and_is_counted(model, adapters):
