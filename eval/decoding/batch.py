@@ -26,7 +26,7 @@ from typing import Callable, Protocol, Sequence
 import torch
 
 from eval.decoding.compiled_step import CompiledStep
-from eval.decoding.sampling import Sampling, row_generators, sequence_keys
+from eval.decoding.sampling import Sampling, draw, row_generators, sequence_keys, uniforms
 from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import Clock, GenerationStats, OnTokens, StopStrings, Transcript, Transcripts
 from framework.model.kv_cache import KVCache
@@ -118,18 +118,30 @@ class BatchGenerator:
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """The next token of every row [B] after ``last`` [B, 1], and the blocks each row ran."""
         compiled = self.model.__dict__.get("step")
-        if isinstance(compiled, CompiledStep) and self.sampling.greedy and isinstance(self.route, StaticRoute):
-            route, model = self.route, self.model  # the step, its head and its argmax as one compiled graph
+        if isinstance(compiled, CompiledStep) and isinstance(self.route, StaticRoute):
+            return self._fused_next(compiled, last, cache, generators)
+        logits, blocks = self.route.step(self.model, last, cache)
+        return self.sampling.choose(logits, generators)[0], blocks
 
+    def _fused_next(self, compiled: CompiledStep, last: torch.Tensor, cache: KVCache,
+                    generators: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_next`` as one compiled graph: the step, its head and the choice (argmax, or the
+        inverse-CDF draw of each row's uniform, drawn first as ``Sampling.choose`` draws it)."""
+        route, model, sampling = self.route, self.model, self.sampling
+        blocks = torch.full((last.shape[0],), route.blocks_per_token, dtype=torch.long)
+        # the route's structure names the graph: another route through the same blocks and exits reuses it
+        key = (tuple(route.layers), tuple((k, route.exits[k]) for k in sorted(route.exits)))
+        if sampling.greedy:
             def greedy(forward, last: torch.Tensor, cache: KVCache) -> torch.Tensor:
                 return route.step(model, last, cache, forward)[0].argmax(-1)
 
-            blocks = torch.full((last.shape[0],), route.blocks_per_token, dtype=torch.long)
-            # the route's structure names the graph: another route through the same blocks and exits reuses it
-            key = ("greedy step", tuple(route.layers), tuple((k, route.exits[k]) for k in sorted(route.exits)))
-            return compiled.fused(key, greedy, last, cache), blocks
-        logits, blocks = self.route.step(self.model, last, cache)
-        return self.sampling.choose(logits, generators)[0], blocks
+            return compiled.fused(("greedy step", *key), greedy, last, cache), blocks
+
+        def sampled(forward, last: torch.Tensor, cache: KVCache, u: torch.Tensor) -> torch.Tensor:
+            return draw(sampling.probabilities(route.step(model, last, cache, forward)[0]), u)
+
+        u = uniforms(generators, last.device)
+        return compiled.fused(("sampled step", *key, sampling), sampled, last, cache, u), blocks
 
 
 def generate_in_batches(decode: Callable[..., tuple[list[Transcript], GenerationStats]],
