@@ -18,10 +18,10 @@ before, and so does a call with an exit rule (the dynamic mode's: it decides per
 Python, which rows go on, a new rule each step, which would compile a graph a token;
 `generate` refuses `--compile` with that mode).
 
-``fused`` compiles a function of several steps as one graph (greedy decoding: a plain
-step with its head and argmax; a speculative round's γ draft forwards with each one's head
-and argmax, and its verification with its argmax), so a round pays two calls' fixed cost
-instead of a call and an eager head per forward.
+``fused`` compiles a function of several steps as one graph (a plain step with its head
+and its choice, argmax or sampled draw; a speculative round's γ draft forwards with each
+one's head and choice, and its verification), so a round pays two calls' fixed cost instead
+of a call and an eager head per forward.
 
 Each step is one graph (``fullgraph``): a route whose step would break into pieces runs
 eagerly instead, counted in ``eager_fallbacks`` with the reason in ``graph_breaks``. Graphs
