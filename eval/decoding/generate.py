@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     from eval.decoding.dynamic_exit import check_threshold, parse_candidates
     from eval.decoding.compiled_step import CompiledStep
     from eval.decoding.sampling import Sampling
+    from eval.decoding.speculative import cache_positions
     from eval.inputs import ContextLimit, check_vocabulary
     from framework.tokenizer import TextCodec
     from framework.checkpoint import Checkpoint, CheckpointError
@@ -142,9 +143,10 @@ def main(argv: list[str] | None = None) -> int:
         limit = ContextLimit(cfg.max_seq_len)
         prompts = [limit.fit(p, reserve=args.max_new_tokens) for p in prompts]
         model, cfg = ckpt.load_decoder(device)
-        # the longest prompt, the new tokens, and a speculative round's drafts beyond them
-        positions = max(map(len, prompts)) + args.max_new_tokens + (args.gamma or 5) + 2
-        options.check_cache_fits(model, min(args.batch_size, len(prompts)), positions, device)
+        # the longest prompt, the new tokens, and a speculative round's drafts and holes beyond them
+        batch = min(args.batch_size, len(prompts))
+        positions = cache_positions(max(map(len, prompts)), args.max_new_tokens, args.gamma or 5, batch)
+        options.check_cache_fits(model, batch, positions, device)
         decode = mode.build(model, value, _settings(args, sampling, _adapters(args.adapters, model)))
         compiled = CompiledStep.install(model) if args.compile else None
     except (CheckpointError, FileNotFoundError, ValueError) as err:

@@ -22,8 +22,10 @@ last one (the "pending" token, whose K/V the next forward writes).
 The drafts (a skip set, an early exit, an exit adapter) are eval/decoding/drafts.py's.
 
 Batches: the rows draft and verify together, and each keeps its own accepted prefix
-and its own next token: the cache is cropped row by row (``KVCache.crop_rows``: a row
-that kept fewer tokens moves right and gains left padding, which ALiBi ignores). A row
+and its own next token: the cache is cropped row by row (``KVCache.crop_rows``: the
+positions a row did not keep, up to the round's longest row, become holes marked as
+padding, which attention and positions skip; nothing moves until the room for them runs
+out and the cache is compacted). A row
 drafts at most what its own budget allows and draws its random numbers only for its
 own drafts, so its tokens and its draws are those it has alone: a prompt's text,
 greedy or sampled, does not depend on the batch. The one exception is ``adaptive``:
@@ -110,8 +112,7 @@ class SelfSpeculativeDecoder:
         clock, stats = Clock(), GenerationStats(sequences=len(prompts))
         book = Transcripts(len(prompts), max_new_tokens, eos_id=eos_id, stop=stop, on_tokens=on_tokens)
         tokens, padding = left_padded(prompts, model.embed.weight.device)
-        # A round writes up to γ + 1 positions after the longest row, whose own budget may be spent.
-        cache = model.new_cache(len(prompts), tokens.shape[1] + max_new_tokens + self.gamma + 1,
+        cache = model.new_cache(len(prompts), cache_positions(tokens.shape[1], max_new_tokens, self.gamma, len(prompts)),
                                 extra_layers=self.draft.extra_layers)
         generators = generators or row_generators(self.seed, sequence_keys(prompts, numbers, self.seed_by))
         logits = self.draft.prefill(model, tokens, cache, padding if bool(padding.any()) else None)
@@ -151,7 +152,7 @@ class SelfSpeculativeDecoder:
             accepted, nexts = self._accept_greedy(inputs[:, 1:], verified_as, limits)
         else:
             accepted, nexts = self._accept_sampled(inputs[:, 1:], draft_probs, verified_as, generators, limits)
-        cache.crop_rows([start + 1 + count for count in accepted])
+        cache.crop_rows([start + 1 + count for count in accepted], room=self.gamma + 1)
         # What ran for every row this round: k draft forwards and one verification.
         num_layers = len(self.model.blocks)
         blocks = k * self.draft.layers_run(num_layers) + self.draft.verify_blocks(num_layers, k)
@@ -287,6 +288,14 @@ class SelfSpeculativeDecoder:
         return k, int(draw(p[k][None], uniforms([generator], p.device))[0])
 
 
+def cache_positions(prompt_len: int, max_new_tokens: int, gamma: int, rows: int) -> int:
+    """Positions a speculative batch's cache holds: the longest prompt, the new tokens, a
+    round's γ + 1 beyond the longest row (whose own budget may be spent), and with several
+    rows half the new tokens again for the holes that rows keeping fewer tokens than the
+    round's longest leave (``KVCache.crop_rows``; compacted when they run out)."""
+    return prompt_len + max_new_tokens + gamma + 1 + (max_new_tokens // 2 if rows > 1 else 0)
+
+
 def plain_decode(model: Decoder, prompt: torch.Tensor | Sequence[int], max_new_tokens: int, *,
                  temperature: float = 0.0, seed: int = 0) -> tuple[list[int], GenerationStats]:
     """Ordinary decoding of one prompt with the full model and a KV cache (no EOS)."""
@@ -295,4 +304,4 @@ def plain_decode(model: Decoder, prompt: torch.Tensor | Sequence[int], max_new_t
     return items[0].tokens, stats
 
 
-__all__ = ["AdaptiveThreshold", "SelfSpeculativeDecoder", "plain_decode"]
+__all__ = ["AdaptiveThreshold", "SelfSpeculativeDecoder", "cache_positions", "plain_decode"]

@@ -41,15 +41,25 @@ def alibi_causal_bias(slopes: torch.Tensor, q_len: int, k_len: int, *, dtype: to
     [B, H, q_len, k_len] and no query attends to a padding key. Those keys get the
     most negative finite value rather than -inf: a padding query, whose every key is
     padding, then averages them (a finite result nobody reads) instead of yielding NaN,
-    while a real query gives them weight exp(min - max) = 0 exactly.
+    while a real query gives them weight exp(min - max) = 0 exactly. Distances then
+    count a row's tokens, not positions, so padding between two tokens (the holes a
+    batched speculative round leaves) does not lengthen theirs; left padding lies
+    between none, and there the two counts agree.
     """
     q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
     k_pos = torch.arange(k_len, device=device)[None, :]
-    distance = (k_pos - q_pos).to(torch.float32)  # ≤ 0 in the causal past
-    bias = slopes.to(device=device, dtype=torch.float32)[:, None, None] * distance
-    bias = bias.masked_fill(k_pos > q_pos, float("-inf")).unsqueeze(0).to(dtype)
+    slopes = slopes.to(device=device, dtype=torch.float32)
+    if key_padding is None:
+        distance = (k_pos - q_pos).to(torch.float32)  # ≤ 0 in the causal past
+        bias = (slopes[:, None, None] * distance).unsqueeze(0)
+    else:
+        key_padding = key_padding.to(device)
+        tokens = (~key_padding).to(torch.float32).cumsum(-1)  # [B, k_len]: tokens up to each position
+        distance = tokens[:, None, :] - tokens[:, -q_len:, None]  # [B, q_len, k_len]
+        bias = slopes[None, :, None, None] * distance[:, None]
+    bias = bias.masked_fill(k_pos > q_pos, float("-inf")).to(dtype)
     if key_padding is not None:
-        pad = key_padding.to(device)[:, None, None, :] & (k_pos <= q_pos)
+        pad = key_padding[:, None, None, :] & (k_pos <= q_pos)
         bias = bias.masked_fill(pad, torch.finfo(dtype).min)
     return bias
 

@@ -5,12 +5,13 @@ One shared ``length`` for all layers: a forward writes positions
 once the forward is done. A layer that the forward skipped keeps stale entries at
 those positions; self-speculative decoding relies on the verify pass, which runs
 every layer from the pre-draft length, to overwrite them, and on ``crop`` to drop
-rejected draft positions (``crop_rows`` when each row keeps its own number of them).
+rejected draft positions (``crop_rows`` when each row keeps its own number of them:
+the positions a row drops below the longest row's end become holes, marked as padding).
 
 Batches of prompts of different lengths are left-padded: ``padding`` marks, per row,
 the positions that hold no token, and the attention bias keeps every query away from
-them. ALiBi needs nothing else: its bias depends on the distance between a query and a
-key, which padding on the left does not change.
+them. Positions count a row's tokens only, for RoPE's angles and ALiBi's distances
+alike, so padding anywhere in a row (at its left, or holes) changes nothing it computes.
 
 ``extra_layers`` slots after the model's own layers hold the K/V of exit adapters
 (their blocks are numbered ``n_layers + i``).
@@ -71,33 +72,44 @@ class KVCache:
         self.padding[:, length:] = False  # a position written again holds a token unless marked
         self.length = length
 
-    def crop_rows(self, lengths: list[int]) -> None:
+    def crop_rows(self, lengths: list[int], *, room: int = 0) -> None:
         """Row r keeps its first ``lengths[r]`` positions (each row its own accepted
-        draft prefix). The rows stay one block: a shorter row moves right so that every
-        row ends at the longest one's end, the positions it leaves becoming left padding
-        (ALiBi sees distances only, which moving a whole row leaves alone), and the
-        padding every row has at its left is dropped, so the length is what the longest
-        row needs."""
+        draft prefix). The rows stay one block ending at the longest one's end: a
+        shorter row's positions from its own length on become holes, marked as padding,
+        which attention skips and positions do not count (RoPE numbers a row's tokens,
+        ALiBi measures distances in them). Nothing moves, which is what makes a round
+        cheap; when fewer than ``room`` positions would be left free, ``compact`` closes
+        the holes."""
         if len(lengths) != self.batch_size or not all(0 <= n <= self.length for n in lengths):
             raise ValueError(f"crop lengths {lengths} are invalid: one per row ({self.batch_size}), each in "
                              f"[0, {self.length}]")
         end = max(lengths)
-        device = self.padding.device
-        shift = end - torch.tensor(lengths, device=device)
-        lead = self.padding[:, :end].int().cumprod(1).sum(1)  # each row's left padding now
-        drop = int((shift + torch.minimum(lead, torch.tensor(lengths, device=device))).min())
-        if not bool(shift.any()) and drop == 0:
-            self.crop(end)
+        if min(lengths) < end:
+            kept = torch.tensor(lengths, device=self.padding.device)
+            holes = torch.arange(end, device=kept.device)[None, :] >= kept[:, None]
+            self.padding[:, :end] |= holes
+            self.padded = True
+        self.crop(end)
+        if self.max_len - self.length < room:
+            self.compact()
+
+    def compact(self) -> None:
+        """Move each row's tokens right, in order, so that all its padding (left padding
+        and holes) lies at its left, then drop the padding every row has at its left:
+        the length becomes what the row with the most tokens needs."""
+        end = self.length
+        padding = self.padding[:, :end]
+        # a stable sort on "is a token" puts a row's padding first and keeps its tokens' order
+        source = torch.sort((~padding).to(torch.uint8), dim=1, stable=True).indices
+        drop = int(padding.sum(1).min())
+        source = source[:, drop:]
+        if drop == 0 and bool((source == torch.arange(end, device=source.device)).all()):
             return
-        source = torch.arange(drop, end, device=device)[None, :] - shift[:, None]  # [B, end - drop]
-        vacated = source < 0
-        source = source.clamp_min(0)
         for store in (self.keys, self.values):
             for layer, tensor in enumerate(store):
                 index = source[:, None, :, None].expand(-1, tensor.shape[1], -1, tensor.shape[3])
                 store[layer][:, :, :end - drop] = tensor.gather(2, index)
-        self.padding[:, :end - drop] = self.padding.gather(1, source) | vacated
-        self.padded = self.padded or bool(vacated.any())
+        self.padding[:, :end - drop] = padding.gather(1, source)
         self.crop(end - drop)
 
     def select_rows(self, rows: torch.Tensor) -> None:

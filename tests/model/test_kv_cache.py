@@ -160,9 +160,10 @@ def test_extra_layers_hold_adapter_slots():
     assert len(cache.keys) == decoder.config.n_layers + 2
 
 
-def test_rows_cropped_to_their_own_lengths_stay_right_aligned():
-    """Row r keeps positions [0, lengths[r]); shorter rows move right (left padding), and
-    the padding all rows share at the left is dropped."""
+def test_rows_cropped_to_their_own_lengths_leave_holes_that_compact_closes():
+    """Row r keeps positions [0, lengths[r]); a shorter row's positions up to the longest
+    row's end become padding (holes) and nothing moves. ``compact`` then moves each
+    row's tokens right, in order, and drops the padding all rows share at the left."""
     cache = KVCache(n_layers=2, batch_size=3, n_heads=1, head_dim=1, max_len=8)
     cache.mark_padding(torch.tensor([[True, True, False, False, False, False],
                                      [False] * 6,
@@ -171,12 +172,62 @@ def test_rows_cropped_to_their_own_lengths_stay_right_aligned():
     for store in (cache.keys, cache.values):
         for tensor in store:
             tensor[:, 0, :6, 0] = torch.arange(6.0) + 10 * torch.arange(3.0)[:, None]
+    before = cache.keys[1].clone()
     cache.crop_rows([6, 3, 5])
+    assert cache.length == 6 and torch.equal(cache.keys[1], before)
+    assert cache.key_padding(6).tolist() == [[True, True, False, False, False, False],
+                                             [False, False, False, True, True, True],
+                                             [True, False, False, False, False, True]]
+    cache.compact()
     assert cache.length == 4  # row 1 keeps 3 tokens and moves 3 right; every row had >= 2 padding
     assert cache.key_padding(4).tolist() == [[False] * 4, [True, False, False, False], [False] * 4]
-    assert cache.keys[1][:, 0, :4, 0].tolist() == [[2, 3, 4, 5], [10, 10, 11, 12], [21, 22, 23, 24]]
+    tokens = ~cache.key_padding(4)
+    assert cache.keys[1][:, 0, :4, 0][tokens].tolist() == [2, 3, 4, 5, 10, 11, 12, 21, 22, 23, 24]
     assert torch.equal(cache.values[0][:, 0, :4, 0], cache.keys[1][:, 0, :4, 0])
-    cache.crop_rows([4, 3, 4])  # nothing moves but row 1 (and nothing is dropped: row 0 has none)
-    assert cache.length == 4 and cache.keys[0][1, 0, :4, 0].tolist() == [10, 10, 10, 11]
+    assert cache.key_padding(8).tolist() == [[False] * 4 + [False] * 4, [True] + [False] * 7, [False] * 8]
+    cache.crop_rows([4, 3, 4])
+    cache.compact()  # nothing moves but row 1 (and nothing is dropped: row 0 has no padding)
+    assert cache.length == 4 and cache.keys[0][1, 0, 2:4, 0].tolist() == [10, 11]
+    assert cache.key_padding(4)[1].tolist() == [True, True, False, False]
     with pytest.raises(ValueError, match=r"crop lengths \[5, 1\] are invalid: one per row \(3\)"):
         cache.crop_rows([5, 1])
+
+
+def test_crop_rows_compacts_only_when_the_room_asked_for_is_missing():
+    cache = KVCache(n_layers=1, batch_size=2, n_heads=1, head_dim=1, max_len=10)
+    cache.advance(6)
+    cache.crop_rows([6, 4], room=4)  # 4 positions left: the holes stay
+    assert cache.length == 6 and cache.key_padding(6)[1].tolist() == [False] * 4 + [True] * 2
+    cache.advance(2)
+    cache.crop_rows([8, 7], room=4)  # 2 left: compacted (row 1's 2 holes + 1, row 0 none -> nothing dropped)
+    assert cache.length == 8 and cache.key_padding(8)[1].tolist() == [True] * 3 + [False] * 5
+
+
+@pytest.mark.parametrize("family", ["celerity", "llama"])
+def test_holes_change_nothing_a_row_computes(family):
+    """A batch whose rows kept different prefixes decodes, holes and all, as the same
+    batch compacted and as each row alone (ALiBi's distances and RoPE's positions both
+    count a row's tokens)."""
+    from framework.families.registry import build_decoder
+
+    torch.manual_seed(0)
+    extra = {"family": "llama", "bias": False, "ffn_hidden": 64, "n_kv_heads": 1} if family == "llama" else {}
+    decoder = build_decoder(ModelConfig(vocab_size=101, d_model=48, n_layers=3, n_heads=3, max_seq_len=32,
+                                        attention="sdpa", **extra)).eval()
+    tokens = torch.randint(0, 101, (3, 9))
+    kept = [9, 5, 7]  # row r keeps its first kept[r] tokens of the 9 written
+    nxt = torch.randint(0, 101, (3, 4))
+    with torch.no_grad():
+        holed, compacted = decoder.new_cache(3), decoder.new_cache(3)
+        for cache in (holed, compacted):
+            decoder(tokens, cache=cache)
+            cache.crop_rows(kept)
+        compacted.compact()
+        assert holed.length == 9 and compacted.length == 9 and holed.key_padding(9)[1, 5:].all()
+        for cache in (holed, compacted):
+            # two steps, then a chunk of two (a verification's shape)
+            logits = torch.cat([decoder(nxt[:, :1], cache=cache), decoder(nxt[:, 1:2], cache=cache),
+                                decoder(nxt[:, 2:], cache=cache)], dim=1)
+            for row, n in enumerate(kept):
+                alone = decoder(torch.cat([tokens[row, :n], nxt[row]])[None])[0]
+                torch.testing.assert_close(logits[row], alone[n:], rtol=1e-5, atol=1e-5)

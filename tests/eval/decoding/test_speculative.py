@@ -93,6 +93,23 @@ def test_a_batch_of_prompts_of_different_lengths_is_token_identical_to_plain_gre
     assert 0 < stats.rounds and stats.accepted <= stats.drafted
 
 
+@pytest.mark.parametrize("slack", [0, 3])
+def test_a_batch_whose_holes_run_out_of_room_is_compacted_and_stays_token_identical(
+        model, prompts_and_references, monkeypatch, slack):
+    """Rows that keep fewer tokens than a round's longest leave holes; with little room
+    for them (none, or 3 positions) the cache compacts, mid-sequence, and no row's text moves."""
+    import eval.decoding.speculative as speculative
+    from framework.model.kv_cache import KVCache
+
+    monkeypatch.setattr(speculative, "cache_positions", lambda prompt, new, gamma, rows: prompt + new + gamma + 1 + slack)
+    compactions, compact = [], KVCache.compact
+    monkeypatch.setattr(KVCache, "compact", lambda cache: (compactions.append(cache.length), compact(cache)))
+    prompts = [p.tolist() for p, _ in prompts_and_references]
+    items, _ = SelfSpeculativeDecoder(model, SkipDraft((0, 3)), gamma=4).generate_batch(prompts, 20)
+    assert [item.tokens for item in items] == [reference for _, reference in prompts_and_references]
+    assert compactions  # the room did run out
+
+
 def test_a_batch_ends_rows_at_eos_and_stop_strings(model, prompts_and_references):
     prompts = [p.tolist() for p, _ in prompts_and_references]
     references = [r for _, r in prompts_and_references]
