@@ -42,6 +42,14 @@
 # It returns paper-gpu-core.tar.gz (the report folder: README, report.json, every run's small
 # files, so `layerdrop sweep recipes/sweeps/paper-gpu.yaml --done-from DIR` adopts them) and
 # paper-gpu-core.log. With SMOKE=1 it is a --dry-run of the same six runs on the CPU.
+# RUNS=paper-gpu-lambda (issue 43 item 7), in a device call of its own after the core's: the λ bracket
+# at 20 TPP of the core's P̄ 20% rows, ILD+ITS 0.8 and ILD+DTS 0.8 with r_train = 1 at τ_EMA 0.26 and
+# 0.78 (seed 0; the core has both at 0.45), four at once (CORE_JOBS=4 unless set: ~8 minutes if
+# four run at the two-at-a-time ~10 steps/s, not measured). paper-gpu-lambda.tar.gz's report puts
+# each configuration at its own τ_EMA beside the same-λ comparison once the core's runs are adopted
+# with --done-from (docs/lambda-6tpp/PROTOCOL.md's rules: 2 seeds at the best point and its
+# neighbours close a bracket, so this subset opens the brackets, and the recipe's second seeds
+# close them in a full sweep).
 #
 # Without a GPU, SMOKE=1 runs the same sequence on the CPU with recipes/tiny.yaml, 12
 # steps and 32-true precision (no DeepSpeed: Lightning's is CUDA-only), to
@@ -104,8 +112,11 @@ fi
     | tee -a "$OUT_DIR/machine.txt" || { echo "error: a dependency is missing (see above)" >&2; exit 1; }
 CORE_RUNS=("dense,seed=0" "dense,seed=1" "ild-dts-0.4,seed=0" "ild-dts-0.4,seed=1" "ild-its-0.8,seed=0"
            "ild-dts-0.8-r1,seed=0")
+# the P̄ 20% rows of the core at the √3 neighbours of its τ_EMA 0.45: their λ bracket at 20 TPP
+LAMBDA_RUNS=("ild-its-0.8-tau-0.26,seed=0" "ild-its-0.8-tau-0.78,seed=0" "ild-dts-0.8-r1-tau-0.26,seed=0"
+             "ild-dts-0.8-r1-tau-0.78,seed=0")
 CORE_TIMEOUT=${CORE_TIMEOUT:-540}
-CORE_JOBS=${CORE_JOBS:-3} CORE_THREADS=${CORE_THREADS:-4}
+CORE_THREADS=${CORE_THREADS:-4}  # CORE_JOBS: the core's 3, the λ subset's 4 (all at once) unless set
 DEADLINE=${DEADLINE:-0}  # 0: none
 throughput_runs=${RUNS//paper-gpu-core/}
 throughput_runs=${throughput_runs//decode/}
@@ -149,37 +160,40 @@ decode() {  # decoding tokens/s (benchmarks/gpu_decoding.py), its JSON straight 
     [[ $code -eq 0 ]] || echo "=== decode FAILED (exit $code)"
 }
 
-paper_gpu_core() {  # the 20-TPP core subset of recipes/sweeps/paper-gpu.yaml, then its report
-    local sweep=/tmp/gpu-check/paper-gpu-core file="$OUT_DIR/paper-gpu-core.yaml"
+paper_gpu_subset() {  # name, runs...: a subset of recipes/sweeps/paper-gpu.yaml in one call, then its report
+    local name=$1; shift
+    local sweep=/tmp/gpu-check/$name file="$OUT_DIR/$name.yaml" runs=("$@")
     # paper-gpu.yaml without the draft search (minutes per run on its own): same runs, same recipes
     "$PYTHON" -c "import sys, yaml; s = yaml.safe_load(open(sys.argv[1])); \
 s['evals'] = [e for e in s['evals'] if e['command'] != 'speculate search']; \
 yaml.safe_dump(s, open(sys.argv[2], 'w'), sort_keys=False)" recipes/sweeps/paper-gpu.yaml "$file" || return 1
-    echo "=== paper-gpu-core"
+    echo "=== $name"
     if [[ "${SMOKE:-0}" == 1 ]]; then
-        "$PYTHON" -m framework.cli sweep "$file" --out "$sweep" --only "${CORE_RUNS[@]}" --dry-run \
-            2>&1 | tee "$RESULTS/paper-gpu-core.log"
+        "$PYTHON" -m framework.cli sweep "$file" --out "$sweep" --only "${runs[@]}" --dry-run \
+            2>&1 | tee "$RESULTS/$name.log"
         return "${PIPESTATUS[0]}"
     fi
-    local limit=$CORE_TIMEOUT
+    local limit=$CORE_TIMEOUT jobs=${CORE_JOBS:-${#runs[@]}}
+    (( jobs <= ${#runs[@]} )) || jobs=${#runs[@]}
     # the report and the archive after it take well under a minute
     [[ "$DEADLINE" -eq 0 ]] || limit=$(( DEADLINE - SECONDS - 45 < CORE_TIMEOUT ? DEADLINE - SECONDS - 45 : CORE_TIMEOUT ))
-    [[ $limit -gt 60 ]] || { echo "=== paper-gpu-core skipped: ${limit} s left before DEADLINE"; return 1; }
-    echo "sweep limit ${limit} s, ${CORE_JOBS} jobs of ${CORE_THREADS} threads" >> "$OUT_DIR/machine.txt"
-    timeout "$limit" "$PYTHON" -m framework.cli sweep "$file" --out "$sweep" --only "${CORE_RUNS[@]}" \
-        --jobs "$CORE_JOBS" --threads-per-job "$CORE_THREADS" > "$OUT_DIR/paper-gpu-core.log" 2>&1
+    [[ $limit -gt 60 ]] || { echo "=== $name skipped: ${limit} s left before DEADLINE"; return 1; }
+    echo "$name: sweep limit ${limit} s, ${jobs} jobs of ${CORE_THREADS} threads" >> "$OUT_DIR/machine.txt"
+    timeout "$limit" "$PYTHON" -m framework.cli sweep "$file" --out "$sweep" --only "${runs[@]}" \
+        --jobs "$jobs" --threads-per-job "$CORE_THREADS" > "$OUT_DIR/$name.log" 2>&1
     local code=$?
-    tail -n 25 "$OUT_DIR/paper-gpu-core.log"
-    [[ $code -eq 0 ]] || echo "=== paper-gpu-core: the sweep stopped (exit $code); reporting what finished"
-    "$PYTHON" -m framework.cli report "$sweep" --out /tmp/gpu-check/paper-gpu-core-report --overwrite \
-        >> "$OUT_DIR/paper-gpu-core.log" 2>&1
-    tar -czf "$RESULTS/paper-gpu-core.tar.gz" -C /tmp/gpu-check paper-gpu-core-report
-    cp "$OUT_DIR/paper-gpu-core.log" "$RESULTS/"
+    tail -n 25 "$OUT_DIR/$name.log"
+    [[ $code -eq 0 ]] || echo "=== $name: the sweep stopped (exit $code); reporting what finished"
+    "$PYTHON" -m framework.cli report "$sweep" --out "/tmp/gpu-check/$name-report" --overwrite \
+        >> "$OUT_DIR/$name.log" 2>&1
+    tar -czf "$RESULTS/$name.tar.gz" -C /tmp/gpu-check "$name-report"
+    cp "$OUT_DIR/$name.log" "$RESULTS/"
 }
 
 for name in $RUNS; do
     case $name in
-        paper-gpu-core)            paper_gpu_core ;;
+        paper-gpu-core)            CORE_JOBS=${CORE_JOBS:-3} paper_gpu_subset "$name" "${CORE_RUNS[@]}" ;;
+        paper-gpu-lambda)          paper_gpu_subset "$name" "${LAMBDA_RUNS[@]}" ;;
         decode)                    decode ;;
         fsdp-fp32-dense)           run_one "$name" "$(fsdp2 float32)" "${dense[@]}" ;;
         fsdp-bf16-dense)           run_one "$name" "$(fsdp2 bfloat16)" "${dense[@]}" ;;
@@ -188,7 +202,7 @@ for name in $RUNS; do
                                        "${ild_dts[@]}" --model.compile true ;;
         deepspeed2-dense)          run_one "$name" deepspeed_stage_2 "${dense[@]}" ;;
         deepspeed2-ild-dts)        run_one "$name" deepspeed_stage_2 "${ild_dts[@]}" ;;
-        *) echo "error: unknown run '$name' in RUNS (known: $DEFAULT_RUNS deepspeed2-dense deepspeed2-ild-dts paper-gpu-core)" >&2 ;;
+        *) echo "error: unknown run '$name' in RUNS (known: $DEFAULT_RUNS deepspeed2-dense deepspeed2-ild-dts paper-gpu-core paper-gpu-lambda)" >&2 ;;
     esac
 done
 
@@ -197,7 +211,7 @@ results=("$OUT_DIR"/*.json)
 [[ ${#results[@]} -gt 0 ]] && "$PYTHON" benchmarks/gpu_throughput.py --summarize "${results[@]}" --out "$RESULTS" \
     | tee "$RESULTS/table.md"
 cp "$OUT_DIR/machine.txt" "$RESULTS/"
-# the core subset's log goes back whole beside its archive, not into the throughput runs' logs
+# the subsets' logs go back whole beside their archives, not into the throughput runs' logs
 for log in "$OUT_DIR"/*.log; do
-    [[ "$log" == */paper-gpu-core.log ]] || { echo "=== $log"; tail -c 200000 "$log"; }
+    [[ "$log" == */paper-gpu-core.log || "$log" == */paper-gpu-lambda.log ]] || { echo "=== $log"; tail -c 200000 "$log"; }
 done > "$RESULTS/logs.txt"

@@ -34,6 +34,16 @@ def test_the_core_subset_is_six_runs_at_20_tokens_per_parameter(tmp_path):
     assert not (tmp_path / "no-data").exists()                  # no throughput run: nothing prepared
 
 
+def test_the_lambda_subset_brackets_the_p20_rows_of_the_core_at_20_tokens_per_parameter(tmp_path):
+    done = gpu_check(tmp_path, "paper-gpu-lambda")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^(\S+,seed=\d)\s.*?\s([\d.]+)\s+pending$", done.stdout, re.M)}
+    assert set(rows) == {f"{name}-tau-{tau},seed=0" for name in ("ild-its-0.8", "ild-dts-0.8-r1") for tau in (0.26, 0.78)}
+    assert {float(tpp) for tpp in rows.values()} == {20.0}
+    assert {name.split("-tau-")[0] + ",seed=0" for name in rows} <= CORE  # the core's rows, at other τ_EMA
+    assert (tmp_path / "out" / "paper-gpu-lambda.log").is_file()
+
+
 def test_an_unknown_run_is_named(tmp_path):
     done = gpu_check(tmp_path, "paper-gpu-cor")
     assert "unknown run 'paper-gpu-cor'" in done.stderr
