@@ -128,7 +128,7 @@ class BatchGenerator:
         """``_next`` as one compiled graph: the step, its head and the choice (argmax, or the
         inverse-CDF draw of each row's uniform, drawn first as ``Sampling.choose`` draws it)."""
         route, model, sampling = self.route, self.model, self.sampling
-        blocks = torch.full((last.shape[0],), route.blocks_per_token, dtype=torch.long)
+        blocks = route.blocks(last.shape[0])
         # the route's structure names the graph: another route through the same blocks and exits reuses it
         key = (tuple(route.layers), tuple((k, route.exits[k]) for k in sorted(route.exits)))
         if sampling.greedy:

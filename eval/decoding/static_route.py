@@ -36,8 +36,11 @@ class StaticRoute:
         (``forward``: the step to call instead of ``model.step``)."""
         out = (forward or model.step)(tokens, cache, layers=self.layers, exits=self.exits)
         read = out.reads[next(iter(self.exits))] if self.exits else out.hidden
-        blocks = torch.full((tokens.shape[0],), self.blocks_per_token, dtype=torch.long)
-        return model.logits(read[:, -1]), blocks
+        return model.logits(read[:, -1]), self.blocks(tokens.shape[0])
+
+    def blocks(self, rows: int) -> torch.Tensor:
+        """[rows]: the blocks each row runs for a token (the same for every row)."""
+        return torch.full((rows,), self.blocks_per_token, dtype=torch.long)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         pass
