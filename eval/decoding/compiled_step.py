@@ -14,9 +14,11 @@ dynamic: the growing cache length, a verify pass's gamma + 1 tokens and a shrink
 reuse one graph instead of compiling one per length. A call without a cache (training,
 measurements), with a drop plan, keeping every state, or marking padding (the prefill: once
 per prompt, and its padding check is a data-dependent branch) runs eagerly, exactly as
-before, and so does a call with an exit rule (the dynamic mode's: it decides per token, in
-Python, which rows go on, a new rule each step, which would compile a graph a token;
-`generate` refuses `--compile` with that mode).
+before, and so does a call with an exit rule (``leave``: a new rule each step would compile a
+graph a token). The dynamic mode compiled therefore runs a token as steps of a few blocks,
+one from each candidate exit to the next (``rows``: the rows still running; ``advance``
+only on the last), and decides between them, in Python, which rows leave
+(eval/decoding/dynamic_exit.py).
 
 ``fused`` compiles a function of several steps as one graph (a plain step with its head
 and its choice, argmax or sampled draw; a speculative round's γ draft forwards with each
@@ -97,19 +99,21 @@ class CompiledStep:
                 compiled.uninstall()
 
     def __call__(self, inputs: torch.Tensor, cache=None, *, layers=None, padding=None, plan=None, exits=None,
-                 leave=None, states: bool = False) -> StepOutput:
+                 leave=None, states: bool = False, rows: torch.Tensor | None = None,
+                 advance: bool = True) -> StepOutput:
         if cache is None or plan is not None or states or padding is not None or leave is not None:
             return self.eager(inputs, cache, layers=layers, padding=padding, plan=plan, exits=exits, leave=leave,
-                              states=states)
+                              states=states, rows=rows, advance=advance)
         exits = dict(exits or {})
         layers = None if layers is None else tuple(int(i) for i in layers)
-        key = (layers, tuple(sorted((k, id(a)) for k, a in exits.items())), inputs.dim())
+        key = (layers, tuple(sorted((k, id(a)) for k, a in exits.items())), inputs.dim(), rows is not None, advance)
         eager = self.eager
 
-        def run_step(inputs: torch.Tensor, cache) -> StepOutput:
-            return eager(inputs, cache, layers=layers, exits=exits)
+        def run_step(inputs: torch.Tensor, cache, rows: torch.Tensor | None) -> StepOutput:
+            return eager(inputs, cache, layers=layers, exits=exits, rows=rows, advance=advance)
 
-        return self._run(key, run_step, lambda: eager(inputs, cache, layers=layers, exits=exits), inputs, cache)
+        return self._run(key, run_step, lambda: eager(inputs, cache, layers=layers, exits=exits, rows=rows,
+                                                      advance=advance), inputs, cache, rows)
 
     def fused(self, key: tuple, function: Callable[..., Any], *args: Any) -> Any:
         """``function(forward, *args)`` compiled as one graph, ``forward`` being the model's eager

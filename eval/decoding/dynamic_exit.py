@@ -35,6 +35,7 @@ from typing import Sequence
 
 import torch
 
+from eval.decoding.compiled_step import CompiledStep
 from framework.model.kv_cache import KVCache
 from framework.model.decoder import Decoder
 
@@ -124,6 +125,8 @@ class DynamicExit:
         if self.threshold >= 1.0:  # no token may leave early: the full model, no head before the last
             out = model.step(tokens, cache)
             return model.logits(out.hidden[:, -1]), torch.full((rows,), self.num_layers, dtype=torch.long)
+        if isinstance(model.__dict__.get("step"), CompiledStep):
+            return self._segmented_step(model, tokens, cache)
         logits: list[torch.Tensor | None] = [None] * rows
         blocks = torch.full((rows,), self.num_layers + (len(self.candidates) if self.adapters else 0),
                             dtype=torch.long)
@@ -145,6 +148,37 @@ class DynamicExit:
         if still.numel():
             for row, row_logits in zip(still.tolist(), model.logits(out.hidden[still, -1])):
                 logits[row] = row_logits
+        return torch.stack(logits), blocks  # type: ignore[arg-type]
+
+    def _segmented_step(self, model: Decoder, tokens: torch.Tensor, cache: KVCache
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``step`` as steps of a few blocks each, from one candidate exit to the next, for
+        compiled decoding: the same decisions, made in Python between the steps, and the
+        same cache (the rows still running computed, the others' K/V propagated from the
+        state they left with)."""
+        count = tokens.shape[0]
+        logits: list[torch.Tensor | None] = [None] * count
+        blocks = torch.full((count,), self.num_layers + (len(self.candidates) if self.adapters else 0),
+                            dtype=torch.long)
+        h, done, rows = tokens, 0, None  # rows: the indices still running (None: every row)
+        for number, exit_layer in enumerate(self.candidates, start=1):
+            out = model.step(h, cache, layers=range(done, exit_layer), exits={exit_layer: self.adapter(exit_layer)},
+                             rows=rows, advance=False)
+            h, done = out.hidden, exit_layer
+            still = torch.arange(count, device=tokens.device) if rows is None else rows
+            if not still.numel():
+                continue  # every row has left: the later blocks only write their K/V
+            head = model.logits(out.reads[exit_layer][still, -1])
+            leaving = self.leaves(head)
+            if bool(leaving.any()):
+                for row, row_logits in zip(still[leaving].tolist(), head[leaving]):
+                    logits[row] = row_logits
+                    blocks[row] = exit_layer + (number if self.adapters else 0)
+                rows = still[~leaving]
+        out = model.step(h, cache, layers=range(done, self.num_layers), rows=rows)
+        still = torch.arange(count, device=tokens.device) if rows is None else rows
+        for row, row_logits in zip(still.tolist(), model.logits(out.hidden[still, -1])):
+            logits[row] = row_logits
         return torch.stack(logits), blocks  # type: ignore[arg-type]
 
     def _adapter_exits(self) -> dict:

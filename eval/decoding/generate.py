@@ -118,9 +118,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     options.check_positive(parser, args, ("gamma", "max_new_tokens", "batch_size", "threads"))
-    if args.compile and args.mode.partition(":")[0] == "dynamic":
-        parser.error("--compile is for --mode full, exit:K, skip:SET and speculative: dynamic decides each token's "
-                     "exit in Python, which would compile a graph a token")
     options.refuse_existing(parser, [args.out, args.stats], args.overwrite)
     options.check_checkpoint(parser, args.ckpt)
     device = options.resolve_device(parser, args.device)

@@ -237,7 +237,7 @@ class Decoder(nn.Module):
     def step(self, inputs: torch.Tensor, cache: KVCache | None = None, *, layers: Iterable[int] | None = None,
              padding: torch.Tensor | None = None, plan: DropPlan | None = None,
              exits: Mapping[int, nn.Module | None] | None = None, leave: LeaveRule | None = None,
-             states: bool = False) -> StepOutput:
+             states: bool = False, rows: torch.Tensor | None = None, advance: bool = True) -> StepOutput:
         """The forward: every training step, measurement and decoding route is one call
         (mark padding -> attention bias -> embed -> blocks -> exit reads -> cache
         advance), whatever family the blocks belong to.
@@ -255,7 +255,15 @@ class Decoder(nn.Module):
         ``StepOutput.reads[K]``. ``leave(K, read, running)``, the one exit rule, may then
         return which running positions stop there: they keep their state, and later
         blocks update only the others (see ``_update``).
+
+        ``rows`` (indices; one position a row, a decoding step): the rows the blocks compute;
+        the others keep their state and give later tokens their K/V from it, as positions
+        that left do under ``leave`` (the rule decided outside, between steps of a few blocks
+        each). ``advance=False`` leaves the cache length alone, so that several such steps
+        write the same position, the last one advancing it.
         """
+        if rows is not None and (inputs.shape[1] != 1 or plan is not None or leave is not None):
+            raise ValueError("rows is for a decoding step (one position a row), without a drop plan or an exit rule")
         if plan is not None:
             self.check_plan(plan, inputs.shape[0], cache)
             if leave is not None:
@@ -269,30 +277,32 @@ class Decoder(nn.Module):
         collected: list[torch.Tensor] | None = [] if states else None
         reads: dict[int, torch.Tensor] = {}
         running: torch.Tensor | None = None  # [B, T] bool: the positions blocks still update (None: all)
+        kept = None if rows is None else LayerDrop(rows, rows, 1.0)
         done = 0
         exits = exits or {}
         for exit_layer in sorted(exits):  # the keys alone: torch.compile sorts ints, not (int, module) pairs
             adapter = exits[exit_layer]
             below = [i for i in layers[done:] if i < exit_layer]
-            h = self._run_blocks(below, h, bias, plan, cache, running, collected)
+            h = self._run_blocks(below, h, bias, plan, cache, running, collected, kept)
             done += len(below)
-            reads[exit_layer] = read = h if adapter is None else self._update(adapter, h, bias, None, cache, running)
+            reads[exit_layer] = read = h if adapter is None else self._update(adapter, h, bias, kept, cache, running)
             if leave is not None and (running is None or bool(running.any())):
                 still = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device) if running is None else running
                 leaving = leave(exit_layer, read, still) & still
                 if bool(leaving.any()):
                     running = still & ~leaving
-        h = self._run_blocks(layers[done:], h, bias, plan, cache, running, collected)
-        if cache is not None:
+        h = self._run_blocks(layers[done:], h, bias, plan, cache, running, collected, kept)
+        if cache is not None and advance:
             cache.advance(h.shape[1])
         return StepOutput(h, reads, running, collected)
 
     def _run_blocks(self, indices: list[int], h: torch.Tensor, bias: torch.Tensor | None, plan: DropPlan | None,
                     cache: KVCache | None, running: torch.Tensor | None,
-                    collected: list[torch.Tensor] | None) -> torch.Tensor:
-        """The blocks ``indices`` once each, in order (the one loop of ``step``)."""
+                    collected: list[torch.Tensor] | None, kept: LayerDrop | None = None) -> torch.Tensor:
+        """The blocks ``indices`` once each, in order (the one loop of ``step``); ``kept``: the
+        rows every block computes (``step``'s ``rows``)."""
         for index in indices:
-            h = self._update(self.blocks[index], h, bias, plan.layers[index] if plan else None, cache, running)
+            h = self._update(self.blocks[index], h, bias, plan.layers[index] if plan else kept, cache, running)
             if collected is not None:
                 collected.append(h)
         return h

@@ -101,16 +101,40 @@ def test_inductor_the_default_backend_gives_the_eager_tokens(model, adapters):
     assert compiled.graphs >= 1 and compiled.compile_seconds > 0
 
 
-def test_an_exit_rule_runs_eagerly_and_generate_refuses_compile_for_dynamic(model, adapters, tmp_path, capsys):
-    from eval.decoding.generate import main
+def dynamic_run(model, settings: dict, compiled: bool, max_new_tokens: int = 10, eos_id=EOS):
+    context = CompiledStep.installed(model, backend="aot_eager") if compiled else nullcontext()
+    with context as step:
+        items, _ = modes.decoder("dynamic", model, modes.Settings(**settings))(PROMPTS, max_new_tokens, eos_id=eos_id)
+    return [(item.tokens, item.blocks) for item in items], step
 
-    eager = decode("dynamic", model, adapters, PROMPTS, 8, threshold=0.2)
-    with CompiledStep.installed(model, backend="aot_eager") as compiled:
-        assert decode("dynamic", model, adapters, PROMPTS, 8, threshold=0.2) == eager
-    assert compiled.graphs == 0
-    code, out = run_main(main, ["--ckpt", str(tmp_path / "missing"), "--prompt", "x", "--mode", "dynamic",
-                                "--compile"], capsys)
-    assert code == 2 and "--compile is for --mode full, exit:K, skip:SET and speculative" in out.err
+
+@pytest.mark.parametrize("settings", [{"threshold": 0.2}, {"threshold": 0.2, "adapters": True},
+                                      {"threshold": 0.0}, {"threshold": 0.05, "exits": [1, 3]}],
+                         ids=["plain", "adapters", "all-leave-first", "two-exits"])
+def test_compiled_dynamic_exit_gives_the_eager_tokens_and_exits(model, adapters, settings):
+    """Dynamic exit compiled runs a token as steps from one candidate exit to the next (the
+    eager one is a single step with an exit rule): the same tokens, the same exit per token
+    (the blocks each ran), rows leaving at different exits, every row leaving at the first."""
+    settings = dict(settings, adapters=adapters) if "adapters" in settings else settings
+    eager, _ = dynamic_run(model, settings, False)
+    got, compiled = dynamic_run(model, settings, True)
+    assert got == eager
+    exits = {cost for _, blocks in eager for cost in blocks}
+    assert len(exits) > 1 or settings["threshold"] == 0.0  # tokens left at several depths
+    assert compiled.graphs >= 1 and compiled.eager_fallbacks == 0
+    assert compiled.graphs <= 4 * len(compiled.functions)
+    assert {key[3:] for key in compiled.functions} <= {(False, False), (True, False), (False, True), (True, True)}
+
+
+def test_compiled_dynamic_exit_propagates_the_state_a_row_left_with(model):
+    """Exit 1 alone: blocks 1-3 are one step, in which a row that left must keep its state,
+    so that blocks 2 and 3 write its K/V from that state; later tokens that run the whole
+    model read them (computing such a row through the blocks changes these tokens)."""
+    settings = {"threshold": 0.1, "exits": [1]}
+    eager, _ = dynamic_run(model, settings, False, 24, None)
+    got, _ = dynamic_run(model, settings, True, 24, None)
+    assert got == eager
+    assert {cost for _, blocks in eager for cost in blocks} == {1.0, 4.0}
 
 
 def test_a_fused_sampled_round_draws_what_the_eager_loop_draws(model):
@@ -151,7 +175,7 @@ def test_a_fused_function_is_one_graph_and_one_that_breaks_runs_a_compiled_step_
         broke = [key for key in compiled.graph_breaks if key[0] == "fused"]
         assert broke == ([("fused", "two steps")] if fails else [])
         # breaking, it ran a compiled step per forward: the plain step's key got its graph
-        assert compiled.eager_fallbacks == fails and ((((0, 1), (), 2) in compiled.functions) == fails)
+        assert compiled.eager_fallbacks == fails and ((((0, 1), (), 2, False, True) in compiled.functions) == fails)
 
 
 def fused_and_eager(model, tokens, function):
