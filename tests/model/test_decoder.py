@@ -285,3 +285,9 @@ def test_no_module_outside_the_model_builds_a_forward_by_hand():
                  root / "framework" / "families")
              for number, line in enumerate(path.read_text().splitlines(), start=1) if by_hand.search(line)]
     assert found == []
+
+
+def test_rows_is_refused_outside_a_decoding_step():
+    decoder = make_decoder()
+    with torch.no_grad(), pytest.raises(ValueError, match="rows is for a decoding step"):
+        decoder.step(torch.zeros(2, 3, dtype=torch.long), decoder.new_cache(2), rows=torch.tensor([0]))
