@@ -119,6 +119,7 @@ CORE_TIMEOUT=${CORE_TIMEOUT:-540}
 CORE_THREADS=${CORE_THREADS:-4}  # CORE_JOBS: the core's 3, the λ subset's 4 (all at once) unless set
 DEADLINE=${DEADLINE:-0}  # 0: none
 throughput_runs=${RUNS//paper-gpu-core/}
+throughput_runs=${throughput_runs//paper-gpu-lambda/}
 throughput_runs=${throughput_runs//decode/}
 [[ -z "${throughput_runs// /}" || -d "$DATA" ]] || prepare_data || exit 1
 

@@ -42,6 +42,7 @@ def test_the_lambda_subset_brackets_the_p20_rows_of_the_core_at_20_tokens_per_pa
     assert {float(tpp) for tpp in rows.values()} == {20.0}
     assert {name.split("-tau-")[0] + ",seed=0" for name in rows} <= CORE  # the core's rows, at other τ_EMA
     assert (tmp_path / "out" / "paper-gpu-lambda.log").is_file()
+    assert not (tmp_path / "no-data").exists()                  # no throughput run: nothing prepared
 
 
 def test_an_unknown_run_is_named(tmp_path):
