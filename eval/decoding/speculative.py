@@ -131,6 +131,7 @@ class SelfSpeculativeDecoder:
                 generators = [generators[i] for i in keep.tolist()]
             budgets = [max_new_tokens - len(book.items[n].tokens) for n in book.running]
             pending = self._round(pending, cache, budgets, book, generators, stats)
+        stats.compactions += cache.compactions
         clock.stop(stats)
         return book.items, book.count(stats)
 

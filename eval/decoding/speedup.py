@@ -130,6 +130,7 @@ def _report(model: Decoder, draft: Draft, decoder: SelfSpeculativeDecoder, resul
         "final_threshold": decoder.adaptive.threshold if decoder.adaptive else None,
         "tokens_per_round": spec.new_tokens / spec.rounds if spec.rounds else float("nan"),
         "time_shares": spec.time_shares(),  # of the speculative runs' wall time, summed over batches and repeats
+        "compactions": spec.compactions,  # batches' caches compacted (their holes' room ran out), summed likewise
         "tokens_per_s": result.tokens / spec_total,
         "plain_tokens_per_s": result.tokens / plain_total,
         "layers_per_token": spec.block_evaluations / spec.new_tokens if spec.new_tokens else float("nan"),

@@ -119,6 +119,7 @@ class GenerationStats:
     draft_seconds: float = 0.0  # the draft's forwards (and sampling its tokens)
     verify_seconds: float = 0.0  # the verifying forward
     bookkeeping_seconds: float = 0.0  # acceptance, cache crop, transcripts: a round's work beside the forwards
+    compactions: int = 0  # a batch's cache compacted: the room for the holes its rows left ran out
 
     def add(self, other: "GenerationStats") -> None:
         for name in self.__dataclass_fields__:
@@ -132,7 +133,8 @@ class GenerationStats:
         if self.rounds:
             out.update(rounds=self.rounds, drafted=self.drafted, accepted=self.accepted,
                        acceptance_rate=self.accepted / self.drafted if self.drafted else float("nan"),
-                       tokens_per_round=self.new_tokens / self.rounds, time_shares=self.time_shares())
+                       tokens_per_round=self.new_tokens / self.rounds, time_shares=self.time_shares(),
+                       compactions=self.compactions)
         return out
 
     def time_shares(self) -> dict[str, float]:

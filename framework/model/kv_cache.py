@@ -34,6 +34,7 @@ class KVCache:
         self.max_len = max_len
         self.batch_size = batch_size
         self.length = 0
+        self.compactions = 0  # ``compact`` calls that moved anything
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k/v [B, H, T, D] at the current position; return the layer's [0, length+T)."""
@@ -111,6 +112,7 @@ class KVCache:
                 store[layer][:, :, :end - drop] = tensor.gather(2, index)
         self.padding[:, :end - drop] = padding.gather(1, source)
         self.crop(end - drop)
+        self.compactions += 1
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only ``rows`` (indices, in the order given): finished sequences leave the batch."""

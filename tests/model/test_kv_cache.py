@@ -188,6 +188,8 @@ def test_rows_cropped_to_their_own_lengths_leave_holes_that_compact_closes():
     cache.crop_rows([4, 3, 4])
     cache.compact()  # nothing moves but row 1 (and nothing is dropped: row 0 has no padding)
     assert cache.length == 4 and cache.keys[0][1, 0, 2:4, 0].tolist() == [10, 11]
+    cache.compact()  # nothing to move: not counted
+    assert cache.compactions == 2
     assert cache.key_padding(4)[1].tolist() == [True, True, False, False]
     with pytest.raises(ValueError, match=r"crop lengths \[5, 1\] are invalid: one per row \(3\)"):
         cache.crop_rows([5, 1])

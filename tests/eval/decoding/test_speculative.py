@@ -105,9 +105,10 @@ def test_a_batch_whose_holes_run_out_of_room_is_compacted_and_stays_token_identi
     compactions, compact = [], KVCache.compact
     monkeypatch.setattr(KVCache, "compact", lambda cache: (compactions.append(cache.length), compact(cache)))
     prompts = [p.tolist() for p, _ in prompts_and_references]
-    items, _ = SelfSpeculativeDecoder(model, SkipDraft((0, 3)), gamma=4).generate_batch(prompts, 20)
+    items, stats = SelfSpeculativeDecoder(model, SkipDraft((0, 3)), gamma=4).generate_batch(prompts, 20)
     assert [item.tokens for item in items] == [reference for _, reference in prompts_and_references]
     assert compactions  # the room did run out
+    assert 0 < stats.summary()["compactions"] <= len(compactions)  # counted when something moved
 
 
 def test_a_batch_ends_rows_at_eos_and_stop_strings(model, prompts_and_references):
@@ -301,7 +302,7 @@ def test_compare_reports_the_fixed_keys(model, prompts_and_references):
     prompts = [p for p, _ in prompts_and_references[:2]]
     report = compare(model, SkipDraft((1,)), prompts, max_new_tokens=8, gamma=3, repeats=1, warmup=0)
     for key in ("speedup", "acceptance_rate", "draft_time_ratio", "identical_to_greedy", "skip_layers",
-                "tokens_per_s"):
+                "tokens_per_s", "compactions"):
         assert key in report
     assert report["identical_to_greedy"] is True
     assert report["skip_layers"] == [1]
