@@ -128,26 +128,20 @@ class DynamicExit:
         if isinstance(model.__dict__.get("step"), CompiledStep):
             return self._segmented_step(model, tokens, cache)
         logits: list[torch.Tensor | None] = [None] * rows
-        blocks = torch.full((rows,), self.num_layers + (len(self.candidates) if self.adapters else 0),
-                            dtype=torch.long)
-        passed = {e: number for number, e in enumerate(self.candidates, start=1)}
+        blocks = torch.full((rows,), self.blocks_run(), dtype=torch.long)
 
         def leave(exit_layer: int, read: torch.Tensor, running: torch.Tensor) -> torch.Tensor:
             still = running[:, -1].nonzero().flatten()
             head = model.logits(read[still, -1])
             leaving = self.leaves(head)
-            for row, row_logits in zip(still[leaving].tolist(), head[leaving]):
-                logits[row] = row_logits
-                blocks[row] = exit_layer + (passed[exit_layer] if self.adapters else 0)
+            self._settle(logits, blocks, still[leaving], head[leaving], self.blocks_run(exit_layer))
             mask = torch.zeros_like(running)
             mask[still[leaving], -1] = True
             return mask
 
         out = model.step(tokens, cache, exits=self.exits(), leave=leave)
         still = torch.arange(rows, device=tokens.device) if out.running is None else out.running[:, -1].nonzero()[:, 0]
-        if still.numel():
-            for row, row_logits in zip(still.tolist(), model.logits(out.hidden[still, -1])):
-                logits[row] = row_logits
+        self._settle(logits, blocks, still, model.logits(out.hidden[still, -1]), self.blocks_run())
         return torch.stack(logits), blocks  # type: ignore[arg-type]
 
     def _segmented_step(self, model: Decoder, tokens: torch.Tensor, cache: KVCache
@@ -158,28 +152,40 @@ class DynamicExit:
         state they left with)."""
         count = tokens.shape[0]
         logits: list[torch.Tensor | None] = [None] * count
-        blocks = torch.full((count,), self.num_layers + (len(self.candidates) if self.adapters else 0),
-                            dtype=torch.long)
+        blocks = torch.full((count,), self.blocks_run(), dtype=torch.long)
+        everyone = torch.arange(count, device=tokens.device)
         h, done, rows = tokens, 0, None  # rows: the indices still running (None: every row)
-        for number, exit_layer in enumerate(self.candidates, start=1):
+        for exit_layer in self.candidates:
             out = model.step(h, cache, layers=range(done, exit_layer), exits={exit_layer: self.adapter(exit_layer)},
                              rows=rows, advance=False)
             h, done = out.hidden, exit_layer
-            still = torch.arange(count, device=tokens.device) if rows is None else rows
+            still = everyone if rows is None else rows
             if not still.numel():
                 continue  # every row has left: the later blocks only write their K/V
             head = model.logits(out.reads[exit_layer][still, -1])
             leaving = self.leaves(head)
             if bool(leaving.any()):
-                for row, row_logits in zip(still[leaving].tolist(), head[leaving]):
-                    logits[row] = row_logits
-                    blocks[row] = exit_layer + (number if self.adapters else 0)
+                self._settle(logits, blocks, still[leaving], head[leaving], self.blocks_run(exit_layer))
                 rows = still[~leaving]
         out = model.step(h, cache, layers=range(done, self.num_layers), rows=rows)
-        still = torch.arange(count, device=tokens.device) if rows is None else rows
-        for row, row_logits in zip(still.tolist(), model.logits(out.hidden[still, -1])):
-            logits[row] = row_logits
+        still = everyone if rows is None else rows
+        self._settle(logits, blocks, still, model.logits(out.hidden[still, -1]), self.blocks_run())
         return torch.stack(logits), blocks  # type: ignore[arg-type]
+
+    def blocks_run(self, exit_layer: int | None = None) -> int:
+        """The blocks a token runs when it leaves at ``exit_layer`` (None: it runs the whole
+        model), the adapter blocks of the candidates it passed included."""
+        if exit_layer is None:
+            return self.num_layers + (len(self.candidates) if self.adapters else 0)
+        return exit_layer + (self.candidates.index(exit_layer) + 1 if self.adapters else 0)
+
+    @staticmethod
+    def _settle(logits: list, blocks: torch.Tensor, rows: torch.Tensor, row_logits: torch.Tensor,
+                cost: int) -> None:
+        """Rows ``rows`` are done: their logits and the blocks they ran."""
+        for row, value in zip(rows.tolist(), row_logits):
+            logits[row] = value
+            blocks[row] = cost
 
     def _adapter_exits(self) -> dict:
         return {e: self.adapter(e) for e in self.adapters.exits} if self.adapters is not None else {}
