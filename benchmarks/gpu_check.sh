@@ -16,8 +16,9 @@
 #                                        (bound: 2 graphs per block, no recompile limit hit)
 #   decode                               greedy decoding tokens/s of the 504M shape (random bf16
 #                                        weights), batch 1 and 8, the full model and exit L/3,
-#                                        eager and compiled (benchmarks/gpu_decoding.py --compile
-#                                        -> decoding.json; ~3 min, most of it compiling)
+#                                        eager and compiled, static shapes (CUDA graphs) and dynamic
+#                                        (benchmarks/gpu_decoding.py --compile -> decoding.json,
+#                                        rewritten after each row; ~3-5 min, most of it compiling)
 #
 # Budget: the device lends 15 minutes per session, start included, and 10 per command.
 # DEADLINE=S (seconds since the script began) skips a run that could not finish before it,

@@ -5,8 +5,10 @@ Random weights (a speed figure needs no trained model: every token runs the same
 prompts random ids of ``--prompt-len`` tokens, ``--new-tokens`` new ones each (no EOS), one
 untimed warm-up then ``--repeats`` timed runs, medians; on CUDA every timed run ends with a
 synchronize. ``--compile`` adds each case through compiled steps (eval/decoding/compiled_step.py,
-`generate --compile`'s path): its warm-up run compiles (the time it took is recorded), and the
-timed runs must give the eager run's tokens.
+`generate --compile`'s path), once per ``--shapes`` (static: a fixed-size cache, CUDA graphs on
+a GPU; dynamic: the growing cache): its warm-up run compiles (the time it took is recorded), and
+the timed runs must give the eager run's tokens. The JSON is rewritten after every row, so a
+run stopped by a timeout keeps the rows it finished.
 
     python benchmarks/gpu_decoding.py --shape 504M --device cuda --dtype bfloat16 --out DIR
     python benchmarks/gpu_decoding.py --shape tiny --device cpu --new-tokens 8 --repeats 1 --out DIR   # smoke
@@ -61,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compile", action="store_true", help="also each case through compiled steps")
+    parser.add_argument("--shapes", nargs="+", default=["static", "dynamic"], choices=("static", "dynamic"),
+                        help="the compiled variants, in this order (default: both)")
     parser.add_argument("--out", required=True, help="folder for decoding.json")
     args = parser.parse_args(argv)
     cfg = ModelConfig(**{"tiny": TINY, "cpu-base": CPU_BASE}[args.shape]) if args.shape in ("tiny", "cpu-base") \
@@ -75,27 +79,36 @@ def main(argv: list[str] | None = None) -> int:
         for name, route in routes.items():
             generator = BatchGenerator(model, route)
             seconds, eager_tokens = median_seconds(generator, prompts, args)
-            rows.append({"mode": name, "batch": batch, "compiled": False, "seconds": seconds,
-                         "tokens_per_s": batch * args.new_tokens / seconds})
-            print(f"{args.shape} {name:>8} batch {batch} eager: {rows[-1]['tokens_per_s']:,.0f} tokens/s", flush=True)
-            if not args.compile:
-                continue
-            with CompiledStep.installed(model) as compiled:
-                seconds, tokens = median_seconds(generator, prompts, args)
-            rows.append({"mode": name, "batch": batch, "compiled": True, "seconds": seconds,
-                         "tokens_per_s": batch * args.new_tokens / seconds, "same_tokens": tokens == eager_tokens,
-                         "vs_eager": rows[-1]["seconds"] / seconds, **compiled.summary()})
-            print(f"{args.shape} {name:>8} batch {batch} compiled: {rows[-1]['tokens_per_s']:,.0f} tokens/s "
-                  f"({rows[-1]['vs_eager']:.2f}x eager, {compiled.compile_seconds:.0f} s compiling, same tokens: "
-                  f"{rows[-1]['same_tokens']})", flush=True)
-    full = {(row["batch"], row["compiled"]): row["tokens_per_s"] for row in rows if row["mode"] == "full"}
+            eager = {"mode": name, "batch": batch, "compiled": False, "seconds": seconds,
+                     "tokens_per_s": batch * args.new_tokens / seconds}
+            rows.append(eager)
+            print(f"{args.shape} {name:>8} batch {batch} eager: {eager['tokens_per_s']:,.0f} tokens/s", flush=True)
+            write(rows, args)
+            for shapes in args.shapes if args.compile else ():
+                with CompiledStep.installed(model, static=shapes == "static") as compiled:
+                    seconds, tokens = median_seconds(generator, prompts, args)
+                rows.append({"mode": name, "batch": batch, "compiled": True, "shapes": shapes, "seconds": seconds,
+                             "tokens_per_s": batch * args.new_tokens / seconds, "same_tokens": tokens == eager_tokens,
+                             "vs_eager": eager["seconds"] / seconds, **compiled.summary()})
+                print(f"{args.shape} {name:>8} batch {batch} compiled, {shapes} shapes: "
+                      f"{rows[-1]['tokens_per_s']:,.0f} tokens/s ({rows[-1]['vs_eager']:.2f}x eager, "
+                      f"{compiled.compile_seconds:.0f} s compiling, same tokens: {rows[-1]['same_tokens']})", flush=True)
+                write(rows, args)
+    return 0
+
+
+def write(rows: list[dict], args: argparse.Namespace) -> None:
+    """decoding.json with the rows so far, each with its tokens/s over the full model's (same
+    batch, same compiled variant) where that row exists."""
+    full = {(row["batch"], row.get("shapes")): row["tokens_per_s"] for row in rows if row["mode"] == "full"}
     for row in rows:
-        row["vs_full"] = row["tokens_per_s"] / full[row["batch"], row["compiled"]]
+        if (row["batch"], row.get("shapes")) in full:
+            row["vs_full"] = row["tokens_per_s"] / full[row["batch"], row.get("shapes")]
     write_results(Path(args.out) / "decoding.json",
                   {"shape": args.shape, "dtype": args.dtype, "prompt_len": args.prompt_len,
-                   "new_tokens": args.new_tokens, "repeats": args.repeats, "compiled": args.compile, "rows": rows,
+                   "new_tokens": args.new_tokens, "repeats": args.repeats, "compiled": args.compile,
+                   "shapes": args.shapes if args.compile else [], "rows": rows,
                    "environment": environment(device=args.device)})
-    return 0
 
 
 if __name__ == "__main__":

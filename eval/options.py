@@ -77,10 +77,22 @@ def add_threads(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
 
 
+# --compile's shapes -> CompiledStep's ``static`` (None: static on a GPU, where CUDA graphs record them)
+COMPILE_SHAPES = {"auto": None, "static": True, "dynamic": False}
+
+
 def add_compile(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--compile", action="store_true",
+    parser.add_argument("--compile", nargs="?", const="auto", default=None, choices=tuple(COMPILE_SHAPES),
+                        metavar="SHAPES",
                         help="torch.compile the decoding steps (eval/decoding/compiled_step.py): faster per token "
-                             "once compiled, which costs seconds to a minute first; the same tokens")
+                             "once compiled, which costs seconds to a minute first; the same tokens. SHAPES: "
+                             "auto (default: static on a GPU, dynamic on a CPU), static (a fixed-size cache, "
+                             "every step one shape: CUDA graphs on a GPU), dynamic (the cache grows each step)")
+
+
+def compile_static(shapes: str | None) -> bool | None:
+    """--compile's SHAPES as CompiledStep's ``static`` (None without --compile)."""
+    return None if shapes is None else COMPILE_SHAPES[shapes]
 
 
 def add_tokenizer(parser: argparse.ArgumentParser) -> None:

@@ -25,7 +25,7 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from eval.decoding.compiled_step import CompiledStep
+from eval.decoding.compiled_step import CompiledStep, decoding_cache
 from eval.decoding.sampling import Sampling, draw, row_generators, sequence_keys, uniforms
 from eval.decoding.static_route import StaticRoute
 from eval.decoding.transcripts import Clock, GenerationStats, OnTokens, StopStrings, Transcript, Transcripts
@@ -90,8 +90,8 @@ class BatchGenerator:
         book = Transcripts(len(prompts), max_new_tokens, eos_id=eos_id, stop=stop, on_tokens=on_tokens)
         device = self.model.embed.weight.device
         tokens, padding = left_padded(prompts, device)
-        cache = self.model.new_cache(len(prompts), tokens.shape[1] + max_new_tokens,
-                                     extra_layers=self.route.extra_layers)
+        cache = decoding_cache(self.model, len(prompts), tokens.shape[1] + max_new_tokens,
+                               extra_layers=self.route.extra_layers, static_shapes=isinstance(self.route, StaticRoute))
         if tokens.shape[1] > 1:
             self.route.prefill(self.model, tokens[:, :-1], cache, padding[:, :-1])
         stats.prefill_seconds = time.perf_counter() - clock.wall

@@ -42,8 +42,10 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import torch
+from torch.utils._pytree import tree_map
 
 from framework.model.decoder import Decoder, StepOutput
+from framework.model.kv_cache import KVCache
 
 # Graphs one key may compile before it runs eagerly: under dynamo's own cap per code object
 # (torch._dynamo.config.recompile_limit, 8), past which dynamo would fall back uncounted.
@@ -61,10 +63,14 @@ CPU_INDUCTOR_OPTIONS = {**INDUCTOR_OPTIONS, "cpp_wrapper": True}
 class CompiledStep:
     """``model.step``, compiled per route (see the module docstring); ``install`` puts it in place."""
 
-    def __init__(self, model: Decoder, *, limit: int = LIMIT, backend: str | Callable = "inductor") -> None:
+    def __init__(self, model: Decoder, *, limit: int = LIMIT, backend: str | Callable = "inductor",
+                 static: bool | None = None) -> None:
         if not (isinstance(limit, int) and limit >= 1):
             raise ValueError(f"limit={limit!r} is invalid: must be an integer >= 1")
         self.model, self.eager, self.limit, self.backend = model, model.step, limit, backend
+        # static shapes (and on a GPU, CUDA graphs): by default where graphs can be recorded
+        self.on_cuda = next(model.parameters()).is_cuda
+        self.static = self.on_cuda if static is None else static
         self.functions: dict[tuple, Callable[..., StepOutput]] = {}
         self.graphs_by_key: dict[tuple, int] = {}
         self.graphs = 0
@@ -134,11 +140,14 @@ class CompiledStep:
     def _run(self, key: tuple, body: Callable[..., Any], fallback: Callable[[], Any], *args: Any) -> Any:
         """``body(*args)`` through the key's compiled function (compiled from ``body`` on the
         key's first call), or ``fallback()`` where the key runs eagerly."""
+        static = any(isinstance(a, KVCache) and a.static for a in args)
+        if static:  # fixed shapes: a graph of its own
+            key = (*key, "static")
         if self.graphs_by_key.get(key, 0) > self.limit:
             return fallback()
         function = self.functions.get(key)
         if function is None:
-            function = self.functions[key] = self._compile(key, body)
+            function = self.functions[key] = self._compile(key, body, static)
         # one stride pattern and offset 0 for every tensor, whatever view the caller holds
         args = tuple(a.clone(memory_format=torch.contiguous_format) if isinstance(a, torch.Tensor) else a
                      for a in args)
@@ -152,6 +161,8 @@ class CompiledStep:
             out = fallback()
         if self.graphs > before or key in self.graph_breaks:
             self.compile_seconds += time.perf_counter() - started
+        if static and self.on_cuda:  # a CUDA graph's outputs live in its pool: the next replay overwrites them
+            out = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, out)
         return out
 
     @property
@@ -163,7 +174,9 @@ class CompiledStep:
         return {"graphs": self.graphs, "routes": len(self.functions), "compile_seconds": self.compile_seconds,
                 "eager_fallbacks": self.eager_fallbacks, "graph_breaks": sorted(set(self.graph_breaks.values()))}
 
-    def _compile(self, key: tuple, body: Callable[..., Any]) -> Callable[..., Any]:
+    def _compile(self, key: tuple, body: Callable[..., Any], static: bool) -> Callable[..., Any]:
+        """``body`` through torch.compile: with dynamic shapes, or for a static cache with
+        fixed ones, recorded as CUDA graphs on a GPU (what ``mode="reduce-overhead"`` sets)."""
         def backend(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
             self.graphs += 1
             self.graphs_by_key[key] = count = self.graphs_by_key.get(key, 0) + 1
@@ -173,14 +186,26 @@ class CompiledStep:
                 return self.backend(graph, example_inputs)
             from torch._dynamo.backends.registry import lookup_backend
 
-            on_cpu = next(self.model.parameters()).device.type == "cpu"
-            with torch._inductor.config.patch(CPU_INDUCTOR_OPTIONS if on_cpu else INDUCTOR_OPTIONS):
+            options = dict(INDUCTOR_OPTIONS if self.on_cuda else CPU_INDUCTOR_OPTIONS)
+            if static and self.on_cuda:
+                options["triton.cudagraphs"] = True
+            with torch._inductor.config.patch(options):
                 return lookup_backend(self.backend)(graph, example_inputs)
 
         # dynamo keeps compiled graphs (and caps their number) per code object: each key's function gets
         # its own, so keys and CompiledSteps do not share entries or the cap, and they go with this object.
         own = types.FunctionType(body.__code__.replace(), body.__globals__, body.__name__, None, body.__closure__)
-        return torch.compile(own, dynamic=True, fullgraph=True, backend=backend)
+        return torch.compile(own, dynamic=not static, fullgraph=True, backend=backend)
 
 
-__all__ = ["CompiledStep", "LIMIT"]
+def decoding_cache(model: Decoder, batch_size: int, max_len: int, *, extra_layers: int = 0,
+                   static_shapes: bool = True) -> KVCache:
+    """The cache a decoding loop writes: a static one (fixed shapes, the length a tensor)
+    when a static CompiledStep is installed and the loop's steps keep their shapes
+    (``static_shapes``: not dynamic exit's, whose rows leave at every exit), else the usual."""
+    compiled = model.__dict__.get("step")
+    static = static_shapes and isinstance(compiled, CompiledStep) and compiled.static
+    return model.new_cache(batch_size, max_len, extra_layers=extra_layers, static=static)
+
+
+__all__ = ["CompiledStep", "LIMIT", "decoding_cache"]

@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         positions = cache_positions(max(map(len, prompts)), args.max_new_tokens, args.gamma or 5, batch)
         options.check_cache_fits(model, batch, positions, device)
         decode = mode.build(model, value, _settings(args, sampling, _adapters(args.adapters, model)))
-        compiled = CompiledStep.install(model) if args.compile else None
+        static = options.compile_static(args.compile)
+        compiled = None if args.compile is None else CompiledStep.install(model, static=static)
     except (CheckpointError, FileNotFoundError, ValueError) as err:
         parser.error(str(err))
     limit.report()

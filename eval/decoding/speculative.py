@@ -42,7 +42,7 @@ from typing import Sequence
 import torch
 
 from eval.decoding.batch import BatchGenerator, check_prompts, left_padded
-from eval.decoding.compiled_step import CompiledStep
+from eval.decoding.compiled_step import CompiledStep, decoding_cache
 from eval.decoding.drafts import Draft, Forward
 from eval.decoding.sampling import Sampling, draw, row_generators, sequence_keys, uniforms
 from eval.decoding.static_route import StaticRoute
@@ -112,8 +112,8 @@ class SelfSpeculativeDecoder:
         clock, stats = Clock(), GenerationStats(sequences=len(prompts))
         book = Transcripts(len(prompts), max_new_tokens, eos_id=eos_id, stop=stop, on_tokens=on_tokens)
         tokens, padding = left_padded(prompts, model.embed.weight.device)
-        cache = model.new_cache(len(prompts), cache_positions(tokens.shape[1], max_new_tokens, self.gamma, len(prompts)),
-                                extra_layers=self.draft.extra_layers)
+        cache = decoding_cache(model, len(prompts), cache_positions(tokens.shape[1], max_new_tokens, self.gamma,
+                                                                   len(prompts)), extra_layers=self.draft.extra_layers)
         generators = generators or row_generators(self.seed, sequence_keys(prompts, numbers, self.seed_by))
         logits = self.draft.prefill(model, tokens, cache, padding if bool(padding.any()) else None)
         stats.prefill_seconds = time.perf_counter() - clock.wall
@@ -238,7 +238,9 @@ class SelfSpeculativeDecoder:
             logits = draft.verify(model, inputs, cache, start, forward)
             return logits.argmax(-1) if greedy else logits
 
-        return compiled.fused(("greedy verify" if greedy else "verify", draft, k), verify, inputs, cache, start)
+        # the start as a static cache takes it inside a graph (a tensor: an int would specialise the graph)
+        return compiled.fused(("greedy verify" if greedy else "verify", draft, k), verify, inputs, cache,
+                              cache.at(start))
 
     def _fusing(self, steps: int) -> tuple[CompiledStep | None, Forward | None]:
         """With compiled steps installed: a round of γ drafts runs as fused graphs (the

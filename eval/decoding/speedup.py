@@ -52,11 +52,13 @@ def compare(model: Decoder, draft: Draft, prompts: Sequence[torch.Tensor | Seque
             max_new_tokens: int = 64, gamma: int = 5, adaptive: AdaptiveThreshold | None = None,
             temperature: float = 0.0, sampling: Sampling | None = None, repeats: int = 3, warmup: int = 1,
             seed: int = 0, batch_size: int = 1, eos_id: int | Sequence[int] | None = None,
-            on_batch: Callable[[int], None] | None = None, compile: bool = False) -> dict:
+            on_batch: Callable[[int], None] | None = None, compile: bool = False,
+            static: bool | None = None) -> dict:
     """Time plain decoding and self-speculative decoding on every batch of prompts
     (median of ``repeats`` after ``warmup`` untimed runs each) and return the report.
-    ``compile``: both decode through compiled steps (eval/decoding/compiled_step.py), the
-    compiling done in the warm-up runs (``warmup`` >= 1 then)."""
+    ``compile``: both decode through compiled steps (eval/decoding/compiled_step.py, with
+    ``static`` shapes or not: None, static on a GPU), the compiling done in the warm-up runs
+    (``warmup`` >= 1 then)."""
     if compile and warmup < 1:
         raise ValueError(f"warmup={warmup!r} is invalid with compile: the untimed warm-up run is where it compiles "
                          "(give warmup >= 1)")
@@ -69,7 +71,7 @@ def compare(model: Decoder, draft: Draft, prompts: Sequence[torch.Tensor | Seque
     plain = BatchGenerator(model, StaticRoute(model), sampling=sampling, seed=seed)
     spec = SelfSpeculativeDecoder(model, draft, gamma=gamma, adaptive=adaptive, sampling=sampling, seed=seed)
     timing = dict(batch_size=batch_size, warmup=warmup, repeats=repeats, eos_id=eos_id, on_batch=on_batch)
-    with CompiledStep.installed(model) if compile else nullcontext() as compiled:
+    with CompiledStep.installed(model, static=static) if compile else nullcontext() as compiled:
         result = _time_batches(plain, spec, rows, max_new_tokens, **timing)
     report = _report(model, draft, spec, result, max_new_tokens=max_new_tokens, repeats=repeats,
                      batch_size=batch_size)
@@ -224,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     with progress(len(prompts), "speculate run: prompts") as bar:
         report = compare(model, draft, prompts, max_new_tokens=args.max_new_tokens, gamma=args.gamma,
                          adaptive=adaptive, sampling=sampling, repeats=args.repeats, seed=args.seed,
-                         batch_size=args.batch_size, eos_id=eos_id, on_batch=bar.advance, compile=args.compile)
+                         batch_size=args.batch_size, eos_id=eos_id, on_batch=bar.advance,
+                         compile=args.compile is not None, static=options.compile_static(args.compile))
     for row, item in enumerate(report["outputs"]):
         item["prompt"] = texts[row] if texts is not None else prompts[row]
         if codec.loaded is not None:

@@ -34,8 +34,11 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 def alibi_causal_bias(slopes: torch.Tensor, q_len: int, k_len: int, *, dtype: torch.dtype,
-                      device: torch.device, key_padding: torch.Tensor | None = None) -> torch.Tensor:
-    """Additive [1, H, q_len, k_len] mask; queries are the last q_len of k_len positions.
+                      device: torch.device, key_padding: torch.Tensor | None = None,
+                      start: torch.Tensor | None = None) -> torch.Tensor:
+    """Additive [1, H, q_len, k_len] mask; queries are the last q_len of k_len positions,
+    or with ``start`` (a 0-d tensor: a static cache's length) positions start..start+q_len-1,
+    every key after them masked like any future key.
 
     With ``key_padding`` [B, k_len] (True where a row has no token) the mask is
     [B, H, q_len, k_len] and no query attends to a padding key. Those keys get the
@@ -46,7 +49,10 @@ def alibi_causal_bias(slopes: torch.Tensor, q_len: int, k_len: int, *, dtype: to
     batched speculative round leaves) does not lengthen theirs; left padding lies
     between none, and there the two counts agree.
     """
-    q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    if start is None:
+        q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+    else:
+        q_pos = (start.to(device) + torch.arange(q_len, device=device))[:, None]
     k_pos = torch.arange(k_len, device=device)[None, :]
     slopes = slopes.to(device=device, dtype=torch.float32)
     if key_padding is None:
@@ -55,7 +61,8 @@ def alibi_causal_bias(slopes: torch.Tensor, q_len: int, k_len: int, *, dtype: to
     else:
         key_padding = key_padding.to(device)
         tokens = (~key_padding).to(torch.float32).cumsum(-1)  # [B, k_len]: tokens up to each position
-        distance = tokens[:, None, :] - tokens[:, -q_len:, None]  # [B, q_len, k_len]
+        at_queries = tokens[:, -q_len:] if start is None else tokens[:, q_pos[:, 0]]
+        distance = tokens[:, None, :] - at_queries[:, :, None]  # [B, q_len, k_len]
         bias = slopes[None, :, None, None] * distance[:, None]
     bias = bias.masked_fill(k_pos > q_pos, float("-inf")).to(dtype)
     if key_padding is not None:

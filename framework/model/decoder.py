@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from framework.model.attention import alibi_causal_bias, alibi_slopes, flex_attention, sdpa_attention
 from framework.config import ModelConfig
 from framework.model.kv_cache import KVCache
+from framework.model.static_kv_cache import StaticKVCache
 from framework.layer_dropout import DropPlan, LayerDrop, residual_update
 
 
@@ -349,26 +350,34 @@ class Decoder(nn.Module):
         """The SDPA mask shared by all blocks, or None when FlexAttention computes it.
         Padding keys come from ``cache`` or, without one, from ``padding`` [B, q_len]."""
         device = self.embed.weight.device
-        k_len = q_len + (cache.length if cache is not None else 0)
+        start, k_len = cache.span(q_len) if cache is not None else (None, q_len)
         key_padding = cache.key_padding(k_len) if cache is not None else padding
         if key_padding is None and self.use_flex(cache):
             return None
         return alibi_causal_bias(self.blocks[0].attn.slopes if len(self.blocks) else alibi_slopes(1),
                                  q_len, k_len, dtype=self.embed.weight.dtype, device=device,
-                                 key_padding=key_padding)
+                                 key_padding=key_padding, start=start)
 
     def use_flex(self, cache: KVCache | None) -> bool:
+        if cache is not None and cache.static:  # its keys run past the queries: only a mask says where they end
+            return False
         backend = self.config.attention
         if backend == "auto":
             return self.embed.weight.is_cuda and cache is None
         return backend == "flex"
 
-    def new_cache(self, batch_size: int, max_len: int | None = None, *, extra_layers: int = 0) -> KVCache:
-        """An empty cache; ``extra_layers`` slots after the model's for exit adapters."""
+    def new_cache(self, batch_size: int, max_len: int | None = None, *, extra_layers: int = 0,
+                  static: bool = False) -> KVCache:
+        """An empty cache; ``extra_layers`` slots after the model's for exit adapters;
+        ``static``: fixed shapes, for CUDA graphs (framework/model/static_kv_cache.py)."""
         cfg = self.config
-        weight = self.embed.weight
-        return KVCache(cfg.n_layers + extra_layers, batch_size, cfg.n_heads, cfg.head_dim,
-                       max_len or cfg.max_seq_len, dtype=weight.dtype, device=weight.device)
+        return self.cache_class(static)(cfg.n_layers + extra_layers, batch_size, cfg.n_heads, cfg.head_dim,
+                                        max_len or cfg.max_seq_len, dtype=self.embed.weight.dtype,
+                                        device=self.embed.weight.device)
+
+    @staticmethod
+    def cache_class(static: bool) -> type[KVCache]:
+        return StaticKVCache if static else KVCache
 
     def num_parameters(self, *, non_embedding: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())

@@ -23,6 +23,8 @@ import torch
 
 
 class KVCache:
+    static = False  # StaticKVCache: every shape fixed, the length a tensor (framework/model/static_kv_cache.py)
+
     def __init__(self, n_layers: int, batch_size: int, n_heads: int, head_dim: int,
                  max_len: int, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str = "cpu") -> None:
@@ -56,6 +58,16 @@ class KVCache:
             raise ValueError(f"KV cache overflow: length {end} > max_len={self.max_len}")
         self.padding[:, self.length:end] = padding
         self.padded = self.padded or bool(padding.any())
+
+    def span(self, q_len: int) -> tuple[torch.Tensor | None, int]:
+        """Where ``q_len`` new queries sit among the keys they attend to: (None, k_len), the
+        queries being the last q_len of the k_len positions up to the cache's end."""
+        return None, self.length + q_len
+
+    def at(self, length: int) -> int:
+        """``length`` as ``crop`` takes it inside a compiled step (an int here: dynamic shapes
+        make it a symbol)."""
+        return length
 
     def key_padding(self, end: int) -> torch.Tensor | None:
         """[B, end] padding of the keys a forward ending at ``end`` attends to, or None."""

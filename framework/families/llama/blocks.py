@@ -188,31 +188,36 @@ class LlamaDecoder(Decoder):
         angles and the mask. Under left padding a row's positions count its tokens
         only (its first token is at position 0, as Hugging Face numbers them)."""
         device = self.embed.weight.device
-        start = cache.length if cache is not None else 0
-        k_len = start + q_len
+        # start: None, the queries are the last q_len of k_len keys; a tensor, a static cache's length
+        start, k_len = cache.span(q_len) if cache is not None else (None, q_len)
+        queries = (torch.arange(k_len - q_len, k_len, device=device) if start is None
+                   else start + torch.arange(q_len, device=device))
         key_padding = cache.key_padding(k_len) if cache is not None else padding
         if key_padding is None:
-            positions = torch.arange(start, k_len, device=device)[None]
+            positions = queries[None]
             mask = None
-            if q_len not in (1, k_len):  # queries after cached keys: SDPA's is_causal would align them wrong
-                mask = self._causal_mask(q_len, k_len, None)
+            # queries after cached keys (SDPA's is_causal would align them wrong), or keys after the queries
+            if start is not None or q_len not in (1, k_len):
+                mask = self._causal_mask(q_len, k_len, None, start)
         else:
             key_padding = key_padding.to(device)
-            positions = ((~key_padding).long().cumsum(-1) - 1).clamp(min=0)[:, -q_len:]
-            mask = self._causal_mask(q_len, k_len, key_padding)
+            positions = ((~key_padding).long().cumsum(-1) - 1).clamp(min=0)[:, queries]
+            mask = self._causal_mask(q_len, k_len, key_padding, start)
         cos, sin = rotary_cos_sin(self.rope_frequencies, positions)
         return RotaryInputs(cos, sin, mask)
 
-    def _causal_mask(self, q_len: int, k_len: int, key_padding: torch.Tensor | None) -> torch.Tensor:
+    def _causal_mask(self, q_len: int, k_len: int, key_padding: torch.Tensor | None,
+                     start: torch.Tensor | None = None) -> torch.Tensor:
         # ALiBi's mask with slope 0 is the plain causal mask, with the same padding rules.
         weight = self.embed.weight
         return alibi_causal_bias(torch.zeros(1), q_len, k_len, dtype=weight.dtype, device=weight.device,
-                                 key_padding=key_padding)
+                                 key_padding=key_padding, start=start)
 
-    def new_cache(self, batch_size: int, max_len: int | None = None, *, extra_layers: int = 0) -> KVCache:
+    def new_cache(self, batch_size: int, max_len: int | None = None, *, extra_layers: int = 0,
+                  static: bool = False) -> KVCache:
         cfg, weight = self.config, self.embed.weight
-        return KVCache(cfg.n_layers + extra_layers, batch_size, cfg.n_kv_heads, cfg.head_dim,
-                       max_len or cfg.max_seq_len, dtype=weight.dtype, device=weight.device)
+        return self.cache_class(static)(cfg.n_layers + extra_layers, batch_size, cfg.n_kv_heads, cfg.head_dim,
+                                        max_len or cfg.max_seq_len, dtype=weight.dtype, device=weight.device)
 
     def num_parameters(self, *, non_embedding: bool = False) -> int:
         total = sum(p.numel() for p in self.parameters())  # a tied matrix counts once

@@ -45,10 +45,10 @@ def adapters(model):
     return found
 
 
-def decode(spec: str, model, loaded, prompts, max_new_tokens: int, **settings):
+def decode(spec: str, model, loaded, prompts, max_new_tokens: int, eos=EOS, **settings):
     if "adapters" in settings:
         settings["adapters"] = loaded
-    items, _ = modes.decoder(spec, model, modes.Settings(**settings))(prompts, max_new_tokens, eos_id=EOS)
+    items, _ = modes.decoder(spec, model, modes.Settings(**settings))(prompts, max_new_tokens, eos_id=eos)
     return [item.tokens for item in items]
 
 
@@ -78,20 +78,50 @@ def test_compiled_decoding_gives_the_eager_tokens(model, adapters, spec, setting
     assert "step" not in model.__dict__  # the eager method is back
 
 
-def test_a_llama_family_model_compiles_without_a_graph_break():
+@pytest.fixture(scope="module")
+def llama():
+    torch.manual_seed(0)
+    built = build_decoder(ModelConfig(vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=64,
+                                      family="llama", bias=False, ffn_hidden=48, attention="sdpa"))
+    built.init_weights(std=0.3)
+    return built.double().eval()
+
+
+def test_a_llama_family_model_compiles_without_a_graph_break(llama):
     """RoPE, grouped K/V and SDPA's causal flag (symbolic under dynamic shapes unless the
     family branches on it, which once broke every step's graph into one per block)."""
-    torch.manual_seed(0)
-    llama = build_decoder(ModelConfig(vocab_size=64, d_model=32, n_layers=4, n_heads=4, n_kv_heads=2, max_seq_len=64,
-                                      family="llama", bias=False, ffn_hidden=48, attention="sdpa"))
-    llama.init_weights(std=0.3)
-    llama = llama.double().eval()
     same_length = [PROMPTS[0], PROMPTS[0][::-1]]  # no padding: no mask, SDPA's causal flag decides
     eager = decode("speculative", llama, None, same_length, 10)
     with CompiledStep.installed(llama, backend="aot_eager") as compiled:
         assert decode("speculative", llama, None, same_length, 10) == eager
     assert compiled.summary()["graph_breaks"] == [] and compiled.eager_fallbacks == 0
     assert compiled.graphs <= 4 * len(compiled.functions)
+
+
+SAMPLED = Sampling(temperature=0.8)
+STATIC_CASES = [("celerity", "full", {}), ("celerity", "exit:2", {"adapters": True}),  # adapters: Celerity's fixture
+                ("celerity", "speculative", {"adapters": True, "draft": "adapter:2", "gamma": 3}),
+                ("celerity", "speculative", {"sampling": SAMPLED, "draft": "skip:1"}),
+                ("llama", "full", {}), ("llama", "full", {"sampling": SAMPLED}), ("llama", "speculative", {}),
+                ("llama", "speculative", {"sampling": SAMPLED, "draft": "skip:1"})]
+
+
+@pytest.mark.parametrize("family,spec,settings", STATIC_CASES,
+                         ids=lambda value: value if isinstance(value, str) else "+".join(sorted(value)) or "-")
+def test_static_shapes_give_the_eager_tokens_with_one_graph_for_every_cache_length(model, llama, adapters, family,
+                                                                                   spec, settings):
+    """`--compile static` (CUDA graphs' shapes): a fixed-size cache whose length is a tensor.
+    The padded batch whose rows leave at EOS gives the eager tokens; one prompt decoded to its
+    budget runs every step (every speculative round but a cut-short last one, which runs
+    eagerly) through one graph per key, whatever the cache length."""
+    chosen = model if family == "celerity" else llama
+    for prompts, eos in ((PROMPTS, EOS), (PROMPTS[:1], None)):
+        eager = decode(spec, chosen, adapters, prompts, 14, eos=eos, **settings)
+        with CompiledStep.installed(chosen, backend="aot_eager", static=True) as compiled:
+            got = decode(spec, chosen, adapters, prompts, 14, eos=eos, **settings)
+        assert got == eager and compiled.eager_fallbacks == 0
+        assert all(key[-1] == "static" for key in compiled.functions)
+    assert set(compiled.graphs_by_key.values()) == {1}  # one prompt: one graph a key for 14 cache lengths
 
 
 def test_inductor_the_default_backend_gives_the_eager_tokens(model, adapters):
@@ -229,7 +259,8 @@ def test_compare_with_compile_reports_its_graphs_and_puts_the_method_back(model)
         compare(model, ExitDraft(2), PROMPTS, max_new_tokens=8, repeats=1, warmup=0, compile=True)
 
 
-def test_generate_compile_gives_the_eager_text_and_states_its_compile_time(tmp_path, capsys):
+@pytest.mark.parametrize("shapes", [[], ["static"]], ids=["auto", "static"])
+def test_generate_compile_gives_the_eager_text_and_states_its_compile_time(tmp_path, capsys, shapes):
     from eval.decoding.generate import main
 
     folder = export_tiny_model(tmp_path / "model", seed=5)
@@ -237,8 +268,11 @@ def test_generate_compile_gives_the_eager_text_and_states_its_compile_time(tmp_p
             "--mode", "exit:2"]
     code, eager = run_main(main, args, capsys)
     assert code == 0
-    code, compiled = run_main(main, [*args, "--compile", "--stats", str(tmp_path / "stats.json")], capsys)
+    code, compiled = run_main(main, [*args, "--compile", *shapes, "--stats", str(tmp_path / "stats.json")], capsys)
     assert code == 0 and compiled.out == eager.out
     assert "compiled: " in compiled.err and " s (included)" in compiled.err
     stats = json.loads((tmp_path / "stats.json").read_text())
     assert stats["compiled"]["graphs"] >= 1 and stats["compiled"]["compile_seconds"] > 0
+    if shapes:
+        code, refused = run_main(main, [*args, "--compile", "fixed"], capsys)
+        assert code == 2 and "argument --compile: invalid choice: 'fixed'" in refused.err
