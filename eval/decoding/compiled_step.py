@@ -151,10 +151,15 @@ class CompiledStep:
         # one stride pattern and offset 0 for every tensor, whatever view the caller holds
         args = tuple(a.clone(memory_format=torch.contiguous_format) if isinstance(a, torch.Tensor) else a
                      for a in args)
+        if static:  # the batch may shrink: one graph for every row count (CUDA records one per count)
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.dim():
+                    torch._dynamo.maybe_mark_dynamic(a, 0)
         before = self.graphs
         started = time.perf_counter()
         try:
-            out = function(*args)
+            with torch._dynamo.config.patch(automatic_dynamic_shapes=not static):
+                out = function(*args)
         except torch._dynamo.exc.Unsupported as err:  # a graph break (found while tracing, before anything ran)
             self.graph_breaks[key] = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
             self.graphs_by_key[key] = self.limit + 1
@@ -195,7 +200,8 @@ class CompiledStep:
         # dynamo keeps compiled graphs (and caps their number) per code object: each key's function gets
         # its own, so keys and CompiledSteps do not share entries or the cap, and they go with this object.
         own = types.FunctionType(body.__code__.replace(), body.__globals__, body.__name__, None, body.__closure__)
-        return torch.compile(own, dynamic=not static, fullgraph=True, backend=backend)
+        # static: the dimensions marked dynamic (rows, a cache's max_len) are the only symbols
+        return torch.compile(own, dynamic=None if static else True, fullgraph=True, backend=backend)
 
 
 def decoding_cache(model: Decoder, batch_size: int, max_len: int, *, extra_layers: int = 0,

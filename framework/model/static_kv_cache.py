@@ -41,7 +41,8 @@ class StaticKVCache(KVCache):
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k/v [B, H, T, D] at positions length..length+T-1; return the layer's whole
         [B, H, max_len, D] (the mask keeps queries off the positions after them)."""
-        if k.shape[0] != self.batch_size:
+        # a compiled step checks nothing against the Python row count: it would pin the rows' symbol
+        if not torch.compiler.is_compiling() and k.shape[0] != self.batch_size:
             raise ValueError(f"KV cache batch size mismatch: got {k.shape[0]} rows, the cache holds {self.batch_size}")
         index = self.position + torch.arange(k.shape[2], device=self.position.device)
         self.keys[layer].index_copy_(2, index, k)
@@ -84,6 +85,12 @@ class StaticKVCache(KVCache):
     def _mark_static(self) -> None:
         for tensor in (*self.keys, *self.values, self.padding, self.position):
             torch._dynamo.mark_static_address(tensor)
+        # Fixed within a generation, but not across them: rows leave the batch, and the next
+        # batch's prompts need another max_len. A compiled step is traced once for every row
+        # count and length (on a GPU a CUDA graph is still recorded per shape, cheaply).
+        for tensor in (*self.keys, *self.values, self.padding):
+            torch._dynamo.maybe_mark_dynamic(tensor, 0)
+            torch._dynamo.maybe_mark_dynamic(tensor, tensor.dim() - 2 if tensor.dim() == 4 else 1)
 
 
 __all__ = ["StaticKVCache"]
