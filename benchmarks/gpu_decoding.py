@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters
 
 from harness import environment, timed, write_results  # noqa: E402  (first: the repository's packages)
 from eval.decoding.batch import BatchGenerator  # noqa: E402
@@ -85,11 +86,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.shape} {name:>8} batch {batch} eager: {eager['tokens_per_s']:,.0f} tokens/s", flush=True)
             write(rows, args)
             for shapes in args.shapes if args.compile else ():
+                counters.clear()
                 with CompiledStep.installed(model, static=shapes == "static") as compiled:
                     seconds, tokens = median_seconds(generator, prompts, args)
                 rows.append({"mode": name, "batch": batch, "compiled": True, "shapes": shapes, "seconds": seconds,
                              "tokens_per_s": batch * args.new_tokens / seconds, "same_tokens": tokens == eager_tokens,
-                             "vs_eager": eager["seconds"] / seconds, **compiled.summary()})
+                             "vs_eager": eager["seconds"] / seconds, **compiled.summary(),
+                             # graphs inductor could not record as CUDA graphs (0 where static shapes work)
+                             "cudagraph_skips": counters["inductor"]["cudagraph_skips"]})
                 print(f"{args.shape} {name:>8} batch {batch} compiled, {shapes} shapes: "
                       f"{rows[-1]['tokens_per_s']:,.0f} tokens/s ({rows[-1]['vs_eager']:.2f}x eager, "
                       f"{compiled.compile_seconds:.0f} s compiling, same tokens: {rows[-1]['same_tokens']})", flush=True)

@@ -277,3 +277,20 @@ def test_generate_compile_gives_the_eager_text_and_states_its_compile_time(tmp_p
     if shapes:
         code, refused = run_main(main, [*args, "--compile", "fixed"], capsys)
         assert code == 2 and "argument --compile: invalid choice: 'fixed'" in refused.err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("spec", ["full", "speculative"])
+def test_static_shapes_on_a_gpu_record_cuda_graphs_and_give_the_eager_tokens(spec):
+    from torch._dynamo.utils import counters
+
+    gpu = tiny_model().float().cuda()
+    eager = decode(spec, gpu, None, PROMPTS, 12)
+    counters.clear()
+    with CompiledStep.installed(gpu) as compiled:
+        assert compiled.static  # a GPU's default
+        got = decode(spec, gpu, None, PROMPTS, 12)
+    assert got == eager and compiled.eager_fallbacks == 0
+    assert counters["inductor"]["cudagraph_skips"] == 0  # every graph recorded as a CUDA graph
+
