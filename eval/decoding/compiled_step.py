@@ -11,7 +11,12 @@ exits and their adapters, whether the inputs are token ids or a residual stream)
 own ``torch.compile``'d function, with those arguments as constants of the function, so no
 Python integer of the route becomes a symbolic value and the blocks unroll. Shapes are
 dynamic: the growing cache length, a verify pass's gamma + 1 tokens and a shrinking batch
-reuse one graph instead of compiling one per length. A call without a cache (training,
+reuse one graph instead of compiling one per length. With ``static`` (the default on a GPU)
+the decoding loops write a StaticKVCache (framework/model/static_kv_cache.py) instead: every
+step attends to the whole fixed-size cache and reads its length from a device tensor, so its
+graph has fixed shapes but for the rows and the cache size (marked dynamic), and on a GPU
+inductor records it as a CUDA graph (what ``mode="reduce-overhead"`` sets), the launch cost of
+every kernel gone; ``decoding_cache`` picks the cache. A call without a cache (training,
 measurements), with a drop plan, keeping every state, or marking padding (the prefill: once
 per prompt, and its padding check is a data-dependent branch) runs eagerly, exactly as
 before, and so does a call with an exit rule (``leave``: a new rule each step would compile a
