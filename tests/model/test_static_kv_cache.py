@@ -11,7 +11,11 @@ from framework.families.registry import build_decoder
 from framework.model.kv_cache import KVCache
 from framework.model.static_kv_cache import StaticKVCache
 
-FAMILIES = {"celerity": {}, "llama": {"family": "llama", "bias": False, "ffn_hidden": 64, "n_kv_heads": 1}}
+FAMILIES = {"celerity": {}, "llama": {"family": "llama", "bias": False, "ffn_hidden": 64, "n_kv_heads": 1},
+            # Qwen3's per-head q/k norms and Gemma's scaled embedding sit on the same RoPE path
+            "qwen3": {"family": "qwen3", "bias": False, "ffn_hidden": 64, "n_kv_heads": 1, "head_dim": 12},
+            "gemma": {"family": "gemma", "bias": False, "ffn_hidden": 64, "n_kv_heads": 1, "head_dim": 12,
+                      "tie_embeddings": True}}
 
 
 def decoder(family: str, attention: str = "sdpa"):
