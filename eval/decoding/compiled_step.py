@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 import types
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
 import torch
@@ -163,7 +163,8 @@ class CompiledStep:
         before = self.graphs
         started = time.perf_counter()
         try:
-            with torch._dynamo.config.patch(automatic_dynamic_shapes=not static):
+            # static: no dimension turns symbolic on a recompile but those marked (the default path pays nothing)
+            with torch._dynamo.config.patch(automatic_dynamic_shapes=False) if static else nullcontext():
                 out = function(*args)
         except torch._dynamo.exc.Unsupported as err:  # a graph break (found while tracing, before anything ran)
             self.graph_breaks[key] = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

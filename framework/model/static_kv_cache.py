@@ -69,14 +69,11 @@ class StaticKVCache(KVCache):
     def crop(self, length: int | torch.Tensor) -> None:
         """Forget every position from ``length`` on; ``length`` an int, or inside a compiled
         step the tensor ``at`` made."""
-        if isinstance(length, int) and not 0 <= length <= self.length:
-            raise ValueError(f"crop length={length} is invalid: must be in [0, {self.length}]")
+        if not isinstance(length, torch.Tensor):
+            return super().crop(length)
         kept = torch.arange(self.max_len, device=self.position.device) < length
         self.padding.logical_and_(kept[None, :])  # a position written again holds a token unless marked
-        if isinstance(length, torch.Tensor):
-            self.position.copy_(length)
-        else:
-            self.position.fill_(length)
+        self.position.copy_(length)
 
     def select_rows(self, rows: torch.Tensor) -> None:
         super().select_rows(rows)
