@@ -14,8 +14,9 @@ Three readings of the same curves:
   drift from the base shape's, in factors of 2 (log₂) along the η grid. Under
   ``complete_p`` it should stay put; under ``standard`` it is expected to move;
 - Fig. 3 of the paper: loss vs η (and vs τ_EMA, i.e. λ) per p_max, with r_train = 1/ρ and
-  with r_train = 1; the claim "the optimum stays put with 1/ρ" holds when the optimum's
-  index along the grid is the same for every p_max.
+  with r_train = 1, one family per schedule; the claim "the optimum stays put with 1/ρ" holds
+  when every p_max's optimum is the reference's grid point or tied with it within the seed
+  noise, and fails when one moves beyond it (``figure3``).
 
 Also: runs whose validation loss rose from one evaluation during training to the next
 (their curve, from the TensorBoard logs or curve.json): a sign of instability.
@@ -172,31 +173,101 @@ def transfer_verdicts(rows: list[dict]) -> list[dict]:
 
 # ------------------------------------------------------------------------ Fig. 3
 def figure3(curves_by_key: dict[str, list[dict]]) -> list[dict] | None:
-    """For loss vs η and vs τ_EMA: per r_train, the optimum per p_max and whether its
-    index along the grid is the same for every p_max ("stays put") — None when the sweep
-    does not vary p_max. The dense curve (p_max 0, where r_train has no effect) belongs to
-    every r_train's group."""
+    """For loss vs η and vs τ_EMA: per *family* (r_train and every other setting but p_max: the
+    distribution, the schedule, the early-exit loss), the optimum per p_max and whether it stays
+    put — None when the sweep does not vary p_max. The dense curve (p_max 0, where the family's
+    settings change nothing) is every family's reference.
+
+    Whether a curve's optimum moves from the reference's is judged as docs/lambda-6tpp/PROTOCOL.md
+    judges λ, and only where both brackets are closed (the best point inside the key's grid, it and
+    both grid neighbours with ≥ 2 seeds): the same grid point is "same"; elsewhere it *moves* when
+    its mean at the reference's optimum exceeds its best by more than 2σ·√(1/n₁ + 1/n₂) (σ pooled
+    over every point with ≥ 2 seeds of the key's curves), and is *tied* when it does not. Anything
+    short of that is *undecided*, with why: one seed never decides where an optimum lies."""
     found = []
     for key in ("model.parametrization.lr", "model.parametrization.tau_ema"):
         series = [c for c in curves_by_key.get(key, []) if P_MAX in c["settings"]]
         if not series:
             continue
-        by_r: dict[str, list[dict]] = {}
+        sigma = _pooled_sigma(curves_by_key[key])
+        grid = sorted({p["value"] for c in curves_by_key[key] for p in c["points"]})
+        families: dict[str, list[dict]] = {}
         for curve in series:
-            by_r.setdefault(str(curve["settings"].get(R_TRAIN, "as configured")), []).append(curve)
+            family = {k: v for k, v in curve["settings"].items() if k != P_MAX}
+            families.setdefault(json.dumps(family, sort_keys=True, default=str), []).append(curve)
         dense = [c for c in series if float(c["settings"][P_MAX]) == 0]
-        for group in by_r.values():  # without dropout r_train changes nothing: the dense curve is every group's
+        families = {k: g for k, g in families.items() if any(float(c["settings"][P_MAX]) for c in g)}
+        # a family is named by the settings that tell it from the others (r_train has its own column)
+        named = [k for k in {k for f in families for k in json.loads(f)} - {R_TRAIN}
+                 if len({json.dumps(json.loads(f).get(k), default=str) for f in families}) > 1]
+        for family_key, group in families.items():
             if dense and not any(float(c["settings"][P_MAX]) == 0 for c in group):
                 group.append(dense[0])
-        for r_train, group in sorted(by_r.items()):
             group.sort(key=lambda c: float(c["settings"][P_MAX]))
+            reference = group[0]
             optima = [{"p_max": c["settings"][P_MAX], "optimum": c["optimum"], "index": c["optimum_index"],
-                       "series": c["label"]} for c in group]
-            same = len({o["index"] for o in optima}) == 1
-            found.append({"key": key, "r_train": r_train, "optima": optima,
-                          "verdict": ("the optimum stays put across p_max" if same else "the optimum moves with p_max")
-                          if len(optima) > 1 else "one p_max only: no verdict"})
+                       "series": c["label"], "seeds": c["points"][c["optimum_index"]]["seeds"],
+                       "position": "reference" if c is reference else _position(c, reference, sigma, grid)}
+                      for c in group]
+            family = json.loads(family_key)
+            r_train = str(family.get(R_TRAIN, "as configured"))
+            label = series_label({k: family.get(k) for k in sorted(named)})
+            found.append({"key": key, "r_train": r_train, "family": label if named else None,
+                          "sigma": sigma, "optima": optima, "verdict": _moves_verdict(optima)})
     return found or None
+
+
+def _pooled_sigma(found: list[dict]) -> float | None:
+    """The seed standard deviation pooled over every point with ≥ 2 seeds (weights: n − 1)."""
+    cells = [p for c in found for p in c["points"] if p["std"] is not None]
+    dof = sum(p["seeds"] - 1 for p in cells)
+    return math.sqrt(sum((p["seeds"] - 1) * p["std"] ** 2 for p in cells) / dof) if dof else None
+
+
+def _open(curve: dict, grid: list) -> str | None:
+    """Why the curve's bracket is open (its best on the key's grid edge, or its best or a grid
+    neighbour with fewer than 2 seeds), or None when it is closed (docs/lambda-6tpp/PROTOCOL.md)."""
+    best = curve["optimum"]
+    index = grid.index(best)
+    if index in (0, len(grid) - 1):
+        return f"its best, {best:g}, is at the grid's edge"
+    seeds = {p["value"]: p["seeds"] for p in curve["points"]}
+    short = [v for v in (grid[index - 1], best, grid[index + 1]) if seeds.get(v, 0) < 2]
+    return None if not short else "fewer than 2 seeds at " + ", ".join(
+        f"{v:g} ({seeds[v] if v in seeds else 'not run'})" for v in short)
+
+
+def _position(curve: dict, reference: dict, sigma: float | None, grid: list) -> str:
+    """Where ``curve``'s optimum sits against the reference's: same, moves, tied or undecided (why)."""
+    for who, found in (("the dense curve's", reference), ("its", curve)):
+        if (why := _open(found, grid)) is not None:
+            return f"undecided: {who} bracket is open ({why.removeprefix('its ')})"
+    if curve["optimum"] == reference["optimum"]:
+        return "same"
+    best = curve["points"][curve["optimum_index"]]
+    there = next((p for p in curve["points"] if p["value"] == reference["optimum"]), None)
+    if there is None or there["seeds"] < 2:
+        return f"undecided: {'not run' if there is None else '1 seed'} at the dense optimum {reference['optimum']:g}"
+    if sigma is None:
+        return "undecided: no seed noise"
+    gap = there["mean"] - best["mean"]
+    bar = 2 * sigma * math.sqrt(1 / best["seeds"] + 1 / there["seeds"])
+    if gap > bar:
+        return f"moves (+{gap:.4f} at the dense optimum, beyond {bar:.4f})"
+    return f"tied (+{gap:.4f} at the dense optimum, within {bar:.4f})"
+
+
+def _moves_verdict(optima: list[dict]) -> str:
+    positions = [o["position"] for o in optima if o["position"] != "reference"]
+    if len(optima) < 2:
+        return "one p_max only: no verdict"
+    if any(p.startswith("moves") for p in positions):
+        return "the optimum moves with p_max"
+    if all(p == "same" for p in positions):
+        return "the optimum stays put across p_max"
+    if all(p == "same" or p.startswith("tied") for p in positions):
+        return "the optimum stays put across p_max within the noise"
+    return "undecided"
 
 
 # ------------------------------------------------------------------ instability

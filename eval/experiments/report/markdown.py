@@ -128,11 +128,12 @@ def _findings(report: dict) -> list[str]:
             numbers = [_correlation(k, v, f.get("achieved_correlations", {}).get(k))
                        for k, v in f["correlations"].items()]
         for group in f.get("optima") or []:
-            optima = ", ".join(f"{o['p_max']}: {o['optimum']:g}" for o in group["optima"])
+            optima = ", ".join(_optimum(o) for o in group["optima"])
             grid = f", grid {group['grid']}" if group.get("grid") else ""
             edge = "; an optimum at the grid's edge" if group.get("at_edge") else ""
+            family = f" ({group['family']})" if group.get("family") not in (None, "all runs") else ""
             numbers.insert(0, f"{SYMBOLS.get(group['key'], group['key'])} optimum per p_max, r_train = "
-                              f"{group['r_train']}{grid}: {optima} → {group['verdict']}{edge}")
+                              f"{group['r_train']}{family}{grid}: {optima} → {group['verdict']}{edge}")
         if f.get("no_baseline"):
             numbers.append("no compute-matched baseline for: " + ", ".join(f["no_baseline"]))
         test = f"{f['test']} ({f['note']})" if f.get("note") else f["test"]
@@ -140,6 +141,14 @@ def _findings(report: dict) -> list[str]:
                      "<br>".join(numbers) or "–"])
     return lines + _table(["paper", "the paper's figure", "tested here as", "verdict", "after Holm",
                            "numbers (a − b in loss, ± 1 SE)"], rows) + [""]
+
+
+def _optimum(o: dict) -> str:
+    """One p_max's optimum on a Fig. 3 curve, with its seeds and where it sits against dense's."""
+    position = o.get("position")
+    extra = "" if position in (None, "reference", "same") else f"; {position}"
+    seeds = f" ({o['seeds']} seed{'s' if o['seeds'] != 1 else ''}{extra})" if "seeds" in o else ""
+    return f"{o['p_max']}: {o['optimum']:g}{seeds}"
 
 
 def _budgets(report: dict) -> list[str]:
@@ -356,10 +365,13 @@ def _hyperparameters(report: dict) -> list[str]:
         lines.append("")
     if section.get("figure3"):
         lines += ["## Fig. 3: does the optimum stay put across p_max?", ""]
-        rows = [[SYMBOLS.get(f["key"], f["key"]), f["r_train"],
-                 "; ".join(f"p_max={o['p_max']}: {o['optimum']:g}" for o in f["optima"]), f["verdict"]]
+        lines += ["Per family (r_train and the schedule), each p_max's optimum against the dense one's: the same "
+                  "grid point, or elsewhere and *moved* (its loss at the dense optimum above its best by more than "
+                  "2σ·√(1/n₁ + 1/n₂), ≥ 2 seeds at both), *tied* (within that) or *undecided* (why).", ""]
+        rows = [[SYMBOLS.get(f["key"], f["key"]), f["r_train"], f.get("family") or "–",
+                 "; ".join(f"p_max={_optimum(o)}" for o in f["optima"]), f["verdict"]]
                 for f in section["figure3"]]
-        lines += _table(["curve", "r_train", "optimum per p_max", "verdict"], rows) + [""]
+        lines += _table(["curve", "r_train", "family", "optimum per p_max", "verdict"], rows) + [""]
     rising = section.get("rising_validation") or []
     lines += ["## Instability: validation loss that rose during training", ""]
     if rising:

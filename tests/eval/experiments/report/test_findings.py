@@ -15,19 +15,19 @@ from eval.experiments.report.build import build_report, main
 from eval.experiments.report.findings import holm_adjust
 from tests.eval.experiments.run_folders import LAYERS, slices, write_run
 
-# Loss vs η per (p_max, r_train), one seed: with r_train = 1/ρ the optimum is η 0.004 at every
-# p_max; with r_train = 1 it moves to 0.002 at p_max 0.8.
-FIG3 = {(0.0, "inverse_density"): (3.10, 3.00, 3.20), (0.2, "inverse_density"): (3.11, 3.01, 3.21),
-        (0.4, "inverse_density"): (3.15, 3.05, 3.25), (0.8, "inverse_density"): (3.20, 3.10, 3.30),
-        (0.4, "one"): (3.12, 3.02, 3.22), (0.8, "one"): (3.05, 3.08, 3.35)}
-ETAS = (0.002, 0.004, 0.008)
+# Loss vs η per (p_max, r_train), seed 0 (seed 1: 0.004 above): with r_train = 1/ρ the optimum is η
+# 0.004 at every p_max; with r_train = 1 it moves to 0.002 at p_max 0.8, far beyond the seed noise.
+FIG3 = {(0.0, "inverse_density"): (3.30, 3.10, 3.00, 3.20), (0.2, "inverse_density"): (3.31, 3.11, 3.01, 3.21),
+        (0.4, "inverse_density"): (3.35, 3.15, 3.05, 3.25), (0.8, "inverse_density"): (3.40, 3.20, 3.10, 3.30),
+        (0.4, "one"): (3.32, 3.12, 3.02, 3.22), (0.8, "one"): (3.25, 3.05, 3.08, 3.35)}
+ETAS = (0.001, 0.002, 0.004, 0.008)
 
 
-def fig3_sweep(root: Path, grid: dict = FIG3) -> Path:
+def fig3_sweep(root: Path, grid: dict = FIG3, seeds: tuple = (0, 1)) -> Path:
     for (p_max, r_train), losses in grid.items():
-        for eta, loss in zip(ETAS, losses):
-            write_run(root, f"p{p_max}-{r_train},lr={eta},seed=0", 0, slices(loss), p_max=p_max, r_train=r_train,
-                      settings={"model": {"parametrization": {"lr": eta}}})
+        for (eta, loss), seed in itertools.product(zip(ETAS, losses), seeds):
+            write_run(root, f"p{p_max}-{r_train},lr={eta},seed={seed}", seed, slices(loss + 0.004 * seed),
+                      p_max=p_max, r_train=r_train, settings={"model": {"parametrization": {"lr": eta}}})
     return root
 
 
@@ -54,9 +54,12 @@ def test_r_train_is_judged_by_where_the_optimum_sits_and_comparisons_match_eta(t
     rows = {r["configuration"]: r for r in report["configurations"]}
     assert rows["ILD+DTS p_max=0.8, r_train=1, lr=0.008"]["vs_dense"]["b"] == "dense, lr=0.008"
     # with r_train = 1/ρ moving too: not reproduced
-    moved = {**FIG3, (0.8, "inverse_density"): (3.05, 3.10, 3.30)}
+    moved = {**FIG3, (0.8, "inverse_density"): (3.25, 3.05, 3.10, 3.30)}
     report, _ = build_report(fig3_sweep(tmp_path / "moved", moved))
     assert findings_of(report)["r-train"]["verdict"] == "not reproduced"
+    # the same move on one seed a point places no optimum: no verdict either way
+    report, _ = build_report(fig3_sweep(tmp_path / "one-seed", moved, seeds=(0,)))
+    assert findings_of(report)["r-train"]["verdict"] == "undecided"
 
 
 def test_without_a_fig3_grid_r_train_is_not_tested_here(tmp_path):

@@ -18,6 +18,8 @@ from eval.experiments.report.build import main as report_main
 from eval.experiments.sweep.runner import main as sweep_main
 from eval.experiments.sweep.results import RunResult, label_configurations
 
+LR, TAU = "model.parametrization.lr", "model.parametrization.tau_ema"
+
 
 def run(loss: float, *, seed: int = 0, lr: float = 0.01, std: float = 0.02, d: int = 64, layers: int = 12,
         kind: str = "complete_p", p_max: float = 0.0, r_train: str = "inverse_density", tau: float = 0.6,
@@ -110,18 +112,78 @@ def test_mu_transfer_drift_and_regret_are_measured_from_the_parametrizations_bas
     assert hyperparameter_report(results)["transfer"][0]["reference"]  # d 32, L 12: the smallest
 
 
-def test_figure3_verdict_holds_when_the_optimum_index_is_the_same_for_every_p_max():
-    grid = [0.002, 0.004, 0.008]
+def fig3_curves(best: dict, seeds=(0, 1), spread: float = 0.01, key: str = "model.parametrization.lr",
+                grid=(0.002, 0.004, 0.008, 0.016), depth: float = 1.0, **settings) -> list[dict]:
+    """Loss vs η per (r_train, p_max): ``depth`` nats per factor of 2 from its best η, seeds ±spread/2."""
+    results = [run(4.0 + depth * abs(math.log2(lr / b)) + p + (s - 0.5) * spread, lr=lr, p_max=p, r_train=r, seed=s,
+                   **settings)
+               for (r, p), b in best.items() for lr in grid for s in seeds]
+    return curves(results, key)
+
+
+def test_figure3_stays_put_when_every_p_max_has_the_dense_optimum_and_moves_beyond_the_seed_noise():
     best = {("inverse_density", 0.0): 0.004, ("inverse_density", 0.4): 0.004, ("inverse_density", 0.8): 0.004,
             ("one", 0.0): 0.004, ("one", 0.4): 0.008, ("one", 0.8): 0.008}
-    results = [run(4.0 + abs(math.log2(lr / b)) + p, lr=lr, p_max=p, r_train=r)
-               for (r, p), b in best.items() for lr in grid]
-    found = {f["r_train"]: f for f in figure3({"model.parametrization.lr": curves(results,
-                                                                                  "model.parametrization.lr")})}
+    found = {f["r_train"]: f for f in figure3({LR: fig3_curves(best)})}
     assert found["inverse_density"]["verdict"] == "the optimum stays put across p_max"
     assert [o["optimum"] for o in found["inverse_density"]["optima"]] == [0.004] * 3
+    assert [o["position"] for o in found["inverse_density"]["optima"]] == ["reference", "same", "same"]
     assert found["one"]["verdict"] == "the optimum moves with p_max"
     assert [o["p_max"] for o in found["one"]["optima"]] == [0.0, 0.4, 0.8]
+    assert found["one"]["optima"][1]["position"].startswith("moves (+1.0000 at the dense optimum")
+    assert found["one"]["sigma"] == pytest.approx(statistics.stdev([0.0, 0.01]))
+
+
+def test_figure3_places_an_optimum_only_in_a_closed_bracket_and_ties_within_the_noise():
+    moved = {("inverse_density", 0.0): 0.004, ("inverse_density", 0.8): 0.008}
+    # one seed at every point: neither a different grid point nor the same one decides anything
+    (one_seed,) = figure3({LR: fig3_curves(moved, seeds=(0,))})
+    assert one_seed["verdict"] == "undecided" and one_seed["sigma"] is None
+    assert one_seed["optima"][1]["position"] == ("undecided: the dense curve's bracket is open (fewer than 2 "
+                                                 "seeds at 0.002 (1), 0.004 (1), 0.008 (1))")
+    (same,) = figure3({LR: fig3_curves({("inverse_density", 0.0): 0.004, ("inverse_density", 0.8): 0.004},
+                                       seeds=(0,))})
+    assert same["verdict"] == "undecided"
+    # two seeds, but the curve is flat against its noise: 0.008 is best, 0.004 within 2σ·√(1/2 + 1/2)
+    (flat,) = figure3({LR: fig3_curves(moved, spread=0.05, depth=0.01)})
+    assert flat["verdict"] == "the optimum stays put across p_max within the noise"
+    assert flat["optima"][1]["position"] == "tied (+0.0100 at the dense optimum, within 0.0707)"
+    # a best point at the grid's edge may still move past a point not run
+    (edge,) = figure3({LR: fig3_curves(moved, spread=0.05, depth=0.01, grid=(0.002, 0.004, 0.008))})
+    assert edge["verdict"] == "undecided" and edge["optima"][1]["position"] == \
+        "undecided: its bracket is open (best, 0.008, is at the grid's edge)"
+    # a neighbour of one seed leaves the bracket open, however far the optimum moved
+    results = [run(4.0 + abs(math.log2(lr / 0.008)), lr=lr, p_max=0.8, seed=s)
+               for lr in (0.004, 0.008, 0.016) for s in ((0, 1) if lr < 0.016 else (0,))]
+    results += [run(4.0 + abs(math.log2(lr / 0.004)) + s / 100, lr=lr, seed=s)
+                for lr in (0.002, 0.004, 0.008, 0.016) for s in (0, 1)]
+    (short,) = figure3({LR: curves(results, LR)})
+    assert short["optima"][1]["position"] == "undecided: its bracket is open (fewer than 2 seeds at 0.016 (1))"
+    # the dense optimum not run on the curve
+    results = [run(4.0 + abs(math.log2(lr / 0.016)), lr=lr, p_max=0.8, seed=s)
+               for lr in (0.008, 0.016, 0.032) for s in (0, 1)]
+    results += [run(4.0 + abs(math.log2(lr / 0.004)) + s / 100, lr=lr, seed=s)
+                for lr in (0.002, 0.004, 0.008, 0.016, 0.032) for s in (0, 1)]
+    (missing,) = figure3({LR: curves(results, LR)})
+    assert missing["optima"][1]["position"] == "undecided: not run at the dense optimum 0.004"
+
+
+def test_figure3_takes_each_schedule_as_its_own_family_against_the_one_dense_curve():
+    results = [run(4.0 + abs(math.log2(tau / 0.26)) + (s - 0.5) * 0.01, tau=tau, seed=s)
+               for tau in (0.15, 0.26, 0.45) for s in (0, 1)]  # dense: best 0.26
+    for schedule, best in (("decreasing", 0.26), ("increasing", 0.45)):
+        for tau in (0.15, 0.26, 0.45, 0.78):
+            for s in (0, 1):
+                r = run(4.1 + abs(math.log2(tau / best)) + (s - 0.5) * 0.01, tau=tau, seed=s, p_max=0.8)
+                r.config["model"]["layer_dropout"]["schedule"] = schedule
+                results.append(r)
+    for r in results[:6]:
+        r.config["model"]["layer_dropout"]["schedule"] = "decreasing"  # the default a dense config carries
+    found = {f["family"]: f for f in figure3({TAU: curves(results, TAU)})}
+    assert set(found) == {"schedule=decreasing", "schedule=increasing"}  # never one group across schedules
+    assert found["schedule=decreasing"]["verdict"] == "the optimum stays put across p_max"
+    assert found["schedule=increasing"]["verdict"] == "the optimum moves with p_max"
+    assert [o["p_max"] for o in found["schedule=increasing"]["optima"]] == [0.0, 0.8]  # dense is its reference too
 
 
 def test_runs_whose_validation_loss_rose_are_flagged_with_where():
@@ -145,7 +207,6 @@ def test_a_setting_older_runs_lack_does_not_split_a_series():
 
 # ----------------------------------------------------------------- end to end
 TINY = Path(__file__).resolve().parents[4] / "recipes" / "tiny.yaml"
-LR = "model.parametrization.lr"
 
 
 def sweep_file(folder: Path, data: Path, name: str, runs: dict) -> Path:
@@ -213,6 +274,7 @@ def test_a_real_transfer_sweep_and_a_real_figure3_sweep_report_their_optima(tmp_
     for r_train, name in (("inverse_density", "p0.5-rinv"), ("one", "p0.5-r1")):
         assert [(o["p_max"], o["optimum"]) for o in found[r_train]["optima"]] == [(0.0, best["dense"]),
                                                                                  (0.5, best[name])]
+        # one seed on a two-point grid: another point never says the optimum moved
         assert found[r_train]["verdict"] == ("the optimum stays put across p_max" if best["dense"] == best[name]
-                                             else "the optimum moves with p_max")
+                                             else "undecided")
     assert readme.startswith("# Fig. 3") and "## Fig. 3: does the optimum stay put across p_max?" in readme
