@@ -157,9 +157,10 @@ def carried(group: Points, rule: dict | None, mine: dict, dense: dict | None, re
 
 
 def own_optimum(configurations: list[Configuration], rows: list[dict]) -> dict | None:
-    """The section's numbers for report.json (None when no configuration ran two τ_EMA)."""
+    """The section's numbers for report.json (None when no configuration ran two τ_EMA, or none
+    has layer dropout: a dense-only τ_EMA sweep is a tuning, its curves are the hyperparameter section's)."""
     groups = points_of(configurations)
-    if not any(len(g.cells) > 1 for g in groups):
+    if not any(len(g.cells) > 1 for g in groups) or all(g.dense for g in groups):
         return None
     grid = sorted({tau for g in groups for tau in g.cells})
     sigma, dof = pooled_std([c.values(val_loss) for c in configurations])

@@ -157,6 +157,14 @@ def test_a_sweep_at_one_tau_has_no_such_section(tmp_path):
     assert "own weight decay" not in (out / "README.md").read_text()
 
 
+def test_a_dense_only_tau_sweep_is_a_tuning_not_this_section(tmp_path):
+    root = tmp_path / "sweep"
+    for tau, seed in ((0.15, 0), (0.26, 0), (0.26, 1), (0.45, 0)):
+        write_run(root, f"dense-tau-{tau},seed={seed}", seed, slices(3.0 + tau / 10 + seed * 0.01),
+                  settings={"model": {"parametrization": {"tau_ema": tau}}})
+    assert section_of(root) is None
+
+
 def test_a_closed_configuration_says_nothing_while_dense_is_open():
     closed = {"closed": True, "best": 0.26, "points": []}
     assert lambda_rule(closed, {"closed": False, "best": 0.45}, 0.01)["verdict"] == "open"
