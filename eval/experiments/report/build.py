@@ -42,9 +42,10 @@ from eval.experiments.report.hyperparameter_curves import curves_figure, hyperpa
 from eval.experiments.report.projection import judge, judged_markdown, project, projection_markdown
 from eval.experiments.report.out_folder import PROJECTION_FILE, check_out, clear_report
 from eval.experiments.report.own_optimum import comparisons, own_optimum
+from eval.experiments.report.significance import pooled_std
 from eval.experiments.report.markdown import markdown
 from eval.experiments.report.tables import (configuration_table, correlation, downstream_table, draft_table,
-                                            elasticity_points, group, speculative_table)
+                                            elasticity_points, group, speculative_table, val_loss)
 from eval.experiments.sweep.results import RunResult, copy_results, flop_conventions, load_results, with_aliases
 from eval.measurements import plots
 from framework.command_parser import CommandParser
@@ -150,7 +151,8 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
     prepare = (yaml.safe_load(sweep_file.read_text()).get("data") or {}).get("prepare") if sweep_file.is_file() else None
     model = model_summary(results)
     # Loss vs η, σ, τ_EMA: a compute-matched run is another length, not another point of a curve.
-    hyperparameters = hyperparameter_report([r for r in results if not r.matched_to] or results)
+    hyperparameters = hyperparameter_report([r for r in results if not r.matched_to] or results,
+                                            pooled_std([c.values(val_loss) for c in configurations])[0])
     params = [s["non_embedding_params"] for s in model["shapes"]]
     findings = all_findings(configurations, results, points, hyperparameters,
                             round(statistics.median(params)) if params else None)

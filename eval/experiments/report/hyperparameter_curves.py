@@ -172,7 +172,7 @@ def transfer_verdicts(rows: list[dict]) -> list[dict]:
 
 
 # ------------------------------------------------------------------------ Fig. 3
-def figure3(curves_by_key: dict[str, list[dict]]) -> list[dict] | None:
+def figure3(curves_by_key: dict[str, list[dict]], sigma: float | None = None) -> list[dict] | None:
     """For loss vs η and vs τ_EMA: per *family* (r_train and every other setting but p_max: the
     distribution, the schedule, the early-exit loss), the optimum per p_max and whether it stays
     put — None when the sweep does not vary p_max. The dense curve (p_max 0, where the family's
@@ -182,14 +182,15 @@ def figure3(curves_by_key: dict[str, list[dict]]) -> list[dict] | None:
     judges λ, and only where both brackets are closed (the best point inside the key's grid, it and
     both grid neighbours with ≥ 2 seeds): the same grid point is "same"; elsewhere it *moves* when
     its mean at the reference's optimum exceeds its best by more than 2σ·√(1/n₁ + 1/n₂) (σ pooled
-    over every point with ≥ 2 seeds of the key's curves), and is *tied* when it does not. Anything
+    over every configuration with ≥ 2 seeds: ``sigma``, the page's, else the curves' points), and is
+    *tied* when it does not. Anything
     short of that is *undecided*, with why: one seed never decides where an optimum lies."""
     found = []
     for key in ("model.parametrization.lr", "model.parametrization.tau_ema"):
         series = [c for c in curves_by_key.get(key, []) if P_MAX in c["settings"]]
         if not series:
             continue
-        sigma = _pooled_sigma(curves_by_key[key])
+        noise = sigma if sigma is not None else _pooled_sigma(curves_by_key[key])
         grid = sorted({p["value"] for c in curves_by_key[key] for p in c["points"]})
         families: dict[str, list[dict]] = {}
         for curve in series:
@@ -207,13 +208,13 @@ def figure3(curves_by_key: dict[str, list[dict]]) -> list[dict] | None:
             reference = group[0]
             optima = [{"p_max": c["settings"][P_MAX], "optimum": c["optimum"], "index": c["optimum_index"],
                        "series": c["label"], "seeds": c["points"][c["optimum_index"]]["seeds"],
-                       "position": "reference" if c is reference else _position(c, reference, sigma, grid)}
+                       "position": "reference" if c is reference else _position(c, reference, noise, grid)}
                       for c in group]
             family = json.loads(family_key)
             r_train = str(family.get(R_TRAIN, "as configured"))
             label = series_label({k: family.get(k) for k in sorted(named)})
             found.append({"key": key, "r_train": r_train, "family": label if named else None,
-                          "sigma": sigma, "optima": optima, "verdict": _moves_verdict(optima)})
+                          "sigma": noise, "optima": optima, "verdict": _moves_verdict(optima)})
     return found or None
 
 
@@ -306,13 +307,14 @@ def curves_figure(found: list[dict], key: str):
     return fig
 
 
-def hyperparameter_report(results: list[RunResult]) -> dict:
-    """Everything above, for report.json."""
+def hyperparameter_report(results: list[RunResult], sigma: float | None = None) -> dict:
+    """Everything above, for report.json; ``sigma``: the page's seed noise (pooled over every
+    configuration, as the rest of the page judges), else pooled over the curves' points."""
     by_key = swept_curves(results)
     table = transfer_table(by_key.get("model.parametrization.lr", []), base_shape_of(results),
                            shared_value(results, KIND))
     return {"curves": by_key, "transfer": table, "transfer_verdicts": transfer_verdicts(table) if table else None,
-            "figure3": figure3(by_key), "rising_validation": rising_validation(results)}
+            "figure3": figure3(by_key, sigma), "rising_validation": rising_validation(results)}
 
 
 __all__ = ["HYPERPARAMETERS", "curves", "swept_curves", "transfer_table", "transfer_verdicts", "base_shape_of", "figure3",

@@ -143,6 +143,12 @@ def test_the_report_shows_the_section_and_holds_its_tests_in_holm(sweep, tmp_pat
     assert "the optimum moves" in text and "λ does not matter within the noise" in text
     assert "| ILD+DTS p_max=0.8 | 0.15 | its own optimum: λ matters |" in text
     assert "| ILD+ITS p_max=0.8 | – (its bracket is open) |" in text
+    # Fig. 3's reading of the same points judges with the same noise and the same brackets
+    families = {f["family"]: f for f in report["hyperparameters"]["figure3"]}
+    assert all(f["sigma"] == report["own_optimum"]["seed_std"] == pytest.approx(SIGMA) for f in families.values())
+    dts, its = families["schedule=decreasing"]["optima"], families["schedule=increasing"]["optima"]
+    assert [o["p_max"] for o in dts] == [0.0, 0.8] and dts[1]["position"].startswith("moves (+0.1000")
+    assert its[1]["position"].startswith("undecided: its bracket is open")
 
 
 def test_a_sweep_at_one_tau_has_no_such_section(tmp_path):
