@@ -183,8 +183,8 @@ def figure3(curves_by_key: dict[str, list[dict]], sigma: float | None = None) ->
     both grid neighbours with ≥ 2 seeds): the same grid point is "same"; elsewhere it *moves* when
     its mean at the reference's optimum exceeds its best by more than 2σ·√(1/n₁ + 1/n₂) (σ pooled
     over every configuration with ≥ 2 seeds: ``sigma``, the page's, else the curves' points), and is
-    *tied* when it does not. Anything
-    short of that is *undecided*, with why: one seed never decides where an optimum lies."""
+    *tied* when it does not. Anything short of that is *undecided*, with why: one seed never decides
+    where an optimum lies."""
     found = []
     for key in ("model.parametrization.lr", "model.parametrization.tau_ema"):
         series = [c for c in curves_by_key.get(key, []) if P_MAX in c["settings"]]
@@ -240,7 +240,8 @@ def _open(curve: dict, grid: list) -> str | None:
 
 def _position(curve: dict, reference: dict, sigma: float | None, grid: list) -> str:
     """Where ``curve``'s optimum sits against the reference's: same, moves, tied or undecided (why)."""
-    for who, found in (("the dense curve's", reference), ("its", curve)):
+    dense = float(reference["settings"][P_MAX]) == 0
+    for who, found in (("the dense curve's" if dense else "the reference's", reference), ("its", curve)):
         if (why := _open(found, grid)) is not None:
             return f"undecided: {who} bracket is open ({why.removeprefix('its ')})"
     if curve["optimum"] == reference["optimum"]:
