@@ -66,7 +66,9 @@ class RunResult:
 
     @property
     def cpu_seconds(self) -> float:
-        return sum(stage.get("cpu_seconds", 0.0) for stage in self.status.get("stages", {}).values())
+        # an attempt the sweep never reaped (it was killed) counts with what its meter last saw
+        return sum(stage.get("cpu_seconds", 0.0) + (stage.get("in_flight") or {}).get("cpu_seconds", 0.0)
+                   for stage in self.status.get("stages", {}).values())
 
     def eval_with(self, key: str) -> dict | None:
         """The first evaluation report holding ``key`` (heldout before exits: more tokens).

@@ -19,7 +19,8 @@ The sweep folder:
                                        written before the run starts; what it runs
     <out>/runs/<run>/summary.json      written by the run when training finished
     <out>/runs/<run>/evals/<name>.json one per evaluation
-    <out>/runs/<run>/status.json       state, return codes, CPU and wall seconds per stage
+    <out>/runs/<run>/status.json       state, return codes, CPU and wall seconds per stage (a
+                                       running stage's so far as in_flight: attempt_meter.py)
     <out>/runs/<run>/logs/*.log        each subprocess's output (appended across attempts)
 
 Resumable and idempotent: a run whose summary and evaluations exist is skipped (here, or
@@ -42,10 +43,11 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
+from eval.experiments.sweep.attempt_meter import AttemptMeter, stage_entry
 from eval.experiments.sweep.run_folder import RunFolder, layerdrop
 from eval.experiments.sweep.adoption import adopt_finished, finished_elsewhere, without_machine_paths
 from eval.experiments.sweep.dry_run import dry_run
@@ -72,6 +74,7 @@ class Runner:
         self.stopping = False
         self.training: dict[str, Path] = {}  # run name -> its pretrain log, while it trains
         self.wait_seconds = 5.0  # between looks at a run folder another process holds
+        self.meter_seconds = 30.0  # between writes of a running stage's CPU time (attempt_meter.py)
 
     # -- environment and subprocesses ------------------------------------------------
     def env(self) -> dict[str, str]:
@@ -91,19 +94,23 @@ class Runner:
             self.children.add(child)
             return child
 
-    def reap(self, child: subprocess.Popen) -> float:
+    def reap(self, child: subprocess.Popen, meter: AttemptMeter | None = None) -> float:
         """Wait for a child; its own CPU seconds (getrusage of all children would mix runs).
-        It leaves the stop handler's set before it is reaped: until then its pid cannot be
-        reused, so a stop never signals another process."""
+        It leaves the stop handler's set (and its meter stops) before it is reaped: until then
+        its pid cannot be reused, so neither a stop nor the meter ever touches another process."""
         os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
+        if meter is not None:
+            meter.stop()
         with self.lock:
             self.children.discard(child)
             _, status, usage = os.wait4(child.pid, 0)
         child.returncode = os.waitstatus_to_exitcode(status)
         return usage.ru_utime + usage.ru_stime
 
-    def call(self, argv: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[int, float, float]:
-        """Run ``argv`` with its output appended to ``log``: (return code, CPU s, wall s)."""
+    def call(self, argv: list[str], log: Path, env: dict[str, str] | None = None,
+             progress: Callable[[float, float], None] | None = None) -> tuple[int, float, float]:
+        """Run ``argv`` with its output appended to ``log``: (return code, CPU s, wall s);
+        ``progress(cpu, wall)`` every ``meter_seconds`` while it runs."""
         log.parent.mkdir(parents=True, exist_ok=True)
         start = time.monotonic()
         with open(log, "a") as out:
@@ -112,7 +119,8 @@ class Runner:
             child = self.spawn(argv, env, stdout=out, stderr=subprocess.STDOUT)
             if child is None:
                 return STOPPED, 0.0, 0.0
-            cpu = self.reap(child)
+            meter = AttemptMeter(child.pid, progress, self.meter_seconds).start() if progress else None
+            cpu = self.reap(child, meter)
         return child.returncode, cpu, time.monotonic() - start
 
     def stop(self) -> None:
@@ -214,8 +222,17 @@ class Runner:
         return None
 
     def _run_stages(self, folder: RunFolder, status: dict) -> dict:
+        def metered(stage: str) -> Callable[[float, float], None]:
+            entry = stage_entry(status, stage)  # a killed attempt's in_flight counts from here on
+
+            def write(cpu: float, wall: float) -> None:
+                entry["in_flight"] = {"cpu_seconds": round(cpu, 3), "wall_seconds": round(wall, 3)}
+                write_json(folder.status_file, status)
+            return write
+
         def record(stage: str, code: int, cpu: float, wall: float) -> None:
-            entry = status["stages"].setdefault(stage, {"cpu_seconds": 0.0, "wall_seconds": 0.0, "attempts": 0})
+            status["stages"].get(stage, {}).pop("in_flight", None)  # this attempt's own: its rusage replaces it
+            entry = stage_entry(status, stage)
             entry["cpu_seconds"] += cpu
             entry["wall_seconds"] += wall
             entry["attempts"] += 1
@@ -238,7 +255,7 @@ class Runner:
             with self.lock:
                 self.training[folder.run.name] = folder.log("pretrain")
             try:
-                code, cpu, wall = self.call(argv, folder.log("pretrain"), env)
+                code, cpu, wall = self.call(argv, folder.log("pretrain"), env, metered("pretrain"))
             finally:
                 with self.lock:
                     self.training.pop(folder.run.name, None)
@@ -248,7 +265,8 @@ class Runner:
         for spec in self.sweep.evals:
             if not spec.applies_to(folder.run.name) or folder.eval_out(spec).exists():
                 continue
-            code, cpu, wall = self.call(self.eval_argv(folder, spec), folder.log(spec.name))
+            code, cpu, wall = self.call(self.eval_argv(folder, spec), folder.log(spec.name),
+                                        progress=metered(spec.name))
             record(spec.name, code, cpu, wall)
             if code != 0:
                 return fail(spec.name, f"exit status {code}: {last_line(tail(folder.log(spec.name)))}")
