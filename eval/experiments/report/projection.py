@@ -203,7 +203,9 @@ def judge(report: dict, projection: dict) -> dict:
     verdicts = []
     for label, point in judged:
         if point is None or label not in adjusted:
-            verdicts.append({"configuration": label, "verdict": "not measured", "point": point})
+            # run, but no p-value: no configuration has two seeds yet, so the budget has no seed noise
+            verdicts.append({"configuration": label, "point": point,
+                             "verdict": "not measured" if point is None else "not judged yet (no seed noise)"})
             continue
         beyond = adjusted[label] < ALPHA
         verdict = "gone" if not beyond else "survives" if point["pct"] < 0 else "reversed"

@@ -96,6 +96,10 @@ def test_the_registered_rule_judges_with_holm_over_the_judged_comparisons_only()
     assert by["ILD+DTS p_max=0.4"]["p_holm"] == pytest.approx(0.04) and by["ILD+DTS p_max=0.4"]["verdict"] == "survives"
     assert by["ILD+ITS p_max=0.8"]["verdict"] == "survives"
     assert by["uniform p_max=0.2"]["verdict"] == "not measured"
+    # a gap measured on one seed a configuration has no p-value yet: shown, not judged
+    report["findings"][0]["comparisons"][-1]["p_value"] = None
+    unjudged = {v["configuration"]: v for v in judge(report, projection)["verdicts"]}["ILD+DTS p_max=0.8, r_train=1"]
+    assert unjudged["verdict"] == "not judged yet (no seed noise)" and unjudged["point"]["pct"] == pytest.approx(0.9)
     rows = {(r["kind"], r["configuration"]): r for r in judged["rows"]}
     flops = rows[(EQUAL_FLOPS, "ILD+ITS p_max=0.8")]
     fit = next(r for r in projection["rows"] if (r["kind"], r["configuration"]) == (EQUAL_FLOPS, "ILD+ITS p_max=0.8"))
