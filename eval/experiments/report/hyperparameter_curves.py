@@ -29,6 +29,7 @@ import math
 import statistics
 from typing import Any
 
+from eval.experiments.report.significance import pooled_std
 from eval.experiments.sweep.results import IGNORED_KEYS, RunResult, flatten
 from eval.experiments.sweep.spec import get_dotted as get
 from eval.measurements.plots import MARKERS, plt
@@ -219,10 +220,8 @@ def figure3(curves_by_key: dict[str, list[dict]], sigma: float | None = None) ->
 
 
 def _pooled_sigma(found: list[dict]) -> float | None:
-    """The seed standard deviation pooled over every point with ≥ 2 seeds (weights: n − 1)."""
-    cells = [p for c in found for p in c["points"] if p["std"] is not None]
-    dof = sum(p["seeds"] - 1 for p in cells)
-    return math.sqrt(sum((p["seeds"] - 1) * p["std"] ** 2 for p in cells) / dof) if dof else None
+    """The seed standard deviation pooled over every point with ≥ 2 seeds (significance.pooled_std)."""
+    return pooled_std([p["losses"] for c in found for p in c["points"] if p["std"] is not None])[0]
 
 
 def _open(curve: dict, grid: list) -> str | None:
