@@ -82,6 +82,12 @@ else
     DECODE=(--shape 504M --device cuda --dtype bfloat16 --compile)
 fi
 RUNS=${RUNS:-$DEFAULT_RUNS}
+KNOWN_RUNS=(fsdp-fp32-dense fsdp-bf16-dense fsdp-bf16-ild-dts fsdp-bf16-ild-dts-compile deepspeed2-dense
+            deepspeed2-ild-dts decode paper-gpu-core paper-gpu-lambda)
+for name in $RUNS; do  # a misspelt name is refused before the wheels, the data or any run, not after them
+    [[ " ${KNOWN_RUNS[*]} " == *" $name "* ]] \
+        || { echo "error: unknown run '$name' in RUNS (known: ${KNOWN_RUNS[*]})" >&2; exit 2; }
+done
 
 prepare_data() {
     "$PYTHON" -m framework.cli prepare --corpus builtin --tokenizer train --vocab-size 8192 \
@@ -204,7 +210,6 @@ for name in $RUNS; do
                                        "${ild_dts[@]}" --model.compile true ;;
         deepspeed2-dense)          run_one "$name" deepspeed_stage_2 "${dense[@]}" ;;
         deepspeed2-ild-dts)        run_one "$name" deepspeed_stage_2 "${ild_dts[@]}" ;;
-        *) echo "error: unknown run '$name' in RUNS (known: $DEFAULT_RUNS deepspeed2-dense deepspeed2-ild-dts paper-gpu-core paper-gpu-lambda)" >&2 ;;
     esac
 done
 

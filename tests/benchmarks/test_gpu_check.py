@@ -1,7 +1,7 @@
 """benchmarks/gpu_check.sh's 20-TPP core subset, dry-run on the CPU (SMOKE=1): the one device
 call the day a GPU is lent runs exactly these six runs of recipes/sweeps/paper-gpu.yaml at the
 paper's budget; its decoding run writes tokens/s for both modes at batch 1 and 8; an unknown run name
-is refused."""
+is refused before anything runs."""
 
 from __future__ import annotations
 
@@ -45,9 +45,11 @@ def test_the_lambda_subset_brackets_the_p20_rows_of_the_core_at_20_tokens_per_pa
     assert not (tmp_path / "no-data").exists()                  # no throughput run: nothing prepared
 
 
-def test_an_unknown_run_is_named(tmp_path):
-    done = gpu_check(tmp_path, "paper-gpu-cor")
-    assert "unknown run 'paper-gpu-cor'" in done.stderr
+def test_an_unknown_run_is_refused_in_one_line_before_any_work(tmp_path):
+    done = gpu_check(tmp_path, "decode paper-gpu-cor")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: unknown run 'paper-gpu-cor' in RUNS (known: ") and done.stderr.count("\n") == 1
+    assert not (tmp_path / "no-data").exists() and not (tmp_path / "out").exists()  # no data, not even decode ran
 
 
 def test_the_decoding_run_writes_both_modes_at_batch_1_and_8_without_preparing_data(tmp_path):
