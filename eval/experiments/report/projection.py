@@ -99,7 +99,8 @@ def _point(comparison: dict, label: str) -> dict:
             "dof": comparison.get("dof"), "p_value": comparison.get("p_value"),
             "verdict": comparison.get("verdict_holm") or comparison.get("verdict"), "label": label,
             "b": row_label(_MATCHED_STEPS.sub(", compute-matched", comparison["b"])),
-            "same_settings": settings_of(label) == settings_of(comparison["b"]), "seeds": comparison.get("paired")}
+            "same_settings": settings_of(label) == settings_of(comparison["b"]), "seeds": comparison.get("paired"),
+            "seeds_beyond": comparison.get("seeds_beyond")}
 
 
 def _interval(centre: float, terms: Sequence[tuple[float, float]]) -> tuple[float, float, float] | None:
@@ -197,6 +198,9 @@ def judge(report: dict, projection: dict) -> dict:
     """The registered rule (projection["rule"]) applied to the new budget's report."""
     rule = projection["rule"]
     found = points(report)
+    # the rule is applied to whatever has finished; while the sweep has runs to go, its noise (and the
+    # seeds paired) can still change, so a verdict then is the rule's reading so far, not the budget's answer
+    unfinished = report.get("skipped_runs") or []
     judged = [(label, found.get((EQUAL_FLOPS, label))) for label in rule["judged"]]
     present = [(label, point) for label, point in judged if point is not None and point["p_value"] is not None]
     adjusted = dict(zip((label for label, _ in present), holm([point["p_value"] for _, point in present])))
@@ -208,8 +212,13 @@ def judge(report: dict, projection: dict) -> dict:
                              "verdict": "not measured" if point is None else "not judged yet (no seed noise)"})
             continue
         beyond = adjusted[label] < ALPHA
-        verdict = "gone" if not beyond else "survives" if point["pct"] < 0 else "reversed"
-        verdicts.append({"configuration": label, "verdict": verdict, "p_holm": adjusted[label], "point": point})
+        # docs/RULES.md's seeds guard: never "within the noise" (gone) when every seed lies beyond the
+        # matched dense one way by more than 2 pooled σ — the report marks such a comparison seeds_beyond
+        guarded = None if beyond else point.get("seeds_beyond")
+        direction = ("better" if point["pct"] < 0 else "worse") if beyond else guarded
+        verdict = {"better": "survives", "worse": "reversed", None: "gone"}[direction]
+        verdicts.append({"configuration": label, "verdict": verdict, "p_holm": adjusted[label], "point": point,
+                         "seeds_guard": guarded is not None, "provisional": bool(unfinished)})
     rows = []
     for row in projection["rows"]:
         point = found.get((row["kind"], row["configuration"]))
@@ -220,7 +229,7 @@ def judge(report: dict, projection: dict) -> dict:
                      # projected from same-λ gaps; a configuration at its own λ against dense at dense's is another gap
                      "other_settings": bool(point) and not point["same_settings"]})
     return {"tokens_per_parameter": tokens_per_parameter(report), "verdicts": verdicts, "rows": rows,
-            "projected_to": projection["target_tokens_per_parameter"]}
+            "projected_to": projection["target_tokens_per_parameter"], "unfinished_runs": len(unfinished)}
 
 
 # ------------------------------------------------------------------------ the pages
@@ -323,12 +332,20 @@ def judged_markdown(judged: dict) -> list[str]:
     lines = ["## The registered projection, judged", "",
              f"The rule registered in projection.json before this budget's runs, applied to them "
              "(eval/experiments/report/projection.py). Verdicts: *survives* (lower than the matched dense after Holm "
-             "over the judged comparisons), *gone* (within the noise), *reversed* (higher).", ""]
+             "over the judged comparisons), *gone* (within the noise), *reversed* (higher); never *gone* when every "
+             "seed lies beyond its matched dense one way by more than 2 pooled σ (docs/RULES.md's seeds guard).", ""]
+    if judged.get("unfinished_runs"):
+        lines += [f"**Provisional**: {judged['unfinished_runs']} of the sweep's runs are not in this report (listed "
+                  "at the top), so the seed noise and the pairs below can still change; a verdict marked "
+                  "provisional is the rule applied to the runs so far, not this budget's answer.", ""]
     for verdict in judged["verdicts"]:
         point = verdict["point"]
         numbers = "" if point is None else f": {_pct(point['pct'], point['pct_se'])}" + (
             f", Holm p = {verdict['p_holm']:.3g}" if verdict.get("p_holm") is not None else "")
-        lines.append(f"- {verdict['configuration']} at equal FLOPs: **{verdict['verdict']}**{numbers}")
+        marks = (["provisional"] if verdict.get("provisional") else []) + (
+            ["the seeds guard: every seed beyond the matched dense by > 2 pooled σ"] if verdict.get("seeds_guard") else [])
+        mark = f" ({'; '.join(marks)})" if marks else ""
+        lines.append(f"- {verdict['configuration']} at equal FLOPs: **{verdict['verdict']}**{mark}{numbers}")
     lines += ["", "| gap | configuration | this budget | inside the log-line interval | inside the power-law "
               "interval |", "|---|---|---|---|---|"]
     for row in judged["rows"]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from eval.experiments.sweep.spec import DEFAULT_SEED_KEYS, EvalSpec, get_dotted, parse_evals, predict
+from eval.experiments.sweep.spec import DEFAULT_SEED_KEYS, EvalSpec, SweepError, get_dotted, load_sweep, parse_evals, predict
 from framework.config import LayerDropoutConfig
 from framework.files.atomic_write import write_text
 
@@ -131,9 +131,23 @@ def load_results(root: Path) -> tuple[list[RunResult], list[str]]:
         result.seed = get_dotted(result.config, "seed_everything")
         result.curve = _json(folder / "curve.json") or tensorboard_curve(folder)
         results.append(result)
+    made = {folder.name for folder in run_folders(root)}
+    skipped += [f"{name}: not started" for name in planned_runs(root) if name not in made]
     mark_compute_matched(results)
     label_configurations(results)
     return results, skipped
+
+
+def planned_runs(root: Path) -> list[str]:
+    """The run folders the folder's sweep.yaml plans (a sweep makes a run's folder only when it
+    starts it); none where there is no sweep.yaml or it cannot be read here (its base recipe
+    lies elsewhere), so a report of a copied folder lists only the folders it holds."""
+    if not (root / "sweep.yaml").is_file():
+        return []
+    try:
+        return [run.name for run in load_sweep(root / "sweep.yaml").runs]
+    except (SweepError, OSError):
+        return []
 
 
 def asked_evaluations(root: Path) -> list[EvalSpec]:

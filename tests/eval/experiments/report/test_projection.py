@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from eval.experiments.report.projection import (EQUAL_FLOPS, EQUAL_STEPS, judge, log_line, points, power_law, project,
-                                                row_label)
+from eval.experiments.report.projection import (EQUAL_FLOPS, EQUAL_STEPS, judge, judged_markdown, log_line, points,
+                                                power_law, project, row_label)
 from eval.experiments.report.build import main
 from eval.experiments.report.significance import critical_t
 from tests.eval.experiments.run_folders import slices, write_run
@@ -96,6 +96,31 @@ def test_the_registered_rule_judges_with_holm_over_the_judged_comparisons_only()
     assert by["ILD+DTS p_max=0.4"]["p_holm"] == pytest.approx(0.04) and by["ILD+DTS p_max=0.4"]["verdict"] == "survives"
     assert by["ILD+ITS p_max=0.8"]["verdict"] == "survives"
     assert by["uniform p_max=0.2"]["verdict"] == "not measured"
+    assert not any(v.get("provisional") for v in judged["verdicts"])
+    assert "Provisional" not in "\n".join(judged_markdown(judged))
+    # while the sweep has runs to go, a verdict is the rule's reading so far: marked, the counts named
+    report["skipped_runs"] = ["ild-its-0.8,seed=1: running", "dense-steps=822,seed=1: not started"]
+    early = judge(report, projection)
+    assert [v["verdict"] for v in early["verdicts"]] == [v["verdict"] for v in judged["verdicts"]]
+    assert [v["configuration"] for v in early["verdicts"] if v.get("provisional")] == [
+        "ILD+DTS p_max=0.4", "ILD+DTS p_max=0.8, r_train=1", "ILD+ITS p_max=0.8"]  # not the unmeasured one
+    page = "\n".join(judged_markdown(early))
+    assert "**Provisional**: 2 of the sweep's runs are not in this report" in page
+    assert "- ILD+ITS p_max=0.8 at equal FLOPs: **survives** (provisional): " in page
+    del report["skipped_runs"]
+    # docs/RULES.md's seeds guard: a gap within the noise after Holm whose every seed lies beyond the matched dense
+    # one way by > 2 pooled σ is never "gone"; it takes that direction, and the page says why
+    for comparison, p_value, beyond in zip(report["findings"][0]["comparisons"], (0.6, 0.6, 0.6),
+                                           ("better", None, "worse")):  # the gaps: -0.5%, -0.1%, +0.9%
+        comparison.update(p_value=p_value, seeds_beyond=beyond)
+    guarded = {v["configuration"]: v for v in judge(report, projection)["verdicts"]}
+    assert [(guarded[label]["verdict"], guarded[label]["seeds_guard"]) for label in
+            ("ILD+DTS p_max=0.4", "ILD+ITS p_max=0.8", "ILD+DTS p_max=0.8, r_train=1")] == [
+        ("survives", True), ("gone", False), ("reversed", True)]
+    assert "**survives** (the seeds guard: every seed beyond the matched dense by > 2 pooled σ)" in "\n".join(
+        judged_markdown({**judged, "verdicts": list(guarded.values())}))
+    for comparison, p_value in zip(report["findings"][0]["comparisons"], (0.02, 0.04, 0.001)):
+        comparison.update(p_value=p_value, seeds_beyond=None)
     # a gap measured on one seed a configuration has no p-value yet: shown, not judged
     report["findings"][0]["comparisons"][-1]["p_value"] = None
     unjudged = {v["configuration"]: v for v in judge(report, projection)["verdicts"]}["ILD+DTS p_max=0.8, r_train=1"]

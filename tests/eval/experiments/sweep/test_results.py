@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from eval.experiments.report.build import main
 from eval.experiments.sweep.results import flop_conventions, load_results
@@ -81,3 +82,21 @@ def test_a_compute_matched_run_names_the_convention_it_matches_on(tmp_path):
     found = {r.name: r for r in load_results(root)[0]}
     assert found["dense-steps=90,seed=0"].matched_to == ["ild-dts-0.4,seed=0", "ild-dts-0.4,seed=1"]
     assert found["dense-steps=90,seed=0"].matched_on == ["non-embedding"]
+
+
+def test_a_planned_run_without_a_folder_is_listed_not_started_unless_the_plan_cannot_be_read(tmp_path):
+    """A sweep makes a run's folder when it starts it: the runs its sweep.yaml plans beyond them are
+    named too, so a report of an unfinished sweep says what is missing, not only what is running."""
+    root = tmp_path / "sweep"
+    write_run(root, "dense,seed=0", 0, slices(3.0))
+    write_run(root, "ild,seed=0", 0, slices(3.1), p_max=0.4)
+    tiny = Path(__file__).resolve().parents[4] / "recipes" / "tiny.yaml"
+    plan = {"base": str(tiny), "data": {"dir": str(tmp_path / "data")}, "seeds": [0, 1],
+            "runs": {"dense": {"model.layer_dropout.p_max": 0.0}, "ild": {"model.layer_dropout.p_max": 0.4}}}
+    (root / "sweep.yaml").write_text(yaml.safe_dump(plan))
+    results, skipped = load_results(root)
+    assert sorted(r.name for r in results) == ["dense,seed=0", "ild,seed=0"]
+    assert skipped == ["dense,seed=1: not started", "ild,seed=1: not started"]
+    # a report folder copied where its base recipe is not: its folders alone, no guess at the plan
+    (root / "sweep.yaml").write_text(yaml.safe_dump({**plan, "base": str(tmp_path / "elsewhere.yaml")}))
+    assert load_results(root)[1] == []
