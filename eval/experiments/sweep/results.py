@@ -387,7 +387,7 @@ def with_aliases(text: str, aliases: dict[str, str] | None) -> str:
     return text
 
 
-__all__ = ["RunResult", "load_results", "mark_compute_matched", "flops_counts", "FLOP_KEYS", "flop_conventions",
+__all__ = ["RunResult", "load_results", "planned_runs", "mark_compute_matched", "flops_counts", "FLOP_KEYS", "flop_conventions",
            "LENGTH_KEYS", "tensorboard_curve",
            "dropout_label", "label_configurations",
            "LAYER_DROPOUT_DEFAULTS", "configuration_key", "copy_results", "with_aliases", "flatten"]
