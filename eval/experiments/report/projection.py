@@ -342,8 +342,9 @@ def judged_markdown(judged: dict) -> list[str]:
         point = verdict["point"]
         numbers = "" if point is None else f": {_pct(point['pct'], point['pct_se'])}" + (
             f", Holm p = {verdict['p_holm']:.3g}" if verdict.get("p_holm") is not None else "")
-        marks = (["provisional"] if verdict.get("provisional") else []) + (
-            ["the seeds guard: every seed beyond the matched dense by > 2 pooled σ"] if verdict.get("seeds_guard") else [])
+        marks = ["provisional"] if verdict.get("provisional") else []
+        if verdict.get("seeds_guard"):
+            marks.append("the seeds guard: every seed beyond the matched dense by > 2 pooled σ")
         mark = f" ({'; '.join(marks)})" if marks else ""
         lines.append(f"- {verdict['configuration']} at equal FLOPs: **{verdict['verdict']}**{mark}{numbers}")
     lines += ["", "| gap | configuration | this budget | inside the log-line interval | inside the power-law "

@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from eval.experiments.sweep.spec import DEFAULT_SEED_KEYS, EvalSpec, SweepError, get_dotted, load_sweep, parse_evals, predict
+from eval.experiments.sweep.spec import (DEFAULT_SEED_KEYS, EvalSpec, SweepError, get_dotted, load_sweep, parse_evals,
+                                         predict)
 from framework.config import LayerDropoutConfig
 from framework.files.atomic_write import write_text
 
@@ -387,7 +388,8 @@ def with_aliases(text: str, aliases: dict[str, str] | None) -> str:
     return text
 
 
-__all__ = ["RunResult", "load_results", "planned_runs", "mark_compute_matched", "flops_counts", "FLOP_KEYS", "flop_conventions",
+__all__ = ["RunResult", "load_results", "planned_runs", "mark_compute_matched", "flops_counts", "FLOP_KEYS",
+           "flop_conventions",
            "LENGTH_KEYS", "tensorboard_curve",
            "dropout_label", "label_configurations",
            "LAYER_DROPOUT_DEFAULTS", "configuration_key", "copy_results", "with_aliases", "flatten"]
