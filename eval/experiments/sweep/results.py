@@ -107,11 +107,13 @@ def run_folders(root: Path) -> list[Path]:
 
 def load_results(root: Path) -> tuple[list[RunResult], list[str]]:
     """Every finished run (its summary.json and every evaluation its sweep asks of it), and
-    a line for each folder left out. A run trained but not yet evaluated is left out, not
+    a line for each run left out (a folder unfinished or failed, or a run its sweep.yaml plans that
+    has not started). A run trained but not yet evaluated is left out, not
     compared by its end-of-training validation beside the others' held-out loss."""
     results, skipped = [], []
     asked = asked_evaluations(root)
-    for folder in run_folders(root):
+    folders = run_folders(root)
+    for folder in folders:
         config_file = folder / "config.yaml"
         if not (folder / "summary.json").is_file() or not config_file.is_file():
             status = _json(folder / "status.json") or {}
@@ -132,7 +134,7 @@ def load_results(root: Path) -> tuple[list[RunResult], list[str]]:
         result.seed = get_dotted(result.config, "seed_everything")
         result.curve = _json(folder / "curve.json") or tensorboard_curve(folder)
         results.append(result)
-    made = {folder.name for folder in run_folders(root)}
+    made = {folder.name for folder in folders}
     skipped += [f"{name}: not started" for name in planned_runs(root) if name not in made]
     mark_compute_matched(results)
     label_configurations(results)
