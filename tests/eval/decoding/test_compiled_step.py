@@ -1,10 +1,13 @@
 """Compiled decoding: the same tokens as eager in every mode, the same sampling distribution,
 bounded and counted graphs, and the `--compile` switches of `generate` and `speculate run`.
 
-Most tests compile with the ``aot_eager`` backend: it runs what torch.compile captures (the
-graphs, their guards, the cache written in place) without inductor's C++ code generation,
-which takes many seconds per graph on a CPU; one test runs the default inductor backend, as
-`--compile` does. The models are float64 with a wide init (test_speculative.py's), so two
+Most tests compile with dynamo's ``eager`` backend (CAPTURE): what torch.compile captures
+(the graphs, their guards and recompiles, graph breaks, symbolic shapes) runs as captured.
+What inductor then does to a graph first, functionalize it (the cache written in place
+becomes a copy back into the inputs) and decompose it, is AOT autograd, which ``aot_eager``
+runs without inductor's code generation; it costs about as much as the capture itself, so
+one test per kind of graph runs it (test_functionalized_graphs_give_the_eager_tokens), and
+one test runs the default inductor backend, as `--compile` does. The models are float64 with a wide init (test_speculative.py's), so two
 logits never tie by rounding: a token that differs is a real difference.
 """
 
@@ -31,6 +34,7 @@ from tiny_lm import export_tiny_model
 
 PROMPTS = [[3, 9, 4, 1, 7], [5, 2], [8, 8, 1, 30, 2, 6, 11, 4, 2]]
 EOS = [25, 11, 47]  # ends some rows early in every mode tested: the batch shrinks as it goes
+CAPTURE = "eager"  # dynamo's capture, run as captured (see the module docstring)
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +65,9 @@ def test_compiled_decoding_gives_the_eager_tokens(model, adapters, spec, setting
     """A padded batch whose rows end at different steps (EOS: they leave the batch and the
     cache), the shapes changing as it goes: the cache grows, the batch shrinks, a verify
     pass feeds several positions. Sampled, the same tokens too: the fused draft draws each
-    row's uniforms in the order the eager loop does (aot_eager computes what eager does)."""
+    row's uniforms in the order the eager loop does (a captured graph computes what eager does)."""
     eager = decode(spec, model, adapters, PROMPTS, 14, **settings)
-    with CompiledStep.installed(model, backend="aot_eager") as compiled:
+    with CompiledStep.installed(model, backend=CAPTURE) as compiled:
         got = decode(spec, model, adapters, PROMPTS, 14, **settings)
     assert got == eager
     assert len({len(tokens) for tokens in got}) > 1  # rows ended at different steps
@@ -92,7 +96,7 @@ def test_a_llama_family_model_compiles_without_a_graph_break(llama):
     family branches on it, which once broke every step's graph into one per block)."""
     same_length = [PROMPTS[0], PROMPTS[0][::-1]]  # no padding: no mask, SDPA's causal flag decides
     eager = decode("speculative", llama, None, same_length, 10)
-    with CompiledStep.installed(llama, backend="aot_eager") as compiled:
+    with CompiledStep.installed(llama, backend=CAPTURE) as compiled:
         assert decode("speculative", llama, None, same_length, 10) == eager
     assert compiled.summary()["graph_breaks"] == [] and compiled.eager_fallbacks == 0
     assert compiled.graphs <= 4 * len(compiled.functions)
@@ -118,11 +122,32 @@ def test_static_shapes_give_the_eager_tokens_with_one_graph_for_every_cache_leng
     chosen = model if family == "celerity" else llama
     for prompts, eos, graphs in ((PROMPTS, EOS, {1, 2}), (PROMPTS[:1], None, {1})):
         eager = decode(spec, chosen, adapters, prompts, 14, eos=eos, **settings)
-        with CompiledStep.installed(chosen, backend="aot_eager", static=True) as compiled:
+        with CompiledStep.installed(chosen, backend=CAPTURE, static=True) as compiled:
             got = decode(spec, chosen, adapters, prompts, 14, eos=eos, **settings)
         assert got == eager and compiled.eager_fallbacks == 0
         assert all(key[-1] == "static" for key in compiled.functions)
         assert set(compiled.graphs_by_key.values()) <= graphs
+
+
+@pytest.mark.parametrize("route", ["speculative", "static", "dynamic"])
+def test_functionalized_graphs_give_the_eager_tokens(model, llama, adapters, route):
+    """Each kind of graph through AOT autograd (aot_eager): a speculative round's fused draft
+    and verification writing the cache in place and cropping it, a static cache's fixed-shape
+    step with its length a tensor, dynamic exit's steps over the rows still running."""
+    if route == "dynamic":
+        settings = {"threshold": 0.2, "adapters": adapters}
+        eager, _ = dynamic_run(model, settings, False)
+        with CompiledStep.installed(model, backend="aot_eager") as compiled:
+            got, _ = dynamic_run(model, settings, True)
+    else:
+        chosen, static = (model, False) if route == "speculative" else (llama, True)
+        settings = ({"adapters": True, "draft": "adapter:2", "gamma": 3} if route == "speculative"
+                    else {"sampling": SAMPLED, "draft": "skip:1"})
+        eager = decode("speculative", chosen, adapters, PROMPTS, 14, **settings)
+        with CompiledStep.installed(chosen, backend="aot_eager", static=static) as compiled:
+            got = decode("speculative", chosen, adapters, PROMPTS, 14, **settings)
+    assert got == eager
+    assert compiled.graphs >= 1 and compiled.eager_fallbacks == 0
 
 
 def test_inductor_the_default_backend_gives_the_eager_tokens(model, adapters):
@@ -133,7 +158,7 @@ def test_inductor_the_default_backend_gives_the_eager_tokens(model, adapters):
 
 
 def dynamic_run(model, settings: dict, compiled: bool, max_new_tokens: int = 10, eos_id=EOS):
-    context = CompiledStep.installed(model, backend="aot_eager") if compiled else nullcontext()
+    context = CompiledStep.installed(model, backend=CAPTURE) if compiled else nullcontext()
     with context as step:
         items, _ = modes.decoder("dynamic", model, modes.Settings(**settings))(PROMPTS, max_new_tokens, eos_id=eos_id)
     return [(item.tokens, item.blocks) for item in items], step
@@ -174,7 +199,7 @@ def test_a_fused_sampled_round_draws_what_the_eager_loop_draws(model):
     def run(compiled: bool):
         generators = [torch.Generator().manual_seed(seed) for seed in (1, 2, 3)]
         decoder = SelfSpeculativeDecoder(model, SkipDraft((1,)), gamma=3, temperature=0.8)
-        with CompiledStep.installed(model, backend="aot_eager") if compiled else nullcontext():
+        with CompiledStep.installed(model, backend=CAPTURE) if compiled else nullcontext():
             items, _ = decoder.generate_batch(PROMPTS, 13, generators=generators)
         return [item.tokens for item in items], [g.get_state() for g in generators]
 
@@ -185,7 +210,7 @@ def test_a_fused_sampled_round_draws_what_the_eager_loop_draws(model):
 
 def test_a_key_past_its_graph_limit_runs_eagerly_and_is_counted(model, adapters):
     eager = decode("full", model, adapters, PROMPTS, 6) + decode("full", model, adapters, PROMPTS[:1], 6)
-    with CompiledStep.installed(model, backend="aot_eager", limit=1) as compiled:
+    with CompiledStep.installed(model, backend=CAPTURE, limit=1) as compiled:
         got = decode("full", model, adapters, PROMPTS, 6) + decode("full", model, adapters, PROMPTS[:1], 6)
     assert got == eager
     assert compiled.eager_fallbacks >= 1 and compiled.summary()["eager_fallbacks"] == compiled.eager_fallbacks
@@ -213,7 +238,7 @@ def fused_and_eager(model, tokens, function):
     cache = model.new_cache(1, 32)
     expected = [model.step(tokens, cache).hidden] + list(function(model.step, tokens[:, -1:], cache))
     cache = model.new_cache(1, 32)
-    with CompiledStep.installed(model, backend="aot_eager") as compiled:
+    with CompiledStep.installed(model, backend=CAPTURE) as compiled:
         got = [model.step(tokens, cache).hidden] + list(compiled.fused(("two steps",), function, tokens[:, -1:], cache))
     return got, expected, cache, compiled
 
@@ -221,7 +246,7 @@ def fused_and_eager(model, tokens, function):
 def test_training_and_measurement_calls_stay_eager(model):
     tokens = torch.tensor([PROMPTS[0]])
     expected = model(tokens)
-    with CompiledStep.installed(model, backend="aot_eager") as compiled:
+    with CompiledStep.installed(model, backend=CAPTURE) as compiled:
         assert torch.equal(model(tokens), expected)  # no cache: the eager method
     assert compiled.graphs == 0 and not compiled.functions
 
@@ -235,7 +260,7 @@ def test_compiled_speculative_sampling_keeps_the_full_models_distribution():
         _joint_second_third(model, torch.tensor(prompt), (1,))
     runs = 3000
     decoder = SelfSpeculativeDecoder(model, SkipDraft((1,)), gamma=2, temperature=1.0, seed=0, seed_by="position")
-    with CompiledStep.installed(model, backend="aot_eager") as compiled:
+    with CompiledStep.installed(model, backend=CAPTURE) as compiled:
         items, stats = decoder.generate_batch([prompt] * runs, 4)
     assert compiled.graphs >= 2
     counts = torch.zeros(8, 8)
@@ -249,7 +274,7 @@ def test_compiled_speculative_sampling_keeps_the_full_models_distribution():
 
 
 def test_compare_with_compile_reports_its_graphs_and_puts_the_method_back(model):
-    with CompiledStep.installed(model, backend="aot_eager") as outer:
+    with CompiledStep.installed(model, backend=CAPTURE) as outer:
         report = compare(model, ExitDraft(2), PROMPTS, max_new_tokens=8, repeats=1, compile=True)
         assert model.__dict__["step"] is outer  # an installed one is used and stays
     assert report["identical_to_greedy"] is True
