@@ -105,6 +105,18 @@ def write_manifest(folder: str | os.PathLike, manifest: dict) -> str:
     return str(write_json(os.path.join(folder, MANIFEST_FILE), manifest))
 
 
+def data_identity(manifest: dict) -> dict:
+    """What a run's summary records of a folder it trained on: the tokenizer's sha256 and each
+    split's documents and tokens. No path and no command line, so the same data prepared in
+    another folder or on another machine compares equal; not a hash of the chunks, which a
+    run could not afford to read at every start on a large corpus, but a corpus that differs
+    by one document or a tokenizer that differs by one merge changes it."""
+    splits = manifest.get("splits") if isinstance(manifest.get("splits"), dict) else {}
+    return {"tokenizer_sha256": (manifest.get("tokenizer") or {}).get("sha256"),
+            "splits": {name: {"documents": split.get("documents"), "tokens": split.get("tokens")}
+                       for name, split in sorted(splits.items()) if isinstance(split, dict)}}
+
+
 def sha256_of(path: str | os.PathLike) -> str:
     """The tokenizer record's ``sha256`` (in manifests and in checkpoints)."""
     digest = hashlib.sha256()
@@ -114,4 +126,5 @@ def sha256_of(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["MANIFEST_FILE", "MANIFEST_FORMAT", "read_manifest", "checked", "write_manifest", "sha256_of"]
+__all__ = ["MANIFEST_FILE", "MANIFEST_FORMAT", "read_manifest", "checked", "write_manifest", "data_identity",
+           "sha256_of"]

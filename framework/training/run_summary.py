@@ -1,6 +1,6 @@
 """The end of a pretraining run: ``RunSummary`` prints and writes
 ``<default_root_dir>/summary.json`` (steps, tokens, the last validation loss against ln(V),
-the FLOPs layer dropout saved, throughput, where the logs and the checkpoint are), and
+the FLOPs layer dropout saved, throughput, the data it read, where the logs and the checkpoint are), and
 ``format_summary`` is the block a person reads (``make demo`` shows a finished run's with it).
 
 The last validation's results travel in the checkpoints (RunSummary's state): a run
@@ -19,6 +19,7 @@ import lightning.pytorch as pl
 
 from framework.early_exit_loss import mean_exit_heads
 from framework.files.atomic_write import write_json
+from framework.files.manifest import data_identity
 from framework.flops import head_flops_per_token
 from framework.training.callbacks import EarlyExitLosses, LayerDropoutSchedule, Throughput
 
@@ -86,6 +87,9 @@ class RunSummary(pl.Callback):
             "tensorboard": trainer.logger.log_dir if trainer.logger is not None else None,
             "checkpoint": trainer.checkpoint_callback.last_model_path if trainer.checkpoint_callback else None,
         }
+        identity = data_identities(trainer)
+        if identity:
+            self.summary.setdefault("data", {})["identity"] = identity
         write_json(Path(trainer.default_root_dir) / SUMMARY_FILE, self.summary)  # whole or not at all
         print(format_summary(self.summary, self._twin()), flush=True)
 
@@ -143,6 +147,19 @@ def mixture_summary(trainer: pl.Trainer, metrics: dict[str, float]) -> dict[str,
 
     counter = next((cb for cb in trainer.callbacks if isinstance(cb, SourceTokens)), None)
     return counter.summary(trainer, metrics) if counter is not None else {}
+
+
+def data_identities(trainer: pl.Trainer) -> dict[str, dict]:
+    """Which data the run trained on (``summary["data"]["identity"]``): framework/files/manifest.py's
+    ``data_identity`` of each folder, under ``"data"`` for one folder and under each source's name
+    for a mixture, so that a run adopted into a sweep later can be checked against the data that
+    sweep holds (empty when the data module keeps no manifests)."""
+    data = getattr(trainer, "datamodule", None)
+    manifests = getattr(data, "manifests", None)
+    if not manifests:
+        return {}
+    names = ["data"] if getattr(data, "sources", None) is None else [source.name for source in data.sources]
+    return {name: data_identity(manifest) for name, manifest in zip(names, manifests)}
 
 
 def in_loop_evaluation_summary(trainer: pl.Trainer) -> dict[str, Any]:

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from framework.files.manifest import MANIFEST_FILE, MANIFEST_FORMAT, read_manifest, sha256_of, write_manifest
+from framework.files.manifest import (MANIFEST_FILE, MANIFEST_FORMAT, data_identity, read_manifest, sha256_of,
+                                     write_manifest)
 
 
 def test_written_manifest_reads_back_and_is_byte_stable(tmp_path):
@@ -82,3 +83,24 @@ def test_a_prepared_folder_whose_split_points_outside_is_refused_before_reading(
     with pytest.raises(ValueError, match=r"splits.val.path='../../elsewhere' is invalid: a path inside the prepared"):
         module.setup("validate")
         next(iter(module.val_dataloader()))
+
+
+def test_the_data_identity_ignores_where_the_folder_lies_and_sees_one_document_or_merge_more():
+    """Path-free: the same data prepared into another folder by another command line compares
+    equal; a split with one more document, or another tokenizer, does not."""
+    manifest = {"format": MANIFEST_FORMAT, "command": "layerdrop prepare --out data/a", "seed": 0,
+                "tokenizer": {"file": "tokenizer.json", "sha256": "0" * 64, "vocab_size": 300},
+                "sources": [{"kind": "builtin", "stdlib_root": "/usr/lib/python3"}],
+                "splits": {"val": {"path": "val", "documents": 3, "tokens": 90, "chunks": 1},
+                           "train": {"path": "train", "documents": 50, "tokens": 1500, "chunks": 2}}}
+    identity = data_identity(manifest)
+    assert identity == {"tokenizer_sha256": "0" * 64, "splits": {"train": {"documents": 50, "tokens": 1500},
+                                                              "val": {"documents": 3, "tokens": 90}}}
+    elsewhere = json.loads(json.dumps(manifest))
+    elsewhere["command"], elsewhere["sources"][0]["stdlib_root"] = "layerdrop prepare --out /b", "/opt/python3"
+    assert data_identity(elsewhere) == identity
+    more = json.loads(json.dumps(manifest))
+    more["splits"]["train"]["documents"] = 51
+    other = json.loads(json.dumps(manifest))
+    other["tokenizer"]["sha256"] = "1" * 64
+    assert data_identity(more) != identity and data_identity(other) != identity

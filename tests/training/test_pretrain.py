@@ -16,6 +16,7 @@ import torch
 import yaml
 
 from framework.checkpoint import load_decoder
+from framework.files.manifest import data_identity, read_manifest
 from framework.training.module import LayerDropModule
 from framework.training.pretrain import main
 from tests.helpers.tiny_training import tiny_cli_args
@@ -42,7 +43,7 @@ def test_help_and_print_config(capsys):
     assert {"checkpoint", "throughput", "summary", "resume"} <= set(printed)
 
 
-def test_a_run_leaves_config_logs_checkpoints_and_summary(finished_run, capsys):
+def test_a_run_leaves_config_logs_checkpoints_and_summary(finished_run, data_dir, capsys):
     config = yaml.safe_load((finished_run / "lightning_logs" / "version_0" / "config.yaml").read_text())
     assert config["model"]["decoder"]["d_model"] == 32 and config["trainer"]["max_steps"] == 6
     events = list((finished_run / "lightning_logs" / "version_0").glob("events.out.tfevents.*"))
@@ -71,6 +72,9 @@ def test_a_run_leaves_config_logs_checkpoints_and_summary(finished_run, capsys):
     assert summary["ln_vocab"] == pytest.approx(math.log(300))
     assert summary["val_loss"] < summary["ln_vocab"]
     assert summary["checkpoint"].endswith("last.ckpt")
+    # the data it read, as a sweep adopting the run later checks it (eval/experiments/sweep/adoption.py)
+    assert summary["data"]["identity"] == {"data": data_identity(read_manifest(str(data_dir)))}
+    assert summary["data"]["identity"]["data"]["splits"]["train"]["tokens"] > 0
 
 
 def error_of(capsys, argv) -> str:

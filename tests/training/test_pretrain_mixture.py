@@ -37,6 +37,8 @@ def test_the_summary_has_each_sources_tokens_and_val_loss(mixture_run):
     assert all(isinstance(loss, float) for loss in losses)
     assert summary["val_loss"] == pytest.approx(0.7 * losses[0] + 0.3 * losses[1], rel=1e-5)
     assert summary["data"]["phases"] == [{"weights": {"email": 0.7, "http": 0.3}, "start_step": 0, "end_step": 6}]
+    assert list(summary["data"]["identity"]) == ["email", "http"]  # each source's data, by its name
+    assert all(identity["splits"]["train"]["tokens"] > 0 for identity in summary["data"]["identity"].values())
 
 
 def test_tensorboard_shows_per_source_tokens_and_losses(mixture_run):

@@ -11,7 +11,12 @@ finished over several sittings and machines: commit the report, continue elsewhe
 A copy is adopted only when it is the same run: its recipe.yaml must equal what this
 sweep would write for it, up to the paths that name a machine's folders (the run
 folder, the data folder). A different recipe under the same name is an error that
-names the run; it is never silently taken (or silently re-run over).
+names the run; it is never silently taken (or silently re-run over). Nor is a run trained on
+other data than the sweep's folder holds now: where its summary records the data it read
+(framework/files/manifest.py's ``data_identity``: the tokenizer's sha256 and each split's
+documents and tokens; summaries written before it existed record none and are taken on the
+recipe alone), that must match the sweep's prepared folder, so a folder prepared again on
+another machine from a corpus that changed is caught before a grid mixes the two.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import yaml
 from eval.experiments.sweep.results import SMALL_FILES
 from eval.experiments.sweep.spec import Run, Sweep, SweepError, run_recipe, set_dotted
 from framework.files.atomic_write import copy_file, write_json, write_text
+from framework.files.manifest import MANIFEST_FILE, data_identity, read_manifest
 
 MACHINE_PATHS = ("trainer.default_root_dir", "data.data_dir")
 
@@ -38,6 +44,7 @@ def finished_elsewhere(sweep: Sweep, runs: list[Run], sources: list[Path]) -> di
         for run in runs:
             if run.name not in found and is_finished(sweep, run, source):
                 check_same_recipe(sweep, run, source)
+                check_same_data(sweep, run, source)
                 found[run.name] = source
     return found
 
@@ -59,6 +66,22 @@ def check_same_recipe(sweep: Sweep, run: Run, source: Path) -> None:
     if theirs != ours:
         raise SweepError(f"{recipe} holds a different recipe than this sweep asks for run {run.name!r} "
                          f"({_first_difference(theirs, ours)}): remove it from --done-from or restore the sweep file")
+
+
+def check_same_data(sweep: Sweep, run: Run, source: Path) -> None:
+    """The run's recorded data identity against the sweep's prepared folder; nothing to check
+    when either is missing (a summary older than the record, data not prepared yet: the check
+    runs again after the sweep prepares it)."""
+    folder = source / "runs" / run.name
+    summary = json.loads((folder / "summary.json").read_text())
+    theirs = ((summary.get("data") or {}).get("identity") or {}).get("data")
+    if theirs is None or not (sweep.data_dir / MANIFEST_FILE).is_file():
+        return
+    ours = data_identity(read_manifest(str(sweep.data_dir)))
+    if theirs != ours:
+        raise SweepError(f"{folder} was trained on other data than {str(sweep.data_dir)!r} holds "
+                         f"({_first_difference(theirs, ours)}): remove it from --done-from or prepare the "
+                         "data as that run's was")
 
 
 def adopt(sweep: Sweep, root: Path, run: Run, source: Path) -> None:
@@ -107,5 +130,5 @@ def _first_difference(a: dict, b: dict, prefix: str = "") -> str:
     return "?"
 
 
-__all__ = ["adopt_finished", "finished_elsewhere", "is_finished", "check_same_recipe", "adopt",
+__all__ = ["adopt_finished", "finished_elsewhere", "is_finished", "check_same_recipe", "check_same_data", "adopt",
            "without_machine_paths"]

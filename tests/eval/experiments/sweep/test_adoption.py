@@ -101,3 +101,32 @@ def test_done_from_a_folder_without_runs_is_an_error(tmp_path, capsys):
     path = sweep_file(tmp_path, data)
     assert main([str(path), "--out", str(tmp_path / "out"), "--done-from", str(tmp_path / "nowhere")]) == 2
     assert "--done-from" in capsys.readouterr().err
+
+
+def test_a_committed_run_trained_on_other_data_is_refused_and_the_same_data_elsewhere_is_adopted(tmp_path, capsys):
+    """The run's summary records the data it read (tokenizer sha256, each split's documents and
+    tokens); the sweep's folder, prepared on this machine under another path and command, must
+    hold the same, else nothing is adopted and one line names the difference."""
+    data, report = prepared(tmp_path), tmp_path / "report"
+    manifest = {"command": "layerdrop prepare ... --out data/here", "tokenizer": {"file": "tokenizer.json",
+                                                                               "sha256": "ab" * 32},
+                "splits": {"train": {"path": "train", "documents": 40, "tokens": 9000},
+                           "val": {"path": "val", "documents": 2, "tokens": 400}}}
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    path = sweep_file(tmp_path, data)
+    committed_copy(report, path, ["lr=0.001,seed=0"], other_machine=Path("/elsewhere"))
+    summary_file = report / "runs" / "lr=0.001,seed=0" / "summary.json"
+    identity = {"tokenizer_sha256": "ab" * 32, "splits": {"train": {"documents": 40, "tokens": 9000},
+                                                           "val": {"documents": 2, "tokens": 400}}}
+    summary_file.write_text(json.dumps({"val_loss": 5.0, "steps": 10, "data": {"identity": {"data": identity}}}))
+    only = ["--only", "lr=0.001,seed=0"]
+    assert main([str(path), "--out", str(tmp_path / "same"), "--done-from", str(report), *only]) == 0
+    assert "adopted 1 finished runs" in capsys.readouterr().out
+
+    identity["splits"]["train"]["tokens"] = 9001  # one more token: another corpus
+    summary_file.write_text(json.dumps({"val_loss": 5.0, "steps": 10, "data": {"identity": {"data": identity}}}))
+    assert main([str(path), "--out", str(tmp_path / "out"), "--done-from", str(report)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "lr=0.001,seed=0" in err and "other data" in err
+    assert "splits.train.tokens: 9001 there, 9000 here" in err
+    assert not (tmp_path / "out" / "runs").exists()
