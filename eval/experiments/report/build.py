@@ -137,6 +137,22 @@ def model_summary(results: list[RunResult]) -> dict:
     return {"shapes": list(shapes.values())}
 
 
+def data_read(results: list[RunResult]) -> dict:
+    """The data the runs trained on, as their summaries record it (``data.identity``, written since
+    framework/files/manifest.py's ``data_identity``): each distinct record with its runs, and the
+    runs that predate the record. Two records on one page mean its comparisons mix corpora."""
+    groups: dict[str, list[str]] = {}
+    unrecorded = []
+    for result in results:
+        identity = (result.summary.get("data") or {}).get("identity")
+        if identity:
+            groups.setdefault(json.dumps(identity, sort_keys=True), []).append(result.name)
+        else:
+            unrecorded.append(result.name)
+    return {"identities": [{"identity": json.loads(key), "runs": names} for key, names in groups.items()],
+            "unrecorded": unrecorded}
+
+
 def build_report(root: Path) -> tuple[dict, list[RunResult]]:
     results, skipped = load_results(root)
     if not results:
@@ -158,7 +174,7 @@ def build_report(root: Path) -> tuple[dict, list[RunResult]]:
                             round(statistics.median(params)) if params else None)
     own = own_optimum(configurations, table)  # each configuration at its own τ_EMA (docs/lambda-6tpp/PROTOCOL.md)
     report = {
-        "sweep": str(root), "machine": machine, "skipped_runs": skipped, "model": model,
+        "sweep": str(root), "machine": machine, "skipped_runs": skipped, "model": model, "data": data_read(results),
         "prepare": [str(a) for a in prepare] if prepare else None,
         "noise": noise, "configurations": table, "findings": findings,
         "multiple_comparisons": holm_adjust(findings, table, comparisons(own)),

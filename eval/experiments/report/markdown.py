@@ -81,6 +81,7 @@ def _how_it_was_run(report: dict) -> list[str]:
                      f"torch {machine.get('torch', '?')}; {machine.get('jobs', '?')} runs at a time, "
                      f"{machine.get('threads_per_job', '?')} thread(s) each.")
         lines.append("")
+    lines += _data_lines(report.get("data") or {})
     for shape in (report.get("model") or {}).get("shapes", []):
         lines.append(f"Model: d = {shape['d_model']}, L = {shape['n_layers']}, {shape['n_heads']} heads, vocabulary "
                      f"{shape['vocab_size']:,}; {shape['non_embedding_params']:,} non-embedding parameters; "
@@ -94,6 +95,30 @@ def _how_it_was_run(report: dict) -> list[str]:
                  "depends on what else runs).")
     if report.get("skipped_runs"):
         lines += ["", "Runs not in this report (unfinished or failed): " + "; ".join(report["skipped_runs"])]
+    return lines + [""]
+
+
+def _data_lines(data: dict) -> list[str]:
+    """What the runs read (build.data_read): nothing where no run records it (older runs)."""
+    identities, unrecorded = data.get("identities") or [], data.get("unrecorded") or []
+    if not identities:
+        return []
+    older = (f" ({len(unrecorded)} {'run predates' if len(unrecorded) == 1 else 'runs predate'} the record)"
+             if unrecorded else "")
+
+    def described(identity: dict) -> str:
+        folders = []
+        for name, record in identity.items():
+            splits = ", ".join(f"{split} {counts.get('tokens') or 0:,} tokens / {counts.get('documents') or 0:,} "
+                               f"documents" for split, counts in (record.get("splits") or {}).items())
+            folders.append(f"{name}: tokenizer sha256 {str(record.get('tokenizer_sha256'))[:12]}…, {splits}")
+        return "; ".join(folders)
+
+    if len(identities) == 1:
+        return [f"Data: every run that records it read the same{older}: {described(identities[0]['identity'])}.", ""]
+    lines = [f"**Data: the runs read {len(identities)} different data**{older}; comparisons across them mix "
+             "corpora or tokenizers:", ""]
+    lines += [f"- {described(group['identity'])}: {', '.join(group['runs'])}" for group in identities]
     return lines + [""]
 
 

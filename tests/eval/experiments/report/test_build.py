@@ -340,3 +340,33 @@ def test_a_configuration_whose_seeds_are_all_worse_and_disagree_is_reported_wors
     text = (out / "README.md").read_text()
     assert "**Spread beyond the others (flagged)**: ILD+DTS p_max=0.8" in text and "3.3500 / 3.6500" in text
     assert "[other analysis, flagged spread out of the pool:" in text and "→ within noise]" in text
+
+
+def _record(folder: Path, train_tokens: int) -> None:
+    summary = json.loads((folder / "summary.json").read_text())
+    summary["data"] = {"identity": {"data": {"tokenizer_sha256": "f" * 64, "splits": {
+        "train": {"documents": 40, "tokens": train_tokens}, "val": {"documents": 2, "tokens": 300}}}}}
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+def test_the_page_says_which_data_the_runs_read_and_flags_two(sweep, tmp_path):
+    """Runs that predate the record say nothing (every committed page stays as it was); one
+    record is one line; two records name each one's runs, as comparisons across them mix corpora."""
+    assert main([str(sweep), "--out", str(tmp_path / "none")]) == 0
+    assert "Data:" not in (tmp_path / "none" / "README.md").read_text()
+
+    runs = sorted(p for p in (sweep / "runs").iterdir() if (p / "summary.json").is_file())
+    for folder in runs[1:]:
+        _record(folder, 9000)
+    assert main([str(sweep), "--out", str(tmp_path / "one")]) == 0
+    text = (tmp_path / "one" / "README.md").read_text()
+    assert f"Data: every run that records it read the same (1 run predates the record): data: tokenizer sha256 " \
+           f"ffffffffffff…, train 9,000 tokens / 40 documents, val 300 tokens / 2 documents." in text
+    report = json.loads((tmp_path / "one" / "report.json").read_text())
+    assert report["data"]["unrecorded"] == [runs[0].name] and len(report["data"]["identities"]) == 1
+
+    _record(runs[0], 9001)
+    assert main([str(sweep), "--out", str(tmp_path / "two")]) == 0
+    text = (tmp_path / "two" / "README.md").read_text()
+    assert "**Data: the runs read 2 different data**; comparisons across them mix corpora or tokenizers:" in text
+    assert f"train 9,001 tokens / 40 documents, val 300 tokens / 2 documents: {runs[0].name}\n" in text
