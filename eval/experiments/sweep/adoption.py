@@ -37,6 +37,7 @@ MACHINE_PATHS = ("trainer.default_root_dir", "data.data_dir")
 def finished_elsewhere(sweep: Sweep, runs: list[Run], sources: list[Path]) -> dict[str, Path]:
     """run name -> the source folder (a sweep or report folder) holding it finished."""
     found: dict[str, Path] = {}
+    ours = prepared_identity(sweep)  # read once: every candidate run is checked against the same folder
     for source in sources:
         if not (source / "runs").is_dir():
             raise SweepError(f"--done-from {str(source)!r} is invalid: it has no runs/ (expected a sweep folder or "
@@ -44,7 +45,7 @@ def finished_elsewhere(sweep: Sweep, runs: list[Run], sources: list[Path]) -> di
         for run in runs:
             if run.name not in found and is_finished(sweep, run, source):
                 check_same_recipe(sweep, run, source)
-                check_same_data(sweep, run, source)
+                check_same_data(sweep, run, source, ours)
                 found[run.name] = source
     return found
 
@@ -68,16 +69,22 @@ def check_same_recipe(sweep: Sweep, run: Run, source: Path) -> None:
                          f"({_first_difference(theirs, ours)}): remove it from --done-from or restore the sweep file")
 
 
-def check_same_data(sweep: Sweep, run: Run, source: Path) -> None:
-    """The run's recorded data identity against the sweep's prepared folder; nothing to check
-    when either is missing (a summary older than the record, data not prepared yet: the check
+def prepared_identity(sweep: Sweep) -> dict | None:
+    """The sweep's prepared folder's ``data_identity``; None while it is not prepared (the check
     runs again after the sweep prepares it)."""
+    if not (sweep.data_dir / MANIFEST_FILE).is_file():
+        return None
+    return data_identity(read_manifest(str(sweep.data_dir)))
+
+
+def check_same_data(sweep: Sweep, run: Run, source: Path, ours: dict | None) -> None:
+    """The run's recorded data identity against ``ours`` (prepared_identity); nothing to check
+    when either is missing (a summary older than the record, data not prepared yet)."""
     folder = source / "runs" / run.name
     summary = json.loads((folder / "summary.json").read_text())
     theirs = ((summary.get("data") or {}).get("identity") or {}).get("data")
-    if theirs is None or not (sweep.data_dir / MANIFEST_FILE).is_file():
+    if theirs is None or ours is None:
         return
-    ours = data_identity(read_manifest(str(sweep.data_dir)))
     if theirs != ours:
         raise SweepError(f"{folder} was trained on other data than {str(sweep.data_dir)!r} holds "
                          f"({_first_difference(theirs, ours)}): remove it from --done-from or prepare the "
@@ -130,5 +137,5 @@ def _first_difference(a: dict, b: dict, prefix: str = "") -> str:
     return "?"
 
 
-__all__ = ["adopt_finished", "finished_elsewhere", "is_finished", "check_same_recipe", "check_same_data", "adopt",
-           "without_machine_paths"]
+__all__ = ["adopt_finished", "finished_elsewhere", "is_finished", "check_same_recipe", "check_same_data",
+           "prepared_identity", "adopt", "without_machine_paths"]
