@@ -117,15 +117,16 @@ def test_a_configuration_without_a_compute_matched_baseline_says_so():
 def test_the_readme_table_is_the_committed_reports_table():
     """The "Choosing a configuration" table (docs/guide/reproducing.md) is a copy of the newest report's
     (which carries the other budgets through --across): re-reporting without updating the guide fails here."""
-    report = json.loads((ROOT / "docs" / "reproduction-6tpp" / "report.json").read_text())
+    report = json.loads((ROOT / "docs" / "reproduction-20tpp" / "report.json").read_text())
     expected = markdown_table(report["choosing"])
     readme = GUIDE.read_text().splitlines()
     section = readme[readme.index("### Choosing a configuration"):]
     start = section.index(expected[0])
     assert section[start:start + len(expected)] == expected
     # and the report's table is what its report.json documents give today
-    across = json.loads((ROOT / "docs" / "reproduction" / "report.json").read_text())
-    assert markdown_table(choosing([report, across])) == expected
+    across = [json.loads((ROOT / "docs" / page / "report.json").read_text())
+              for page in ("reproduction-6tpp", "reproduction")]
+    assert markdown_table(choosing([report, *across])) == expected
 
 
 # A number in prose: signed or not, with thousands commas, decimals or a percent sign (plain integers,
@@ -153,12 +154,13 @@ def _backed(value: float, decimals: int, page_values: list[float]) -> bool:
 
 def test_every_number_the_advice_sentences_name_is_in_the_report_pages_they_cite():
     """The "Choosing a configuration" prose (the table has its own test above): each number a
-    sentence names must be one the committed reports print (docs/reproduction, docs/reproduction-6tpp) or
-    one of the pages the section links, so re-reporting without rewriting the advice fails here."""
+    sentence names must be one the committed reports print (docs/reproduction, docs/reproduction-6tpp,
+    docs/reproduction-20tpp) or one of the pages the section links, so re-reporting without rewriting the
+    advice fails here."""
     readme = GUIDE.read_text()
     section = readme[readme.index("### Choosing a configuration"):]
     prose = "\n".join(line for line in section.splitlines() if not line.startswith("|"))
-    pages = {"docs/reproduction/README.md", "docs/reproduction-6tpp/README.md",
+    pages = {"docs/reproduction/README.md", "docs/reproduction-6tpp/README.md", "docs/reproduction-20tpp/README.md",
              *(f"docs/{page}" for page in LINK.findall(prose))}
     page_values = [value for page in sorted(pages) for _, value, _ in _numbers((ROOT / page).read_text())]
     sentences = _numbers(prose)
