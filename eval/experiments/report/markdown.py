@@ -48,13 +48,17 @@ def _comparison(c: dict) -> str:
     return f"*observation:* {text}" if c.get("observation") else text
 
 
+def _count(n: Any, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _correlation(name: str, test: dict, achieved: dict | None) -> str:
     """Finding 6's test: nominal P̄ (when the report has it), the achieved P̄'s beside."""
     nominal = test.get("p_bar") == "mean_dropout_predicted"
     text = (f"{name.replace('_', ' ')}{' vs nominal P̄' if nominal else ''}: ρ = {test['spearman']:+.2f}, "
             f"p = {_p(test['p_value'])}" + (f" (Holm {_p(test['p_holm'])})" if test.get("p_holm") is not None else "")
             + f", {test.get('configurations', '?')} configurations"
-            + (f" at {test['distinct_p_bar']} P̄ levels" if nominal else "") + f" ({test['runs']} runs)")
+            + (f" at {test['distinct_p_bar']} P̄ levels" if nominal else "") + f" ({_count(test['runs'], 'run')})")
     if achieved:
         text += f"; *beside it, vs achieved P̄*: ρ = {achieved['spearman']:+.2f}, p = {_p(achieved['p_value'])}"
     return text
@@ -78,8 +82,8 @@ def _how_it_was_run(report: dict) -> list[str]:
         gpus = f", GPUs: {', '.join(host['gpus'])}" if host.get("gpus") else ", no GPU"
         lines.append(f"Machine: {host.get('cpu', '?')}, {host.get('cores', '?')} cores, "
                      f"{host.get('memory_gb', '?')} GiB{gpus}; Python {machine.get('python', '?')}, "
-                     f"torch {machine.get('torch', '?')}; {machine.get('jobs', '?')} runs at a time, "
-                     f"{machine.get('threads_per_job', '?')} thread(s) each.")
+                     f"torch {machine.get('torch', '?')}; {_count(machine.get('jobs', '?'), 'run')} at a time, "
+                     f"{_count(machine.get('threads_per_job', '?'), 'thread')} each.")
         lines.append("")
     lines += _data_lines(report.get("data") or {})
     for shape in (report.get("model") or {}).get("shapes", []):
@@ -87,12 +91,13 @@ def _how_it_was_run(report: dict) -> list[str]:
                      f"{shape['vocab_size']:,}; {shape['non_embedding_params']:,} non-embedding parameters; "
                      f"{shape['steps']:,} steps × {shape['batch_size']} sequences × {shape['seq_len']} tokens = "
                      f"{shape['tokens']:,} tokens = **{shape['tokens_per_parameter']:.1f} tokens per "
-                     f"non-embedding parameter** ({shape['runs']} runs).")
+                     f"non-embedding parameter** ({_count(shape['runs'], 'run')}).")
         lines.append("")
     cpu = sum(r["cpu_seconds"] for r in runs)
-    lines.append(f"{len(runs)} runs; {cpu / 3600:.2f} CPU-hours in all for training and evaluations, measured "
-                 f"as each subprocess's CPU time (= {cpu / 7200:.2f} hours of a 2-core machine; wall time "
-                 "depends on what else runs).")
+    cores = (machine.get("host") or {}).get("cores")
+    machine_hours = f"= {cpu / 3600 / cores:.2f} hours of its {cores}-core machine; " if cores else ""
+    lines.append(f"{_count(len(runs), 'run')}; {cpu / 3600:.2f} CPU-hours in all for training and evaluations, "
+                 f"measured as each subprocess's CPU time ({machine_hours}wall time depends on what else runs).")
     if report.get("skipped_runs"):
         lines += ["", "Runs not in this report (unfinished or failed): " + "; ".join(report["skipped_runs"])]
     return lines + [""]

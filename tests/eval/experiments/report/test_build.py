@@ -370,3 +370,20 @@ def test_the_page_says_which_data_the_runs_read_and_flags_two(sweep, tmp_path):
     text = (tmp_path / "two" / "README.md").read_text()
     assert "**Data: the runs read 2 different data**; comparisons across them mix corpora or tokenizers:" in text
     assert f"train 9,001 tokens / 40 documents, val 300 tokens / 2 documents: {runs[0].name}\n" in text
+
+
+def test_how_it_was_run_counts_in_words_and_converts_cpu_time_on_the_sweeps_own_machine(sweep, tmp_path):
+    """Once printed "1 runs", "1 thread(s)" and hours of "a 2-core machine" whatever the machine."""
+    machine = {"host": {"cpu": "X", "cores": 16, "memory_gb": 64, "gpus": []}, "python": "3.11", "torch": "2",
+               "jobs": 1, "threads_per_job": 1}
+    (sweep / "machine.json").write_text(json.dumps(machine))
+    assert main([str(sweep), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "README.md").read_text()
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    cpu = sum(run["cpu_seconds"] for run in report["runs"])
+    assert "; 1 run at a time, 1 thread each." in text
+    assert f"{len(report['runs'])} runs; {cpu / 3600:.2f} CPU-hours" in text
+    assert f"(= {cpu / 3600 / 16:.2f} hours of its 16-core machine; wall time" in text
+    (sweep / "machine.json").unlink()  # no record of the machine: no conversion
+    assert main([str(sweep), "--out", str(tmp_path / "bare")]) == 0
+    assert "CPU time (wall time depends on what else runs)." in (tmp_path / "bare" / "README.md").read_text()
